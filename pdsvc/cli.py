@@ -1,0 +1,235 @@
+"""The pdsvc command line. Thin: parse options, call the core, map errors to exit codes.
+
+Exit codes: 0 ok · 1 could not write output · 2 bad config or usage · 3 the plan does not fit
+the host's topology (or the topology is unknown).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .config import Config, load_config
+from .errors import PdsvcError, TopologyError
+from .plan import Plan, build_plan
+from .render import diff_bundle, render_systemd, write_bundle
+from .topology import Topology, format_cpulist, load_topology_file, read_sysfs
+
+DEFAULT_CONFIG = Path("etc/pdsvc.yaml")
+DEFAULT_OUTPUT = Path("units")
+
+EPILOG = """\b
+Exit codes: 0 ok, 1 output not written, 2 bad config or usage,
+            3 the plan does not fit the host (or no GPU topology found).
+"""
+
+
+def _fail(err: PdsvcError) -> None:
+    click.secho(f"pdsvc: error: {err}", fg="red", err=True)
+    sys.exit(err.exit_code)
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn every PdsvcError into one red line on stderr and its exit code; never a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PdsvcError as err:
+            _fail(err)
+        except KeyboardInterrupt:
+            click.echo("pdsvc: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+# Options shared by several commands are defined once (pip-tools style).
+config_option = click.option(
+    "--config", "-c", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_CONFIG, show_default=True,
+    help="The deployment config (YAML). Unknown keys are errors.",
+)
+sysfs_option = click.option(
+    "--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Read GPUs/NUMA from this /sys-like tree instead of /sys (DIR/bus/pci/devices/…).",
+)
+topology_option = click.option(
+    "--topology", "topology_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Read the host layout from a file written by `pdsvc topology --json` on the GPU host "
+    "(render on a laptop for the GPU host). etc/seed-host.topology.json is the seed host's.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def host_topology(sysfs_root: Path | None, topology_file: Path | None) -> Topology:
+    if sysfs_root and topology_file:
+        raise click.UsageError("give --sysfs-root or --topology, not both")
+    if topology_file:
+        return load_topology_file(topology_file)
+    return read_sysfs(sysfs_root or Path("/sys"))
+
+
+def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> Plan:
+    config: Config = load_config(config_path)
+    topology = host_topology(sysfs_root, topology_file)
+    return build_plan(
+        config, topology, config_source=str(config_path),
+        config_text=config_path.read_text(encoding="utf-8"),
+    )
+
+
+def _warn(plan: Plan) -> None:
+    for w in plan.warnings:
+        click.secho(f"pdsvc: warning: {w}", fg="yellow", err=True)
+
+
+def _canonical_command(config: Path, sysfs_root: Path | None, topology: Path | None) -> str:
+    """The render command written into each file's header (stable: output dir left out)."""
+    words = ["pdsvc", "render", "--config", str(config)]
+    if topology:
+        words += ["--topology", str(topology)]
+    elif sysfs_root:
+        words += ["--sysfs-root", str(sysfs_root)]
+    return shlex.join(words)
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pdsvc")
+def main() -> None:
+    """Run a prefill-decode disaggregated SGLang deployment as systemd services.
+
+    \b
+    One YAML file says what to run; pdsvc reads the host's real GPU/NUMA layout, resolves every
+    GPU, CPU, port, flag and cache path into a plan, and renders systemd units for prefill,
+    decode and the sglang-router under one target:
+
+    \b
+      pdsvc validate                     # check etc/pdsvc.yaml against this host
+      pdsvc plan                         # what will run where, and the exact command lines
+      pdsvc render && sudo ./install.sh  # write units/, install them
+      systemctl start dsv4-pd.target     # returns once the stack serves
+      journalctl -u dsv4-decode          # one engine's log
+    """
+
+
+@main.command(epilog=EPILOG)
+@config_option
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_OUTPUT, show_default=True, help="Directory to write the bundle to.")
+@sysfs_option
+@topology_option
+@click.option("--dry-run", is_flag=True,
+              help="Print the files that would be written; write nothing.")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Show what would change in --output (a unified diff); write nothing. "
+              "Exit 0 either way.")
+@handle_errors
+def render(config_path: Path, output: Path, sysfs_root: Path | None, topology_file: Path | None,
+           dry_run: bool, show_diff: bool) -> None:
+    """Render the systemd bundle (units, supervisor, install list) into --output.
+
+    Nothing is half-written: all files are staged first and renamed into place together; a
+    bad config or a plan that does not fit the host writes nothing. Files in --output that
+    pdsvc did not write are never overwritten.
+    """
+    plan = load_plan(config_path, sysfs_root, topology_file)
+    _warn(plan)
+    files = render_systemd(plan, _canonical_command(config_path, sysfs_root, topology_file))
+    if show_diff:
+        click.echo(diff_bundle(files, output) or f"{output}: up to date", nl=False)
+        return
+    if dry_run:
+        for f in files:
+            click.echo(f"would write {output / f.path} ({len(f.content)} bytes, mode {f.mode:o})")
+        return
+    for path, status in write_bundle(files, output):
+        click.echo(f"{status:>9}  {output / path}")
+    click.echo(f"next: sudo ./install.sh   (then: systemctl start {plan.target})")
+
+
+@main.command(epilog=EPILOG)
+@config_option
+@sysfs_option
+@topology_option
+@handle_errors
+def validate(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> None:
+    """Check the config and that its plan fits the host; write nothing."""
+    plan = load_plan(config_path, sysfs_root, topology_file)
+    _warn(plan)
+    click.echo(f"ok: {config_path} fits {plan.topology_source} ({len(plan.units)} units)")
+
+
+@main.command("plan", epilog=EPILOG)
+@config_option
+@sysfs_option
+@topology_option
+@json_option
+@handle_errors
+def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
+             as_json: bool) -> None:
+    """Show the resolved plan: role, GPUs, NUMA node, CPUs, ports, cache dir, command lines."""
+    plan = load_plan(config_path, sysfs_root, topology_file)
+    if as_json:
+        click.echo(json.dumps(plan.to_dict(), indent=2))
+        return
+    _warn(plan)
+    click.echo(f"{plan.target}  (config {plan.config_source}, topology {plan.topology_source})\n")
+    rows = [("UNIT", "ROLE", "GPUS", "NUMA", "CPUS", "PORTS")]
+    for e in plan.engines:
+        numa = "-" if e.pinning.numa_node is None else str(e.pinning.numa_node)
+        ports = f"http {e.port}, dist-init {e.dist_init_addr.rsplit(':', 1)[1]}"
+        if e.role == "prefill":
+            ports += f", bootstrap {e.bootstrap_port}"
+        rows.append((e.unit, e.role, format_cpulist(e.gpus), numa, e.pinning.cpulist or "-", ports))
+    r = plan.router
+    rows.append((r.unit, "router", "-", "-", "-",
+                 f"http {r.port} on {r.host}, metrics {r.prometheus_port}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    click.echo(f"\nJIT cache (shared by the engines): {plan.paths.jit_cache}")
+    click.echo(f"Service user: {plan.user}:{plan.group}   Requests: {r.url}/v1/chat/completions")
+    for e in plan.engines:
+        click.echo(f"\n{e.unit}: pinned to {e.pinning.why}")
+        click.echo("  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in e.env
+                                   if k.startswith(("CUDA_VISIBLE", "SGLANG_DISAGG"))))
+        click.echo("  " + shlex.join(e.argv))
+    click.echo(f"\n{r.unit}:\n  {shlex.join(r.argv)}")
+
+
+@main.command(epilog=EPILOG)
+@sysfs_option
+@json_option
+@handle_errors
+def topology(sysfs_root: Path | None, as_json: bool) -> None:
+    """Show the host's NVIDIA GPUs and NUMA nodes as pdsvc reads them.
+
+    The --json output is what `--topology FILE` reads: run `pdsvc topology --json > host.json`
+    on the GPU host to render for it elsewhere.
+    """
+    topo = read_sysfs(sysfs_root or Path("/sys"))
+    if as_json:
+        click.echo(topo.to_json(), nl=False)
+        return
+    if not topo.gpus:
+        raise TopologyError(f"no NVIDIA GPU found ({topo.source})")
+    click.echo(f"{len(topo.gpus)} GPUs, {len(topo.nodes)} NUMA nodes ({topo.source})")
+    for g in topo.gpus:
+        node = "unknown (-1)" if g.numa_node is None else str(g.numa_node)
+        click.echo(f"  GPU {g.index}  {g.pci_bus_id}  node {node}  "
+                   f"local CPUs {format_cpulist(g.local_cpus) or '-'}")
+    for n in topo.nodes:
+        click.echo(f"  node {n.id}  CPUs {format_cpulist(n.cpus) or '-'}")
+
+
+__all__ = ["main"]

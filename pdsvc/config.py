@@ -1,0 +1,421 @@
+"""The config schema (pydantic, strict) and its loader with file:line error messages.
+
+The config says *what* the user wants; `plan.py` turns it into every concrete value. Cross-field
+checks that need only the config live here; checks that need the host live in `plan.py`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import ConfigError
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+FlagName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+ArgValue = str | int | float | bool | list[str | int | float]
+Seconds = Annotated[int, Field(ge=1)]
+#: SGLang takes ZMQ/NCCL ports dist_init_port+1 … +5+dp; keep each role's base this far apart.
+DIST_INIT_SPAN = 100
+
+#: launch_server flags pdsvc derives from the plan; setting them in `args` would contradict it.
+OWNED_ENGINE_FLAGS = {
+    "model-path": "model.path",
+    "model": "model.path",
+    "served-model-name": "model.served_name",
+    "trust-remote-code": "model.trust_remote_code",
+    "host": "hosts (engines bind 127.0.0.1 on one host)",
+    "port": "<role>.port",
+    "tp": "<role>.tp",
+    "tp-size": "<role>.tp",
+    "tensor-parallel-size": "<role>.tp",
+    "dist-init-addr": "<role>.dist_init_port",
+    "nccl-init-addr": "<role>.dist_init_port",
+    "disaggregation-mode": "the role (prefill/decode)",
+    "disaggregation-transfer-backend": "transfer.backend",
+    "disaggregation-bootstrap-port": "prefill.bootstrap_port",
+    "base-gpu-id": "<role>.gpus (CUDA_VISIBLE_DEVICES)",
+}
+#: router flags pdsvc derives from the plan.
+OWNED_ROUTER_FLAGS = {
+    "pd-disaggregation": "(always on)",
+    "prefill": "prefill",
+    "decode": "decode",
+    "host": "router.host",
+    "port": "router.port",
+    "policy": "router.policy",
+    "prometheus-port": "router.prometheus_port",
+    "prometheus-host": "router.prometheus_host",
+    "health-check-interval-secs": "router.health_check.interval_secs",
+    "health-check-timeout-secs": "router.health_check.timeout_secs",
+    "health-failure-threshold": "router.health_check.failure_threshold",
+    "health-success-threshold": "router.health_check.success_threshold",
+    "worker-startup-timeout-secs": "lifecycle.start_timeout_secs",
+}
+#: environment variables pdsvc owns: the plan sets them, a user value would contradict it.
+OWNED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "<role>.gpus",
+    "CUDA_DEVICE_ORDER": "(always PCI_BUS_ID, so indices match nvidia-smi)",
+    "SGLANG_DISAGGREGATION_NIXL_BACKEND": "transfer.nixl_backend",
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Strict):
+    path: str = Field(description="Local directory of the model weights (or a hub id).")
+    served_name: str | None = Field(None, description="Name on /v1/models (same on P and D).")
+    trust_remote_code: bool = True
+
+
+class RuntimeConfig(Strict):
+    python: str = Field("/opt/sglang/venv/bin/python", description="Interpreter with sglang.")
+    engine_module: str = Field("sglang.launch_server", description="Module run for each engine.")
+    router_module: str = Field("sglang_router.launch_router", description="Module for the router.")
+    user: str = "sglang"
+    group: str = "sglang"
+    jit_cache: str = Field("/var/cache/pdsvc/jit", description="JIT cache shared by P and D.")
+    env: dict[EnvName, str | int | float | bool] = Field(default_factory=dict)
+    pinning: Literal["numa", "strict", "off"] = Field(
+        "numa",
+        description="numa: CPUAffinity+NUMAPolicy; strict: also cgroup AllowedCPUs/MemoryNodes.",
+    )
+    numa_policy: Literal["preferred", "bind"] = "preferred"
+    read_write_paths: list[str] = Field(
+        default_factory=list, description="Extra writable paths under ProtectSystem=strict."
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_env(v)
+
+    @field_validator("python")
+    @classmethod
+    def _absolute_python(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r} (systemd runs no shell PATH)")
+        return v
+
+    @field_validator("jit_cache")
+    @classmethod
+    def _absolute_cache(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v.rstrip("/") or "/"
+
+
+class TransferConfig(Strict):
+    backend: Literal["nixl", "mooncake"] = "nixl"
+    nixl_backend: str = Field("UCX", pattern=r"^[A-Z0-9_]+$")
+
+
+class RoleConfig(Strict):
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    numa_node: Literal["auto"] | int = "auto"
+    port: Port
+    tp: Annotated[int, Field(ge=1)] | None = Field(None, description="Default: len(gpus).")
+    dist_init_port: Port
+    args: dict[FlagName, ArgValue] = Field(default_factory=dict)
+    env: dict[EnvName, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("numa_node", mode="before")
+    @classmethod
+    def _numa(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return v
+        raise ValueError(f"must be 'auto' or a NUMA node number (0, 1, …), got {v!r}")
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct(cls, v: list[int]) -> list[int]:
+        dupes = sorted({g for g in v if v.count(g) > 1})
+        if dupes:
+            raise ValueError(f"GPU {dupes[0]} is listed twice")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for flag in v:
+            if flag in OWNED_ENGINE_FLAGS:
+                raise ValueError(
+                    f"--{flag} is set by pdsvc from {OWNED_ENGINE_FLAGS[flag]}; set that instead"
+                )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_env(v)
+
+    @model_validator(mode="after")
+    def _tp_fits(self) -> RoleConfig:
+        if self.tp is not None and self.tp != len(self.gpus):
+            raise ValueError(
+                f"tp is {self.tp} but {len(self.gpus)} GPUs are listed; "
+                "one TP rank runs per GPU, so make them equal"
+            )
+        return self
+
+
+class PrefillConfig(RoleConfig):
+    gpus: list[Annotated[int, Field(ge=0)]] = Field([0, 1, 2, 3], min_length=1)
+    port: Port = 30000
+    dist_init_port: Port = 30335
+    bootstrap_port: Port = 8998
+
+
+class DecodeConfig(RoleConfig):
+    gpus: list[Annotated[int, Field(ge=0)]] = Field([4, 5, 6, 7], min_length=1)
+    port: Port = 30001
+    dist_init_port: Port = 30435
+    restart_with_prefill: Literal["auto"] | bool = Field(
+        "auto",
+        description="Restart decode whenever prefill restarts (auto: on for nixl, sglang #33789).",
+    )
+
+
+class HealthCheckConfig(Strict):
+    interval_secs: Seconds = 5
+    timeout_secs: Seconds = 5
+    failure_threshold: Annotated[int, Field(ge=1)] = 2
+    success_threshold: Annotated[int, Field(ge=1)] = 1
+
+
+class RouterConfig(Strict):
+    host: str = "0.0.0.0"
+    port: Port = 8000
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: Port = 29000
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"] = (
+        "cache_aware"
+    )
+    health_check: HealthCheckConfig = HealthCheckConfig()
+    args: dict[FlagName, ArgValue] = Field(default_factory=dict)
+    env: dict[EnvName, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("args")
+    @classmethod
+    def _not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for flag in v:
+            if flag in OWNED_ROUTER_FLAGS:
+                raise ValueError(
+                    f"--{flag} is set by pdsvc from {OWNED_ROUTER_FLAGS[flag]}; set that instead"
+                )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_env(v)
+
+
+class LifecycleConfig(Strict):
+    start_timeout_secs: Seconds = Field(3600, description="Load + JIT + warmup budget per start.")
+    stop_timeout_secs: Seconds = Field(180, description="Drain budget before the cgroup is killed.")
+    restart_secs: Seconds = Field(30, description="Pause before a restart (GPU memory release).")
+    start_limit_burst: Annotated[int, Field(ge=1)] = 3
+    start_limit_interval_secs: Seconds = Field(
+        7200, description="Window for start_limit_burst; must exceed a few slow starts."
+    )
+    liveness_interval_secs: Seconds = 10
+    liveness_timeout_secs: Seconds = 30
+    liveness_failures: Annotated[int, Field(ge=1)] = 3
+
+
+class Config(Strict):
+    name: str = Field("dsv4", pattern=r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
+    model: ModelConfig
+    runtime: RuntimeConfig = RuntimeConfig()
+    transfer: TransferConfig = TransferConfig()
+    prefill: PrefillConfig = PrefillConfig()
+    decode: DecodeConfig = DecodeConfig()
+    router: RouterConfig = RouterConfig()
+    lifecycle: LifecycleConfig = LifecycleConfig()
+
+
+
+
+def _check_env(env: dict[str, Any]) -> dict[str, Any]:
+    for key, value in env.items():
+        if key in OWNED_ENV:
+            raise ValueError(f"{key} is set by pdsvc from {OWNED_ENV[key]}; set that instead")
+        if key == "SGLANG_SET_CPU_AFFINITY" and str(value).lower() not in ("0", "false", ""):
+            raise ValueError(
+                "SGLANG_SET_CPU_AFFINITY overrides the unit's NUMA pinning (it spreads ranks over "
+                "all sockets); remove it and let pdsvc pin"
+            )
+    return env
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate a config file; every failure is a one-line ConfigError with file:line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: config file not found", hint="pass --config PATH (see etc/pdsvc.yaml)"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Validate YAML text against the schema; errors name the key, the line and the fix."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}:1: the config must be a mapping of keys (name, model, …)")
+    lines = _line_index(node)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e.errors()[0], lines, source)) from None
+    for loc, problem in cross_field_problems(config):
+        line = _nearest_line(loc, lines)
+        where = f"{source}:{line}" if line else source
+        raise ConfigError(f"{where}: {'.'.join(map(str, loc))}: {problem}")
+    return config
+
+
+def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:
+    """Checks across sections, as (key path, problem) pairs; the first one is reported."""
+    problems: list[tuple[tuple, str]] = []
+    shared = sorted(set(config.prefill.gpus) & set(config.decode.gpus))
+    if shared:
+        problems.append((
+            ("decode", "gpus"),
+            f"GPU {shared[0]} is also in prefill.gpus; give each role its own GPUs",
+        ))
+    problems += _port_problems(config)
+    return problems
+
+
+def _port_problems(config: Config) -> list[tuple[tuple, str]]:
+    """Every port the plan opens is distinct, and dist-init bases keep their port span free."""
+    p, d, r = config.prefill, config.decode, config.router
+    ports: list[tuple[tuple, int]] = [
+        (("prefill", "port"), p.port),
+        (("prefill", "bootstrap_port"), p.bootstrap_port),
+        (("decode", "port"), d.port),
+        (("router", "port"), r.port),
+        (("router", "prometheus_port"), r.prometheus_port),
+    ]
+    spans = [(("prefill", "dist_init_port"), p.dist_init_port),
+             (("decode", "dist_init_port"), d.dist_init_port)]
+    problems: list[tuple[tuple, str]] = []
+    seen: dict[int, str] = {}
+    for key, port in ports:
+        if port in seen:
+            problems.append((key, f"port {port} is also {seen[port]}; each service needs its own"))
+        seen.setdefault(port, ".".join(key))
+    for i, (key, base) in enumerate(spans):
+        for other_key, other in spans[:i]:
+            if abs(base - other) < DIST_INIT_SPAN:
+                problems.append((key, (
+                    f"{base} is within {DIST_INIT_SPAN} of {'.'.join(other_key)} {other}; SGLang "
+                    f"takes ports base+1…base+5+dp from each, keep them ≥{DIST_INIT_SPAN} apart "
+                    f"(e.g. {other + DIST_INIT_SPAN})"
+                )))
+        for other_key, port in ports:
+            if base <= port < base + DIST_INIT_SPAN:
+                problems.append((key, (
+                    f"{base}…{base + DIST_INIT_SPAN - 1} is kept for SGLang's ZMQ/NCCL ports but "
+                    f"{'.'.join(other_key)} is {port}; move one of them"
+                )))
+    return problems
+
+
+def _line_index(node: yaml.Node | None, path: tuple = ()) -> dict[tuple, int]:
+    """Map each key path (as pydantic writes `loc`) to its 1-based line in the YAML text."""
+    index: dict[tuple, int] = {}
+    if node is None:
+        return index
+    index[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            index[path + (key,)] = key_node.start_mark.line + 1
+            child = path + (key,)
+            index.update({k: v for k, v in _line_index(value_node, child).items() if k != child})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            index.update(_line_index(item, path + (i,)))
+    return index
+
+
+def _describe(err: dict[str, Any], lines: dict[tuple, int], source: str) -> str:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
+    dotted = ".".join(str(p) for p in loc) or "(top level)"
+    line = _nearest_line(loc, lines)
+    where = f"{source}:{line}" if line else source
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent, key = loc[:-1], str(loc[-1])
+        valid = _valid_keys(parent)
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+        fix = f"did you mean '{'.'.join([*map(str, parent), close[0]])}'?" if close else (
+            f"valid keys here: {', '.join(valid)}"
+        )
+        return f"{where}: unknown key '{dotted}'; {fix}"
+    if kind == "missing":
+        return f"{where}: missing required key '{dotted}'; add it (see etc/pdsvc.yaml)"
+    msg = err["msg"]
+    msg = re.sub(r"^Value error, ", "", msg)
+    given = err.get("input")
+    shown = "" if isinstance(given, (dict, list)) or kind.startswith("value_error") else (
+        f" (got {given!r})"
+    )
+    return f"{where}: {dotted}: {msg}{shown}"
+
+
+def _is_union_tag(part: str) -> bool:
+    # pydantic inserts the union member's type name into loc ("literal['auto']", "int", …)
+    scalar = part in {"int", "str", "float", "bool"}
+    return scalar or part.startswith(("literal[", "list[", "constrained-"))
+
+
+def _nearest_line(loc: tuple, lines: dict[tuple, int]) -> int | None:
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def _valid_keys(parent: tuple) -> list[str]:
+    model: Any = Config
+    for part in parent:
+        field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
+        if field is None:
+            return []
+        model = field.annotation
+    return list(model.model_fields) if hasattr(model, "model_fields") else []

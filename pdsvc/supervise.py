@@ -1,0 +1,1068 @@
+#!/usr/bin/env python3
+"""Run one SGLang engine or the sglang-router as the main process of a systemd unit.
+
+Why this exists: the units are ``Type=notify`` with ``NotifyAccess=main`` and ``WatchdogSec=``,
+but SGLang and sglang-router do not speak sd_notify, and systemd has no HTTP liveness check.
+This supervisor starts the real command as its child and
+
+* before the start (engines), refuses to start while another process holds one of the unit's
+  GPUs, so an automatic restart does not run into a CUDA out-of-memory crash loop;
+* serialises cold JIT compiles of engines that share one cache directory (concurrent cold
+  compiles into one DeepGEMM/TVM cache race and crash), while warm engines start in parallel;
+* tells systemd ``READY=1`` only once the engine's ``/health`` answers 200, or, for the
+  router, once ``/readiness`` answers 200 *and* one real generation through it succeeds
+  (``/readiness`` turns 200 before a prefill/decode pair can actually serve);
+* afterwards sends ``WATCHDOG=1`` only while the liveness URL answers 200, so a hung engine is
+  killed and restarted by systemd's ``WatchdogSec=`` (the bound lives in the unit, not here);
+* forwards SIGTERM/SIGINT/SIGHUP to the child and maps its exit status so that a
+  ``systemctl stop`` does not leave the unit "failed".
+
+It is standard-library only (Python >= 3.9) because it is copied verbatim next to the rendered
+units and runs under the SGLang venv's interpreter on the GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+EXIT_REFUSED = 1  # GPU busy, nvidia-smi broken, cache dir unusable: Restart= retries later
+EXIT_USAGE = 2  # argparse's own exit status for usage errors
+EXIT_CANNOT_EXEC = 126  # the shell's convention for "found but could not run"
+EXIT_NOT_FOUND = 127  # the shell's convention for "command not found"
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+NVIDIA_SMI_TIMEOUT_S = 30.0  # nvidia-smi can take seconds per call without persistence mode
+START_PROBE_TIMEOUT_S = 5.0  # a start-phase probe that times out just means "not yet"
+STOP_GRACE_S = 30.0  # after this long without exit following a stop, say so in the log
+CHILD_WAIT_SLICE_S = 1.0  # longest a loop blocks before re-checking for a stop request
+READINESS_PROBE_BODY = {
+    "text": "pdsvc readiness probe",
+    "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+}
+
+# Probes go straight to the service: an http_proxy in the unit's environment must not
+# intercept loopback health checks.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
+    Clock = Callable[[], float]
+    ChildWait = Callable[[float], int | None]
+
+
+# --------------------------------------------------------------------------------------------
+# Logging and sd_notify
+
+
+class Log:
+    """Write one flushed line per message to stderr, prefixed with the unit's name.
+
+    journald stores stderr line by line; a prefix keeps our lines apart from the child's,
+    which share the same stream.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _line(self, message: str) -> str:
+        return f"{self.name}: {' '.join(message.splitlines())}\n"
+
+    def __call__(self, message: str) -> None:
+        stream = sys.stderr
+        stream.write(self._line(message))
+        stream.flush()
+
+    def from_signal_handler(self, message: str) -> None:
+        """Log from a signal handler: a raw write(2) cannot re-enter Python's buffered stream."""
+        with contextlib.suppress(OSError):
+            os.write(2, self._line(message).encode("utf-8", "replace"))
+
+
+def notify(*fields: str, env: Mapping[str, str] | None = None) -> bool:
+    """Send sd_notify fields (``READY=1``, ``STATUS=...``) as one datagram to ``$NOTIFY_SOCKET``.
+
+    Implemented by hand because libsystemd's Python bindings are not in the SGLang venv. A
+    leading ``@`` names a socket in the abstract namespace. Returns False without error when
+    the variable is unset (not under systemd) or the datagram could not be sent.
+    """
+    env = os.environ if env is None else env
+    address = env.get("NOTIFY_SOCKET", "")
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    elif not address.startswith("/"):
+        return False  # unset, or a vsock address (VM guests only), which we do not need
+    payload = "\n".join(field.replace("\n", " ") for field in fields).encode("utf-8")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(payload, address)
+    except OSError:
+        return False
+    return True
+
+
+class Notifier:
+    """sd_notify with a log line the first time sending fails (a silent failure means no
+    READY=1 and, much later, a start timeout that is hard to explain)."""
+
+    def __init__(self, log: Log, env: Mapping[str, str] | None = None) -> None:
+        self.log = log
+        self.env = os.environ if env is None else env
+        self.enabled = bool(self.env.get("NOTIFY_SOCKET"))
+        self._warned = False
+
+    def __call__(self, *fields: str) -> None:
+        if self.enabled and not notify(*fields, env=self.env) and not self._warned:
+            self._warned = True
+            self.log(f"cannot send to NOTIFY_SOCKET={self.env.get('NOTIFY_SOCKET')}")
+
+    def status(self, text: str) -> None:
+        self(f"STATUS={text}")
+
+
+# --------------------------------------------------------------------------------------------
+# GPU idle check
+
+
+class GpuHolder(NamedTuple):
+    """One compute process on one of the unit's GPUs, as nvidia-smi reports it."""
+
+    index: int
+    bus_id: str
+    pid: int
+    process_name: str
+    used_memory: str
+
+    def describe(self) -> str:
+        return (
+            f"GPU {self.index} ({self.bus_id}) is held by pid {self.pid} "
+            f"{self.process_name} {self.used_memory}"
+        )
+
+
+class GpuCheckError(Exception):
+    """nvidia-smi exists but gave no usable answer: a broken driver is not a reason to skip."""
+
+
+def find_nvidia_smi(explicit: str | None) -> str | None:
+    """The nvidia-smi to run, or None when there is none (no NVIDIA driver on this host)."""
+    if explicit:
+        return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
+    return shutil.which("nvidia-smi")
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """Canonical PCI address: nvidia-smi prints the domain with 8 or 4 hex digits by version."""
+    text = bus_id.strip().lower()
+    if text.count(":") == 2:
+        domain, rest = text.split(":", 1)
+        try:
+            return f"{int(domain, 16):08x}:{rest}"
+        except ValueError:
+            return text
+    return text
+
+
+def parse_gpu_indices(csv_text: str) -> dict[str, tuple[int, str]]:
+    """Parse ``--query-gpu=index,pci.bus_id --format=csv,noheader`` into
+    {canonical bus id: (index, bus id as printed)}."""
+    gpus: dict[str, tuple[int, str]] = {}
+    for line in csv_text.splitlines():
+        if not line.strip():
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) != 2 or not fields[0].isdigit():
+            raise GpuCheckError(f"unexpected nvidia-smi --query-gpu line: {line.strip()!r}")
+        gpus[normalize_bus_id(fields[1])] = (int(fields[0]), fields[1])
+    return gpus
+
+
+def parse_compute_apps(csv_text: str) -> list[tuple[str, int, str, str]]:
+    """Parse ``--query-compute-apps=gpu_bus_id,pid,process_name,used_memory`` CSV lines into
+    (bus id, pid, process name, used memory). The name may itself contain ", "."""
+    apps = []
+    for line in csv_text.splitlines():
+        if not line.strip() or line.strip().lower().startswith("no running"):
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) < 4 or not fields[1].isdigit():
+            raise GpuCheckError(f"unexpected nvidia-smi --query-compute-apps line: {line!r}")
+        name = ", ".join(fields[2:-1])
+        apps.append((fields[0], int(fields[1]), name, fields[-1]))
+    return apps
+
+
+def _run_nvidia_smi(
+    nvidia_smi: str, args: Sequence[str], timeout: float, run: Callable[..., object]
+) -> str:
+    argv = [nvidia_smi, *args]
+    try:
+        result = run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GpuCheckError(f"{' '.join(argv)} timed out after {timeout:g} s") from None
+    except OSError as exc:
+        raise GpuCheckError(f"cannot run {nvidia_smi}: {exc.strerror or exc}") from None
+    returncode = getattr(result, "returncode", 1)
+    stdout = getattr(result, "stdout", "") or ""
+    if returncode != 0:
+        stderr = getattr(result, "stderr", "") or ""
+        said = " ".join((stdout + " " + stderr).split())[:300]
+        raise GpuCheckError(f"{' '.join(argv)} exited with status {returncode}: {said}")
+    return stdout
+
+
+def gpu_holders(
+    nvidia_smi: str,
+    gpus: Sequence[int],
+    run: Callable[..., object] = subprocess.run,
+    timeout: float = NVIDIA_SMI_TIMEOUT_S,
+) -> list[GpuHolder]:
+    """The compute processes nvidia-smi reports on any of ``gpus`` (nvidia-smi indices).
+
+    Bus ids join the two queries because ``--query-compute-apps`` has no GPU index column.
+    Raises GpuCheckError when nvidia-smi fails, times out, prints something unparseable, or
+    does not list one of ``gpus``.
+    """
+    index_csv = _run_nvidia_smi(
+        nvidia_smi, ["--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout, run
+    )
+    by_bus = parse_gpu_indices(index_csv)
+    present = sorted(index for index, _ in by_bus.values())
+    missing = [gpu for gpu in gpus if gpu not in present]
+    if missing:
+        listed = ",".join(str(index) for index in present) or "none"
+        raise GpuCheckError(
+            f"GPU {','.join(map(str, missing))} not present (nvidia-smi lists GPUs {listed})"
+        )
+    apps_csv = _run_nvidia_smi(
+        nvidia_smi,
+        [
+            "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory",
+            "--format=csv,noheader",
+        ],
+        timeout,
+        run,
+    )
+    wanted = set(gpus)
+    holders = []
+    for bus_id, pid, name, memory in parse_compute_apps(apps_csv):
+        index, printed = by_bus.get(normalize_bus_id(bus_id), (-1, bus_id))
+        if index in wanted:
+            holders.append(GpuHolder(index, printed, pid, name, memory))
+    return sorted(holders, key=lambda holder: (holder.index, holder.pid))
+
+
+def check_gpus_idle(nvidia_smi_option: str | None, gpus: Sequence[int], log: Log) -> bool:
+    """Log the outcome of the GPU idle check; False means: refuse to start."""
+    nvidia_smi = find_nvidia_smi(nvidia_smi_option)
+    if nvidia_smi is None:
+        where = f" at {nvidia_smi_option}" if nvidia_smi_option else " on PATH"
+        log(
+            "GPU idle check skipped: nvidia-smi not found (no NVIDIA driver on this host?)"
+            f" [looked{where}]"
+        )
+        return True
+    try:
+        holders = gpu_holders(nvidia_smi, gpus)
+    except GpuCheckError as exc:
+        log(f"GPU idle check failed: {exc}")
+        log("refusing to start: cannot tell whether the GPUs are free (driver problem?)")
+        return False
+    if holders:
+        for holder in holders:
+            log(holder.describe())
+        log("refusing to start: GPUs busy; stop the holder or wait for it to exit")
+        return False
+    log(f"GPUs {','.join(map(str, gpus))} are idle")
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Cold JIT cache serialisation
+
+
+class JitLock:
+    """Serialise the first (cold) start of engines that share one JIT cache directory.
+
+    Concurrent cold compiles into one DeepGEMM/TVM/FlashInfer cache race (sglang PR #27604,
+    DeepGEMM#301). The marker ``DIR/.pdsvc/warm-KEY`` records that engine KEY became healthy
+    once with this cache; until then the engine takes an exclusive flock on
+    ``DIR/.pdsvc/compile.lock`` and holds it until it is healthy. Warm engines take no lock and
+    start in parallel. flock is released by the kernel when the process dies, so a crash never
+    leaves a stale lock; the lock fd is close-on-exec, so the child never holds it.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str,
+        key: str,
+        owner: str,
+        log: Log,
+        progress_every: float,
+        clock: Clock = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        retry_every: float = 1.0,
+    ) -> None:
+        self.cache_dir = cache_dir
+        self.key = key
+        self.owner = owner
+        self.log = log
+        self.progress_every = progress_every
+        self.clock = clock
+        self.sleep = sleep
+        self.retry_every = retry_every
+        self.state_dir = os.path.join(cache_dir, ".pdsvc")
+        self.marker = os.path.join(self.state_dir, f"warm-{key}")
+        self.lock_path = os.path.join(self.state_dir, "compile.lock")
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def is_warm(self) -> bool:
+        return os.path.exists(self.marker)
+
+    def holder(self) -> str:
+        """Who holds the lock, as the holder wrote it into the lock file."""
+        try:
+            with open(self.lock_path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read().strip()
+        except OSError:
+            text = ""
+        return text or "another engine"
+
+    def acquire(
+        self,
+        should_stop: Callable[[], bool] = lambda: False,
+        on_wait: Callable[[str], None] = lambda holder: None,
+    ) -> bool:
+        """Block until this process holds the lock; False if ``should_stop()`` turned true.
+
+        Raises OSError when the cache directory cannot be used.
+        """
+        os.makedirs(self.state_dir, mode=0o750, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        started = self.clock()
+        next_log = started
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+            now = self.clock()
+            if now >= next_log:
+                holder = self.holder()
+                waited = f" ({now - started:.0f} s so far)" if now > started else ""
+                self.log(
+                    f"JIT cache cold for {self.key}: waiting for {holder} to finish "
+                    f"compiling into {self.cache_dir}{waited}"
+                )
+                on_wait(holder)
+                next_log = now + self.progress_every
+            if should_stop():
+                os.close(fd)
+                return False
+            self.sleep(self.retry_every)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{self.owner} (pid {os.getpid()})\n".encode(), 0)
+        self._fd = fd
+        return True
+
+    def mark_warm(self) -> None:
+        """Write the marker atomically (tmp + rename), then release the lock."""
+        tmp = f"{self.marker}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(f"{self.owner} healthy at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+        os.replace(tmp, self.marker)
+        self.release()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the only fd of the open file releases the flock
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP probes
+
+
+class ProbeResult(NamedTuple):
+    ok: bool
+    detail: str  # "HTTP 200", "HTTP 503 {...}", "connection refused", "timed out after 5 s"
+
+
+def _snippet(body: bytes) -> str:
+    return " ".join(body.decode("utf-8", "replace").split())[:200]
+
+
+def _describe_error(reason: object, timeout: float) -> str:
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+        return f"timed out after {timeout:g} s"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror.lower()
+    return str(reason) or type(reason).__name__
+
+
+def http_probe(
+    url: str,
+    timeout: float,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    opener: Callable[..., object] = _OPENER.open,
+) -> ProbeResult:
+    """GET ``url`` (POST when ``body`` is given); ok only on HTTP 200. Never raises."""
+    request = urllib.request.Request(
+        url, data=body, headers=dict(headers or {}), method="GET" if body is None else "POST"
+    )
+    try:
+        with opener(request, timeout=timeout) as response:  # type: ignore[attr-defined]
+            response.read(1 << 20)
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        try:
+            said = _snippet(exc.read(400))
+        except Exception:  # noqa: BLE001 - the status alone is enough
+            said = ""
+        finally:
+            exc.close()
+        return ProbeResult(False, f"HTTP {exc.code}" + (f" {said}" if said else ""))
+    except urllib.error.URLError as exc:
+        return ProbeResult(False, _describe_error(exc.reason, timeout))
+    except (OSError, http.client.HTTPException) as exc:
+        return ProbeResult(False, _describe_error(exc, timeout))
+    if status != 200:
+        return ProbeResult(False, f"HTTP {status}")
+    return ProbeResult(True, "HTTP 200")
+
+
+def router_start_probe(
+    readiness_url: str,
+    generate_url: str,
+    api_key: str | None,
+    generate_timeout: float,
+    probe: Callable[..., ProbeResult] = http_probe,
+) -> Callable[[], ProbeResult]:
+    """Probe for the router's start phase: ``/readiness`` 200, then one real generation 200.
+
+    ``/readiness`` turns 200 as soon as workers are registered, before a prefill/decode pair
+    has served a request; only a generation through the router proves the pair works.
+    """
+    body = json.dumps(READINESS_PROBE_BODY).encode("utf-8")
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+
+    def check() -> ProbeResult:
+        ready = probe(readiness_url, START_PROBE_TIMEOUT_S)
+        if not ready.ok:
+            return ProbeResult(False, f"readiness: {ready.detail}")
+        generated = probe(generate_url, generate_timeout, body=body, headers=headers)
+        if not generated.ok:
+            return ProbeResult(False, f"readiness OK, generation failed: {generated.detail}")
+        return generated
+
+    return check
+
+
+# --------------------------------------------------------------------------------------------
+# Start phase, liveness phase, stop
+
+
+class Outcome(NamedTuple):
+    kind: str  # "healthy", "exited" (returncode set) or "stop" (a stop signal arrived)
+    returncode: int | None = None
+    elapsed: float = 0.0
+
+
+def wait_until_healthy(
+    probe: Callable[[], ProbeResult],
+    child_wait: ChildWait,
+    *,
+    what: str,
+    log: Callable[[str], None],
+    status: Callable[[str], None],
+    poll_interval: float,
+    progress_every: float,
+    should_stop: Callable[[], bool],
+    clock: Clock = time.monotonic,
+    started: float | None = None,
+) -> Outcome:
+    """Probe every ``poll_interval`` s until 200, the child exits, or a stop arrives.
+
+    No deadline here: systemd's ``TimeoutStartSec=`` bounds the start. ``child_wait(t)``
+    waits up to t seconds and returns the child's returncode if it exited.
+    """
+    started = clock() if started is None else started
+    next_log = clock() + progress_every
+    while True:
+        if should_stop():
+            return Outcome("stop")
+        returncode = child_wait(0)
+        if returncode is not None:
+            return Outcome("exited", returncode)
+        attempt_at = clock()
+        result = probe()
+        if result.ok:
+            return Outcome("healthy", elapsed=clock() - started)
+        now = clock()
+        if now >= next_log:
+            line = f"waiting for {what} ({result.detail}) — {now - started:.0f} s since start"
+            log(line)
+            status(line)
+            next_log = now + progress_every
+        returncode = child_wait(max(0.0, attempt_at + poll_interval - clock()))
+        if returncode is not None:
+            return Outcome("exited", returncode)
+
+
+def liveness_loop(
+    probe: Callable[[], ProbeResult],
+    child_wait: ChildWait,
+    *,
+    interval: float,
+    log: Callable[[str], None],
+    notify: Callable[..., None],
+    serving_status: str,
+    should_stop: Callable[[], bool],
+    clock: Clock = time.monotonic,
+) -> Outcome:
+    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200.
+
+    A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
+    systemd kills and restarts the unit. Returns when the child exits or a stop arrives.
+    """
+    failures = 0
+    next_probe = clock() + interval
+    while True:
+        returncode = child_wait(min(CHILD_WAIT_SLICE_S, max(0.0, next_probe - clock())))
+        if returncode is not None:
+            return Outcome("exited", returncode)
+        if should_stop():
+            return Outcome("stop")
+        if clock() < next_probe:
+            continue
+        next_probe = clock() + interval
+        result = probe()
+        if should_stop():
+            return Outcome("stop")
+        if result.ok:
+            if failures:
+                log(f"liveness probe OK again after {failures} failure(s)")
+                notify("WATCHDOG=1", f"STATUS={serving_status}")
+            else:
+                notify("WATCHDOG=1")
+            failures = 0
+        else:
+            failures += 1
+            log(f"liveness probe failed: {result.detail}")
+            notify(
+                f"STATUS=liveness probe failing ({failures}x, no watchdog ping): {result.detail}"
+            )
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen returncode as a shell would report it: death by signal N becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def supervisor_exit_code(returncode: int, stop_signal: int | None) -> int:
+    """What supervise exits with once the child is gone.
+
+    After a stop (SIGTERM/SIGINT/SIGHUP to supervise), exit 0, SIGTERM, SIGKILL (SGLang's
+    SIGTERM handler SIGKILLs its own process tree, so 137) or death by the forwarded signal
+    count as a clean stop, so ``systemctl stop`` does not mark the unit failed. Otherwise
+    the child's status is passed on and ``Restart=on-failure`` decides.
+    """
+    status = exit_status(returncode)
+    if stop_signal is not None:
+        clean = {0, 128 + signal.SIGTERM, 128 + signal.SIGKILL, 128 + stop_signal}
+        if status in clean:
+            return 0
+    return status
+
+
+class Child:
+    """The supervised command, plus signal forwarding to it."""
+
+    def __init__(self, log: Log, notifier: Notifier, role: str) -> None:
+        self.log = log
+        self.notifier = notifier
+        self.role = role
+        self.process: subprocess.Popen | None = None
+        self.stop_signal: int | None = None
+        self.stop_time: float | None = None
+
+    def install_signal_handlers(self) -> None:
+        for signo in STOP_SIGNALS:
+            signal.signal(signo, self._on_signal)
+
+    def stopping(self) -> bool:
+        return self.stop_signal is not None
+
+    def _on_signal(self, signo: int, _frame: object) -> None:
+        name = signal.Signals(signo).name
+        if self.stop_signal is None:
+            self.stop_signal = signo
+            self.stop_time = time.monotonic()
+            # notify() directly: Notifier may log, which a signal handler must not do.
+            notify("STOPPING=1", f"STATUS=stopping ({name})", env=self.notifier.env)
+        process = self.process
+        if process is not None and process.returncode is None:
+            self.log.from_signal_handler(
+                f"got {name}: forwarding it to {self.role} pid {process.pid}"
+            )
+            process.send_signal(signo)
+        else:
+            self.log.from_signal_handler(f"got {name}: stopping")
+
+    def start(self, argv: Sequence[str]) -> int | None:
+        """Start the command; returns an exit status if it could not be started at all."""
+        env = dict(os.environ)
+        # The child must not talk to systemd itself: with NotifyAccess=main its messages would
+        # be dropped with a warning each, and only we decide when the unit is ready or alive.
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+            env.pop(name, None)
+        try:
+            self.process = subprocess.Popen(list(argv), env=env, close_fds=True)
+        except FileNotFoundError:
+            self.log(f"cannot start {self.role}: {argv[0]}: command not found")
+            return EXIT_NOT_FOUND
+        except OSError as exc:
+            self.log(f"cannot start {self.role}: {argv[0]}: {exc.strerror or exc}")
+            return EXIT_CANNOT_EXEC
+        self.log(f"started {self.role} pid {self.process.pid}: {' '.join(argv)}")
+        if self.stop_signal is not None:  # a stop arrived while we were starting it
+            self.process.send_signal(self.stop_signal)
+        return None
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` s; the returncode if the child has exited."""
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def wait_after_stop(self, progress_every: float) -> int:
+        """Wait for the child's exit however long it takes: systemd's TimeoutStopSec= and its
+        cgroup SIGKILL are the bound, not us (killing early would skip SGLang's cleanup)."""
+        assert self.process is not None
+        since = self.stop_time if self.stop_time is not None else time.monotonic()
+        next_log = since + STOP_GRACE_S
+        while True:
+            returncode = self.wait(CHILD_WAIT_SLICE_S)
+            if returncode is not None:
+                return returncode
+            now = time.monotonic()
+            if now >= next_log:
+                self.log(
+                    f"{self.role} pid {self.process.pid} still running {now - since:.0f} s "
+                    "after the stop signal; waiting (systemd's TimeoutStopSec= is the bound)"
+                )
+                next_log = now + progress_every
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _gpu_list(text: str) -> list[int]:
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or not all(item.isdigit() for item in items):
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1,2,3, got {text!r}")
+    gpus = [int(item) for item in items]
+    if len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"GPU listed twice in {text!r}")
+    return gpus
+
+
+def _http_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text!r}")
+    return text
+
+
+def liveness_url_for(readiness_url: str) -> str:
+    """The router's ``/liveness`` on the same scheme, host and port as ``/readiness``."""
+    parts = urllib.parse.urlsplit(readiness_url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/liveness", "", ""))
+
+
+def base_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+DESCRIPTION = """\
+Run one SGLang engine or sglang-router as the main process of a systemd unit
+(Type=notify, NotifyAccess=main, WatchdogSec=). SGLang does not speak sd_notify and
+systemd has no HTTP liveness check, so this sends READY=1, STATUS= and WATCHDOG=1 on
+the service's behalf, gated on HTTP probes. Modes:
+
+  engine  GPU idle check, cold JIT cache serialisation, READY=1 once /health is 200
+  router  READY=1 once /readiness is 200 and one real generation returned 200
+"""
+
+EPILOG = """\
+Everything after "--" is the command to supervise, run as a child with the same stdout and
+stderr (so its lines reach the journal) and without NOTIFY_SOCKET.
+
+Exit status:
+  0        after a stop (SIGTERM/SIGINT/SIGHUP) when the child then exits 0, by SIGTERM or
+           by SIGKILL (SGLang kills its own process tree with SIGKILL: 137), or by the
+           forwarded signal; also when a stop arrives while waiting for the JIT lock
+  N        the child exited on its own with status N (death by signal S: 128+S)
+  1        refused to start: a GPU of the unit is busy, nvidia-smi failed, or the JIT cache
+           directory cannot be used (Restart= retries after RestartSec=)
+  2        usage error
+  126/127  the command could not be executed / was not found
+"""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(
+        prog="supervise.py",
+        usage="%(prog)s {engine,router} --name NAME [options] -- CMD [ARGS...]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    modes = parser.add_subparsers(dest="mode", metavar="{engine,router}", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--name",
+        required=True,
+        help="unit name used as the prefix of every log line and in STATUS= (e.g. dsv4-prefill)",
+    )
+    common.add_argument(
+        "--liveness-interval",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="seconds between liveness probes once ready; each 200 sends WATCHDOG=1, so keep it "
+        "well below the unit's WatchdogSec= (default: %(default)g)",
+    )
+    common.add_argument(
+        "--progress-every",
+        type=_positive_float,
+        default=15.0,
+        metavar="S",
+        help="seconds between progress lines while waiting (for health, the JIT lock, or the "
+        "child's exit); keeps long starts visible without flooding the journal "
+        "(default: %(default)g)",
+    )
+    common.add_argument(
+        "--poll-interval",
+        type=_positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between start-phase probes; short so READY=1 follows health closely "
+        "(default: %(default)g)",
+    )
+
+    engine = modes.add_parser(
+        "engine",
+        prog="supervise.py engine",
+        parents=[common],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --name NAME --health-url URL [options] -- CMD [ARGS...]",
+        help="supervise one SGLang server (prefill or decode)",
+        description=(
+            "Supervise one SGLang server: GPU idle check, cold-JIT serialisation,\n"
+            "READY=1 once /health is 200, WATCHDOG=1 while /health stays 200."
+        ),
+    )
+    engine.add_argument(
+        "--health-url",
+        type=_http_url,
+        required=True,
+        metavar="URL",
+        help="the engine's /health; SGLang answers 503 until weights are loaded and warmup is "
+        "done, so 200 means ready; also the liveness probe",
+    )
+    engine.add_argument(
+        "--liveness-timeout",
+        type=_positive_float,
+        default=20.0,
+        metavar="S",
+        help="timeout of one liveness probe; SGLang's /health runs a 1-token generation and "
+        "gives up after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) (default: %(default)g)",
+    )
+    engine.add_argument(
+        "--gpus",
+        type=_gpu_list,
+        metavar="LIST",
+        help="nvidia-smi indices of the unit's GPUs (e.g. 0,1,2,3); before starting, refuse "
+        "(exit 1) while any compute process holds one of them, so a restart does not run into "
+        "the memory of a previous instance that is still being torn down",
+    )
+    engine.add_argument(
+        "--nvidia-smi",
+        metavar="PATH",
+        help="nvidia-smi to run for --gpus (default: search PATH); when it is absent the check "
+        "is skipped with a log line (no NVIDIA driver), when it fails the start is refused",
+    )
+    engine.add_argument(
+        "--jit-cache",
+        metavar="DIR",
+        help="JIT cache directory shared with other engines; while DIR/.pdsvc/warm-KEY is "
+        "missing, take DIR/.pdsvc/compile.lock and hold it until healthy, because concurrent "
+        "cold compiles into one cache race; warm engines take no lock",
+    )
+    engine.add_argument(
+        "--jit-key",
+        metavar="KEY",
+        help="name of this engine's warm marker (required with --jit-cache); include anything "
+        "that invalidates the cache, e.g. the SGLang version",
+    )
+
+    router = modes.add_parser(
+        "router",
+        prog="supervise.py router",
+        parents=[common],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --name NAME --readiness-url URL --generate-url URL [options] "
+        "-- CMD [ARGS...]",
+        help="supervise sglang-router in PD mode",
+        description=(
+            "Supervise sglang-router: READY=1 once /readiness is 200 and one real generation\n"
+            "through the router returned 200; WATCHDOG=1 while /liveness stays 200."
+        ),
+    )
+    router.add_argument(
+        "--readiness-url",
+        type=_http_url,
+        required=True,
+        metavar="URL",
+        help="the router's /readiness: 503 until a prefill and a decode worker are healthy",
+    )
+    router.add_argument(
+        "--generate-url",
+        type=_http_url,
+        required=True,
+        metavar="URL",
+        help="the router's /generate; one 1-token generation must return 200 before READY=1, "
+        "because /readiness turns 200 before a prefill/decode pair can serve",
+    )
+    router.add_argument(
+        "--liveness-url",
+        type=_http_url,
+        metavar="URL",
+        help="probed every --liveness-interval once ready (default: /liveness next to "
+        "--readiness-url); liveness, not readiness, so engine restarts do not kill the router",
+    )
+    router.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="environment variable holding the router's --api-key; sent as 'Authorization: "
+        "Bearer' with the probe generation (the key itself never goes on a command line)",
+    )
+    router.add_argument(
+        "--liveness-timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="timeout of one liveness probe (default: %(default)g)",
+    )
+    router.add_argument(
+        "--generate-timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="timeout of the probe generation; the first PD request may set up the KV "
+        "transfer connection, which can take tens of seconds (default: %(default)g)",
+    )
+    return parser, {"engine": engine, "router": router}
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split at the first ``--`` (the child's own options must not reach argparse)."""
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        options, command = argv[:cut], argv[cut + 1 :]
+    else:
+        options, command = argv, []
+    parser, modes = build_parser()
+    args = parser.parse_args(options)
+    mode = modes[args.mode]
+    if not command:
+        mode.error("missing '-- CMD [ARGS...]': the command to supervise")
+    if args.mode == "engine" and bool(args.jit_cache) != bool(args.jit_key):
+        mode.error("--jit-cache and --jit-key go together")
+    return args, command
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
+    """Warn when the liveness cadence cannot keep the unit's watchdog fed."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    if not usec.isdigit():
+        if os.environ.get("NOTIFY_SOCKET"):
+            log("WatchdogSec= is not set for this unit: failed liveness probes are only logged")
+        return
+    watchdog = int(usec) / 1e6
+    if args.liveness_interval + args.liveness_timeout >= watchdog:
+        log(
+            f"warning: --liveness-interval {args.liveness_interval:g} s + --liveness-timeout "
+            f"{args.liveness_timeout:g} s >= WatchdogSec={watchdog:g} s: a single slow probe "
+            "gets the unit killed"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the supervisor; returns the exit status (see EPILOG)."""
+    args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    log = Log(args.name)
+    notifier = Notifier(log)
+    role = args.mode
+    child = Child(log, notifier, role)
+    child.install_signal_handlers()
+
+    jit: JitLock | None = None
+    if role == "engine":
+        start_probe_url = liveness_url = args.health_url
+        if args.gpus:
+            notifier.status(f"checking that GPUs {','.join(map(str, args.gpus))} are idle")
+            if not check_gpus_idle(args.nvidia_smi, args.gpus, log):
+                notifier.status("refused to start: GPUs busy or nvidia-smi failed")
+                return EXIT_REFUSED
+        if args.jit_cache:
+            jit = JitLock(args.jit_cache, args.jit_key, args.name, log, args.progress_every)
+            if jit.is_warm():
+                log(f"JIT cache warm for {args.jit_key}: starting without the compile lock")
+            else:
+                try:
+                    taken = jit.acquire(
+                        should_stop=child.stopping,
+                        on_wait=lambda holder: notifier.status(
+                            f"JIT cache cold: waiting for {holder} to finish compiling"
+                        ),
+                    )
+                except OSError as exc:
+                    log(f"cannot use JIT cache {args.jit_cache}: {exc}")
+                    return EXIT_REFUSED
+                if not taken:
+                    log("stopped while waiting for the JIT compile lock")
+                    return 0
+                log(
+                    f"JIT cache cold for {args.jit_key}: holding {jit.lock_path} until "
+                    "healthy, so engines sharing this cache compile one at a time"
+                )
+        probe = lambda: http_probe(start_probe_url, START_PROBE_TIMEOUT_S)  # noqa: E731
+        what = start_probe_url
+    else:
+        liveness_url = args.liveness_url or liveness_url_for(args.readiness_url)
+        api_key = None
+        if args.api_key_env:
+            api_key = os.environ.get(args.api_key_env) or None
+            if api_key is None:
+                log(f"--api-key-env {args.api_key_env}: variable not set; probing without a key")
+        probe = router_start_probe(
+            args.readiness_url, args.generate_url, api_key, args.generate_timeout
+        )
+        what = f"{args.readiness_url} + a generation via {args.generate_url}"
+
+    notifier.status(f"starting {role}")
+    failed = child.start(command)
+    if failed is not None:
+        return failed
+    started = time.monotonic()
+    notifier.status(f"waiting for {what}")
+
+    outcome = wait_until_healthy(
+        probe,
+        child.wait,
+        what=what,
+        log=log,
+        status=notifier.status,
+        poll_interval=args.poll_interval,
+        progress_every=args.progress_every,
+        should_stop=child.stopping,
+        started=started,
+    )
+    if outcome.kind == "healthy":
+        if jit is not None and jit.held:
+            jit.mark_warm()
+            log(f"JIT cache for {args.jit_key} marked warm; compile lock released")
+        serving = f"serving on {base_url(liveness_url)} (healthy after {outcome.elapsed:.1f} s)"
+        notifier("READY=1", f"STATUS={serving}")
+        log(f"healthy after {outcome.elapsed:.1f} s")
+        _watchdog_hint(args, log)
+        outcome = liveness_loop(
+            lambda: http_probe(liveness_url, args.liveness_timeout),
+            child.wait,
+            interval=args.liveness_interval,
+            log=log,
+            notify=notifier,
+            serving_status=serving,
+            should_stop=child.stopping,
+        )
+    if outcome.kind == "stop":
+        returncode = child.wait_after_stop(args.progress_every)
+    else:
+        returncode = outcome.returncode if outcome.returncode is not None else 1
+    if jit is not None:
+        jit.release()
+
+    status = exit_status(returncode)
+    log(f"{role} exited with status {status}" + _signal_suffix(returncode))
+    code = supervisor_exit_code(returncode, child.stop_signal)
+    if child.stop_signal is not None:
+        stop_name = signal.Signals(child.stop_signal).name
+        verdict = "a clean stop" if code == 0 else "a failed stop"
+        log(f"after {stop_name}: treating it as {verdict}; exiting {code}")
+    return code
+
+
+def _signal_suffix(returncode: int) -> str:
+    if returncode >= 0:
+        return ""
+    try:
+        return f" (killed by {signal.Signals(-returncode).name})"
+    except ValueError:
+        return f" (killed by signal {-returncode})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
