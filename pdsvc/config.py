@@ -106,6 +106,11 @@ class RuntimeConfig(Strict):
     def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _check_env(v)
 
+    @field_validator("pinning", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
     @field_validator("python")
     @classmethod
     def _absolute_python(cls, v: str) -> str:

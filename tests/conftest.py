@@ -1,0 +1,37 @@
+"""Shared fixtures: fixture hosts, the CLI runner, and the rule for tests that need real parts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "support"))
+
+from sysfs import HOSTS, build_sysfs  # noqa: E402
+
+
+def require(reason: str | None) -> None:
+    """Skip when a real part (systemd-analyze, nspawn, the serve venv) is missing — unless
+    PDSVC_REQUIRE_E2E=1 (CI sets it), where a missing part is a failure, not a skip."""
+    if reason is None:
+        return
+    if os.environ.get("PDSVC_REQUIRE_E2E") == "1":
+        pytest.fail(f"PDSVC_REQUIRE_E2E=1 and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def sysfs_hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every fixture host laid out as a /sys tree, by name."""
+    root = tmp_path_factory.mktemp("sysfs")
+    return {name: build_sysfs(root / name, host) for name, host in HOSTS.items()}
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()

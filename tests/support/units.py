@@ -1,0 +1,43 @@
+"""A small reader for unit files (systemd.syntax(7)) so tests assert keys, not bytes."""
+
+from __future__ import annotations
+
+import shlex
+from collections import defaultdict
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """Sections -> key -> list of values (a key may repeat). Joins backslash continuations."""
+    sections: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    section = ""
+    pending = ""
+    for raw in text.splitlines():
+        line = pending + raw
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        if stripped.startswith("[") and stripped.endswith("]"):
+            section = stripped[1:-1]
+            continue
+        key, _, value = stripped.partition("=")
+        sections[section][key.strip()].append(value.strip())
+    return {s: dict(k) for s, k in sections.items()}
+
+
+def exec_words(value: str) -> list[str]:
+    """Split an ExecStart= value into argv the way systemd does for plain quoting, then undo
+    systemd's own `%%` and `$$` escapes (tests compare against the plan's argv)."""
+    return [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(value)]
+
+
+def env_of(unit: dict[str, dict[str, list[str]]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for value in unit["Service"].get("Environment", []):
+        for word in shlex.split(value):
+            k, _, v = word.partition("=")
+            env[k] = v.replace("%%", "%")
+    return env
