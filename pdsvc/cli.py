@@ -233,3 +233,7 @@ def topology(sysfs_root: Path | None, as_json: bool) -> None:
 
 
 __all__ = ["main"]
+
+
+if __name__ == "__main__":
+    main()

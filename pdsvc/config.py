@@ -246,7 +246,7 @@ class LifecycleConfig(Strict):
 
 
 class Config(Strict):
-    name: str = Field("dsv4", pattern=r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
+    name: str = Field("dsv4", description="Prefix of every unit name.")
     model: ModelConfig
     runtime: RuntimeConfig = RuntimeConfig()
     transfer: TransferConfig = TransferConfig()
@@ -254,6 +254,16 @@ class Config(Strict):
     decode: DecodeConfig = DecodeConfig()
     router: RouterConfig = RouterConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _unit_prefix(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}[a-z0-9]", v):
+            raise ValueError(
+                f"must be 2-32 lowercase letters, digits and dashes, starting with a letter, "
+                f"got {v!r} (it names the units: NAME-prefill.service, …)"
+            )
+        return v
 
 
 

@@ -215,7 +215,23 @@ def build_plan(
 def _pinning(
     key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str]
 ) -> tuple[Pinning, tuple[str, ...]]:
-    """Resolve a role's NUMA node and CPUs from the GPUs it was given."""
+    """Resolve a role's NUMA node and CPUs from the GPUs it was given.
+
+    The GPU/node checks run whatever runtime.pinning says: a contradiction in the config is an
+    error even when nothing will be pinned.
+    """
+    noted: list[str] = []
+    pinning, bus_ids = _resolve_node(key, role, topology, config, noted)
+    if config.runtime.pinning == "off":
+        why = "pinning off (runtime.pinning: off)"
+        return Pinning("off", None, (), pinning.policy, why), bus_ids
+    warnings += noted
+    return pinning, bus_ids
+
+
+def _resolve_node(
+    key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str]
+) -> tuple[Pinning, tuple[str, ...]]:
     mode, policy = config.runtime.pinning, config.runtime.numa_policy
     gpus = []
     for index in role.gpus:
@@ -246,8 +262,6 @@ def _pinning(
             hint="set numa_node: auto",
         )
     gpu_list = format_cpulist(role.gpus)
-    if mode == "off":
-        return Pinning("off", None, (), policy, "pinning off (runtime.pinning: off)"), bus_ids
     if node_ids:
         (node_id,) = node_ids
         if wanted != "auto" and wanted != node_id:

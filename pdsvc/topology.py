@@ -24,9 +24,9 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
         part = part.strip()
         if not part:
             continue
-        lo, _, hi = part.partition("-")
+        lo, dash, hi = part.partition("-")
         try:
-            start, end = int(lo), int(hi or lo)
+            start, end = int(lo), int(hi if dash else lo)
         except ValueError:
             raise TopologyError(f"cannot parse CPU list {text.strip()!r}") from None
         if end < start:

@@ -22,9 +22,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from units import env_of, exec_words, parse_unit
 
 from pdsvc.cli import main
+from units import env_of, exec_words, parse_unit
 
 CASES = sorted((Path(__file__).parent / "cases").glob("*.yaml"))
 
@@ -81,7 +81,8 @@ def test_case(case: Path, sysfs_hosts: dict[str, Path], runner, tmp_path: Path) 
     for verb, *args in directives:
         if verb == "assert-key":
             unit, section, key, *want = args
-            assert " ".join(want) in values(unit, section, key), (unit, key, values(unit, section, key))
+            got = values(unit, section, key)
+            assert " ".join(want) in got, (unit, key, got)
         elif verb == "assert-no-key":
             unit, section, key, *want = args
             got = values(unit, section, key)

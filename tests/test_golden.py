@@ -24,7 +24,7 @@ def test_units_dir_is_the_rendered_default_bundle(monkeypatch) -> None:
     stale = [f.path for f in files if (REPO / "units" / f.path).read_text() != f.content]
     extra = sorted({p.name for p in (REPO / "units").iterdir()} - {f.path for f in files})
     assert not stale and not extra, (
-        f"units/ is stale ({stale or extra}); run: {COMMAND.replace('--config etc/pdsvc.yaml ', '')}"
+        f"units/ is stale ({stale or extra}); run: {COMMAND}"
     )
     for f in files:
         assert os.stat(REPO / "units" / f.path).st_mode & 0o777 == f.mode, f.path

@@ -418,7 +418,7 @@ def _snippet(body: bytes) -> str:
 
 
 def _describe_error(reason: object, timeout: float) -> str:
-    if isinstance(reason, (socket.timeout, TimeoutError)):
+    if isinstance(reason, (socket.timeout, TimeoutError)):  # distinct classes on 3.9
         return f"timed out after {timeout:g} s"
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused"
@@ -951,6 +951,61 @@ def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
         )
 
 
+def engine_preflight(
+    args: argparse.Namespace, log: Log, notifier: Notifier, child: Child
+) -> tuple[int | None, JitLock | None]:
+    """GPU idle check, then the JIT compile lock when the cache is cold for this engine.
+
+    Returns (exit status, None) when the engine must not start, else (None, the lock or None).
+    """
+    if args.gpus:
+        notifier.status(f"checking that GPUs {','.join(map(str, args.gpus))} are idle")
+        if not check_gpus_idle(args.nvidia_smi, args.gpus, log):
+            notifier.status("refused to start: GPUs busy or nvidia-smi failed")
+            return EXIT_REFUSED, None
+    if not args.jit_cache:
+        return None, None
+    jit = JitLock(args.jit_cache, args.jit_key, args.name, log, args.progress_every)
+    if jit.is_warm():
+        log(f"JIT cache warm for {args.jit_key}: starting without the compile lock")
+        return None, jit
+    try:
+        taken = jit.acquire(
+            should_stop=child.stopping,
+            on_wait=lambda holder: notifier.status(
+                f"JIT cache cold: waiting for {holder} to finish compiling"
+            ),
+        )
+    except OSError as exc:
+        log(f"cannot use JIT cache {args.jit_cache}: {exc}")
+        return EXIT_REFUSED, None
+    if not taken:
+        log("stopped while waiting for the JIT compile lock")
+        return 0, None
+    log(
+        f"JIT cache cold for {args.jit_key}: holding {jit.lock_path} until healthy, "
+        "so engines sharing this cache compile one at a time"
+    )
+    return None, jit
+
+
+def probes_for(args: argparse.Namespace, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:
+    """(start-phase probe, what it waits for, liveness URL) for the mode."""
+    if args.mode == "engine":
+        url = args.health_url
+        return (lambda: http_probe(url, START_PROBE_TIMEOUT_S)), url, url
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env) or None
+        if api_key is None:
+            log(f"--api-key-env {args.api_key_env}: variable not set; probing without a key")
+    probe = router_start_probe(
+        args.readiness_url, args.generate_url, api_key, args.generate_timeout
+    )
+    what = f"{args.readiness_url} + a generation via {args.generate_url}"
+    return probe, what, args.liveness_url or liveness_url_for(args.readiness_url)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the supervisor; returns the exit status (see EPILOG)."""
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
@@ -962,47 +1017,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     jit: JitLock | None = None
     if role == "engine":
-        start_probe_url = liveness_url = args.health_url
-        if args.gpus:
-            notifier.status(f"checking that GPUs {','.join(map(str, args.gpus))} are idle")
-            if not check_gpus_idle(args.nvidia_smi, args.gpus, log):
-                notifier.status("refused to start: GPUs busy or nvidia-smi failed")
-                return EXIT_REFUSED
-        if args.jit_cache:
-            jit = JitLock(args.jit_cache, args.jit_key, args.name, log, args.progress_every)
-            if jit.is_warm():
-                log(f"JIT cache warm for {args.jit_key}: starting without the compile lock")
-            else:
-                try:
-                    taken = jit.acquire(
-                        should_stop=child.stopping,
-                        on_wait=lambda holder: notifier.status(
-                            f"JIT cache cold: waiting for {holder} to finish compiling"
-                        ),
-                    )
-                except OSError as exc:
-                    log(f"cannot use JIT cache {args.jit_cache}: {exc}")
-                    return EXIT_REFUSED
-                if not taken:
-                    log("stopped while waiting for the JIT compile lock")
-                    return 0
-                log(
-                    f"JIT cache cold for {args.jit_key}: holding {jit.lock_path} until "
-                    "healthy, so engines sharing this cache compile one at a time"
-                )
-        probe = lambda: http_probe(start_probe_url, START_PROBE_TIMEOUT_S)  # noqa: E731
-        what = start_probe_url
-    else:
-        liveness_url = args.liveness_url or liveness_url_for(args.readiness_url)
-        api_key = None
-        if args.api_key_env:
-            api_key = os.environ.get(args.api_key_env) or None
-            if api_key is None:
-                log(f"--api-key-env {args.api_key_env}: variable not set; probing without a key")
-        probe = router_start_probe(
-            args.readiness_url, args.generate_url, api_key, args.generate_timeout
-        )
-        what = f"{args.readiness_url} + a generation via {args.generate_url}"
+        refused, jit = engine_preflight(args, log, notifier, child)
+        if refused is not None:
+            return refused
+    probe, what, liveness_url = probes_for(args, log)
+    if child.stopping():
+        log(f"stopped before the {role} was started")
+        return 0
 
     notifier.status(f"starting {role}")
     failed = child.start(command)
