@@ -1,0 +1,1370 @@
+"""fake_sglang: a TEST STAND-IN for ``python -m sglang.launch_server``.
+
+Test support only: it is NOT part of the rendered product and pdsvc never installs or renders it.
+pdsvc's tests run it where a real unit would run SGLang, so that rendered units, the real
+sglang-router and the failure handling can be exercised on a machine without a GPU. It is
+stdlib-only (Python >= 3.10) and takes exactly the argv that ``sglang.launch_server`` gets::
+
+    python -m fake_sglang ARGS            # with tests/support on PYTHONPATH
+    python tests/support/fake_sglang.py ARGS
+
+Flags it reads (every other ``--flag [value]`` and any stray token is accepted and ignored):
+``--model-path/--model`` (must be an existing directory, else
+``OSError: Incorrect path_or_model_id`` and exit 1), ``--served-model-name``, ``--tokenizer-path``,
+``--host`` (127.0.0.1), ``--port`` (30000),
+``--disaggregation-mode {null,prefill,decode}``, ``--disaggregation-bootstrap-port`` (8998),
+``--disaggregation-transfer-backend``, ``--tp/--tp-size``, ``--dp/--dp-size``, ``--dist-init-addr``,
+``--api-key``, ``--max-running-requests``, ``--enable-metrics`` (``/metrics`` is 404 without it,
+as in SGLang).
+
+Behaviour, in the order it happens:
+
+* binds the prefill bootstrap server (prefill only) and the HTTP port at once; ``/health`` and
+  ``/health_generate`` answer 503 until loading is done, then 200;
+* "loads weights" for ``FAKE_SGLANG_LOAD_SECS`` (0.5), then "JIT-compiles" into
+  ``$TRITON_CACHE_DIR/fake-sglang/<role>.kernels`` (skipped if ``TRITON_CACHE_DIR`` is unset):
+  cold = ``FAKE_SGLANG_COMPILE_COLD_SECS`` (2.0) under an O_EXCL lock file
+  ``fake-sglang/.compiling`` (a live holder makes the second compiler fail loudly, as DeepGEMM
+  does; a dead holder's lock is taken over), warm = ``FAKE_SGLANG_COMPILE_WARM_SECS`` (0.1);
+* PD generation requests must carry ``bootstrap_host``/``bootstrap_port``/``bootstrap_room``
+  (400 otherwise); decode GETs ``/health`` on the prefill bootstrap server named in the request
+  (500 "KV transfer failed" if unreachable);
+* SIGTERM: log, answer /health 503, drain in-flight generations (a hung one counts; unbounded,
+  like SGLang, unless ``SGLANG_FORCE_SHUTDOWN=1`` or ``FAKE_SGLANG_DRAIN_MAX_SECS``), stop
+  listening, SIGKILL any descendants and then itself (exit by signal 9 / status 137).
+  ``FAKE_SGLANG_CLEAN_EXIT=1``: exit 0 instead.
+
+Test knobs (environment): ``FAKE_SGLANG_CRASH_AFTER`` / ``FAKE_SGLANG_HANG_AFTER`` (seconds after
+becoming healthy: ``os._exit(1)`` / stop answering HTTP), ``FAKE_SGLANG_HANG_BOOTSTRAP=1`` (a hang
+also covers the bootstrap port), ``FAKE_SGLANG_SPAWN_ORPHAN=1`` (a SIGTERM-ignoring sleeper in its
+own session, reparented away from the engine, ``FAKE_SGLANG_ORPHAN_SECS`` <= 900),
+``FAKE_SGLANG_STATE_DIR`` (``engine.pid``, ``orphan.pid``), ``FAKE_SGLANG_MAX_LIFETIME`` (1800 s
+safety net, then exit 0), ``FAKE_SGLANG_LOG`` (JSONL request log), ``FAKE_SGLANG_GEN_DELAY``
+(seconds before answering a generation), ``FAKE_SGLANG_BOOTSTRAP_TIMEOUT`` (2.0 s, decode's probe),
+``FAKE_SGLANG_ACCESS_LOG=1`` (uvicorn-style access lines on stderr).
+
+Runtime control (main port, never needs the API key, never hangs): ``POST /_fake/control`` with a
+JSON object of ``hang`` (bool), ``hang_bootstrap`` (bool), ``health`` ("ok"|"fail"),
+``gen_delay`` (seconds), ``crash`` (true: exit 1 right after replying); ``GET /_fake/control``
+returns the current state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+VERSION = "0.5.23+fake"
+#: SGLang's warmup/health probes use this bootstrap host so that they never touch the peer.
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+ORPHAN_MAX_SECS = 900.0
+
+_LOG_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------------------- helpers
+
+
+def log(msg: str, tag: str = "") -> None:
+    """One SGLang-like line on stderr: ``[2026-11-29 09:46:00 TP0] msg``."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    _emit(f"[{stamp}{' ' + tag if tag else ''}] {msg}")
+
+
+def _emit(line: str) -> None:
+    with _LOG_LOCK:
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _env_float(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        _emit(f"ValueError: environment variable {name}={raw!r} is not a number")
+        sys.exit(2)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs whose parent chain leads to ``root`` (what psutil's children(recursive=True) sees)."""
+    parent_of: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            parent_of[int(entry)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found: list[int] = []
+    frontier = {root}
+    while frontier:
+        kids = {pid for pid, ppid in parent_of.items() if ppid in frontier and pid not in found}
+        found.extend(sorted(kids))
+        frontier = kids
+    return found
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fake_sglang",
+        description="Test stand-in for python -m sglang.launch_server (not SGLang).",
+        allow_abbrev=False,
+    )
+    p.add_argument("--model-path", "--model", dest="model_path", required=True)
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
+    p.add_argument("--disaggregation-transfer-backend", default="mooncake")
+    p.add_argument(
+        "--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1
+    )
+    p.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--enable-metrics", action="store_true")
+    return p
+
+
+# ------------------------------------------------------------------------------------ the engine
+
+
+class Engine:
+    def __init__(self, args: argparse.Namespace, ignored: list[str]) -> None:
+        self.args = args
+        self.ignored = ignored
+        self.role = args.disaggregation_mode
+        self.pd = self.role in ("prefill", "decode")
+        self.served_name = args.served_model_name or args.model_path
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.state = "starting"  # -> "ready"
+        self.graceful_exit = False
+        self.term_requested = False
+        self.hang = False
+        self.hang_bootstrap = _env_flag("FAKE_SGLANG_HANG_BOOTSTRAP")
+        self.health_override = "ok"
+        self.gen_delay = _env_float("FAKE_SGLANG_GEN_DELAY", 0.0) or 0.0
+        self.load_secs = _env_float("FAKE_SGLANG_LOAD_SECS", 0.5)
+        self.cold_secs = _env_float("FAKE_SGLANG_COMPILE_COLD_SECS", 2.0)
+        self.warm_secs = _env_float("FAKE_SGLANG_COMPILE_WARM_SECS", 0.1)
+        self.crash_after = _env_float("FAKE_SGLANG_CRASH_AFTER", None)
+        self.hang_after = _env_float("FAKE_SGLANG_HANG_AFTER", None)
+        self.max_lifetime = _env_float("FAKE_SGLANG_MAX_LIFETIME", 1800.0)
+        self.drain_max = _env_float("FAKE_SGLANG_DRAIN_MAX_SECS", None)
+        self.bootstrap_timeout = _env_float("FAKE_SGLANG_BOOTSTRAP_TIMEOUT", 2.0)
+        self.access_log = _env_flag("FAKE_SGLANG_ACCESS_LOG")
+        self.state_dir = os.environ.get("FAKE_SGLANG_STATE_DIR") or None
+        self.reqlog_path = os.environ.get("FAKE_SGLANG_LOG") or None
+        self._lock = threading.Lock()
+        self.inflight = 0
+        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.http: _Server | None = None
+        self.bootstrap: _Server | None = None
+        self._threads: list[threading.Thread] = []
+
+    # ---- process lifecycle ------------------------------------------------------------------
+
+    def run(self) -> int:
+        a = self.args
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        log(
+            f"fake_sglang {VERSION} (test stand-in, not SGLang) pid={os.getpid()} "
+            f"server_args: model_path={a.model_path!r} served_model_name={self.served_name!r} "
+            f"host={a.host} port={a.port} disaggregation_mode={self.role} "
+            f"disaggregation_bootstrap_port={a.disaggregation_bootstrap_port} "
+            f"disaggregation_transfer_backend={a.disaggregation_transfer_backend} "
+            f"tp_size={a.tp_size} dp_size={a.dp_size} dist_init_addr={a.dist_init_addr}"
+        )
+        if self.ignored:
+            log(f"fake_sglang: ignoring {len(self.ignored)} argv item(s): {' '.join(self.ignored)}")
+
+        if not os.path.isdir(a.model_path):
+            # What transformers (AutoConfig, via SGLang's get_config) raises for a local path that
+            # does not exist: it is not a valid Hub repo id either.
+            _emit(
+                f"OSError: Incorrect path_or_model_id: '{a.model_path}'. Please provide either "
+                "the path to a local folder or the repo_id of a model on the Hub."
+            )
+            return 1
+
+        if self.state_dir:
+            os.makedirs(self.state_dir, exist_ok=True)
+            _write_atomic(os.path.join(self.state_dir, "engine.pid"), f"{os.getpid()}\n")
+        if _env_flag("FAKE_SGLANG_SPAWN_ORPHAN"):
+            self._spawn_orphan()
+
+        rc = self._bind()
+        if rc:
+            return rc
+
+        # Loading: weights, then JIT kernels (warmup). /health stays 503 meanwhile.
+        log(f"Load weight begin. role={self.role}", tag="TP0")
+        t = time.monotonic()
+        self._sleep(self.load_secs or 0.0)
+        log(f"Load weight end. type=FakeForCausalLM, elapsed={time.monotonic() - t:.2f} s", "TP0")
+        rc = self._jit_compile()
+        if rc:
+            return rc
+        if self.role == "prefill":
+            log("Cuda graph is disabled for prefill server (fake)", tag="TP0")
+        self.state = "ready"
+        ready_at = time.monotonic()
+        log(
+            f"The server is fired up and ready to roll! (fake_sglang {self.role} on "
+            f"{a.host}:{a.port}, startup {ready_at - self.started:.2f} s)"
+        )
+
+        crash_at = ready_at + self.crash_after if self.crash_after is not None else None
+        hang_at = ready_at + self.hang_after if self.hang_after is not None else None
+        while True:
+            self._sleep(0.05)
+            now = time.monotonic()
+            if crash_at is not None and now >= crash_at:
+                log(
+                    f"Scheduler hit an exception: RuntimeError: fake crash "
+                    f"(FAKE_SGLANG_CRASH_AFTER={self.crash_after}); exiting with status 1"
+                )
+                os._exit(1)
+            if hang_at is not None and now >= hang_at:
+                hang_at = None
+                self.hang = True
+                log(
+                    f"fake_sglang: hanging now (FAKE_SGLANG_HANG_AFTER={self.hang_after}): "
+                    "connections are accepted, requests are never answered"
+                )
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Runs in the main thread between bytecodes; only set a flag (no I/O, no locks).
+        self.term_requested = True
+
+    def _sleep(self, secs: float) -> None:
+        """Sleep in short steps; act on SIGTERM and the lifetime limit in the meantime."""
+        end = time.monotonic() + max(0.0, secs)
+        while True:
+            if self.term_requested:
+                self._terminate()
+            age = time.monotonic() - self.started
+            if self.max_lifetime is not None and age > self.max_lifetime:
+                log(
+                    f"fake_sglang: FAKE_SGLANG_MAX_LIFETIME={self.max_lifetime} s reached; "
+                    "exiting (safety net)"
+                )
+                os._exit(0)
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(0.05, left))
+
+    def _terminate(self) -> None:
+        """SGLang's SIGTERM path: drain, then kill the process tree including itself."""
+        self.term_requested = False
+        if self.graceful_exit:
+            return  # already draining (nested call from _sleep)
+        self.graceful_exit = True
+        log(
+            "SIGTERM received. signum=15. Draining requests and shutting down... "
+            f"(fake_sglang {self.role})"
+        )
+        force = _env_flag("SGLANG_FORCE_SHUTDOWN") or _env_flag("SGL_FORCE_SHUTDOWN")
+        t0 = last_note = time.monotonic()
+        while not force and self.inflight > 0:
+            if self.drain_max is not None and time.monotonic() - t0 >= self.drain_max:
+                log(f"fake_sglang: FAKE_SGLANG_DRAIN_MAX_SECS={self.drain_max} s reached")
+                break
+            if time.monotonic() - last_note >= 5.0:
+                last_note = time.monotonic()
+                log(f"Gracefully exiting... Remaining number of requests {self.inflight}.")
+            self._sleep(0.05)
+        for srv in (self.http, self.bootstrap):
+            if srv is not None:
+                srv.stop()
+        victims = _descendants(os.getpid())
+        if _env_flag("FAKE_SGLANG_CLEAN_EXIT"):
+            for pid in victims:
+                _kill_quietly(pid)
+            log("fake_sglang: FAKE_SGLANG_CLEAN_EXIT=1, exiting with status 0")
+            os._exit(0)
+        log(
+            f"Killing process tree of pid {os.getpid()} with SIGKILL, including itself "
+            f"({len(victims)} descendant(s)); exit status will be 137"
+        )
+        for pid in victims:
+            _kill_quietly(pid)
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(5)  # not reached
+        os._exit(137)
+
+    # ---- startup pieces ---------------------------------------------------------------------
+
+    def _bind(self) -> int:
+        a = self.args
+        binding = (a.host, a.disaggregation_bootstrap_port)
+        try:
+            if self.role == "prefill":  # SGLang starts it for prefill only, on --host
+                self.bootstrap = _Server(binding, _BootstrapHandler, self, "bootstrap")
+                self.bootstrap.start()
+                log(
+                    f"Bootstrap server listening on {a.host}:{a.disaggregation_bootstrap_port} "
+                    "(GET /health, GET/PUT /route)"
+                )
+            binding = (a.host, a.port)
+            self.http = _Server(binding, _EngineHandler, self, "http")
+            self.http.start()
+        except OSError as e:
+            _emit(
+                f"OSError: [Errno {e.errno}] error while attempting to bind on address "
+                f"('{binding[0]}', {binding[1]}): {(e.strerror or str(e)).lower()}"
+            )
+            return 1
+        log(f"Uvicorn running on http://{a.host}:{a.port} (fake_sglang; /health: 503 until loaded)")
+        return 0
+
+    def _spawn_orphan(self) -> None:
+        secs = min(ORPHAN_MAX_SECS, _env_float("FAKE_SGLANG_ORPHAN_SECS", ORPHAN_MAX_SECS) or 0.0)
+        sleeper = (
+            "import signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+            f"time.sleep({secs!r})\n"
+        )
+        # Double fork: the sleeper starts in its own session and is reparented (to PID 1 or the
+        # nearest subreaper) as soon as the launcher exits, like SGLang scheduler processes that
+        # outlive their launcher (sglang #23627). Only killing its cgroup gets rid of it.
+        launcher = (
+            "import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], 'fake-sglang-orphan'],"
+            " start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,"
+            " stderr=subprocess.DEVNULL, close_fds=True)\n"
+            "print(p.pid)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", launcher, sleeper],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        pid = int(out.stdout.strip())
+        log(
+            f"fake_sglang: spawned orphan pid={pid} (own session, ignores SIGTERM, "
+            f"sleeps {secs:g} s; FAKE_SGLANG_SPAWN_ORPHAN=1)"
+        )
+        if self.state_dir:
+            _write_atomic(os.path.join(self.state_dir, "orphan.pid"), f"{pid}\n")
+
+    def _jit_compile(self) -> int:
+        base = os.environ.get("TRITON_CACHE_DIR")
+        if not base:
+            log("jit cache: TRITON_CACHE_DIR is not set; skipping the fake kernel compile", "TP0")
+            return 0
+        cdir = os.path.join(base, "fake-sglang")
+        try:
+            os.makedirs(cdir, exist_ok=True)
+        except OSError as e:
+            _emit(f"{type(e).__name__}: cannot create JIT cache dir {cdir}: {e}")
+            return 1
+        artifact = os.path.join(cdir, f"{self.role}.kernels")
+        t0 = time.monotonic()
+        if os.path.exists(artifact):
+            log(f"jit cache warm: loading kernels for role={self.role} from {artifact}", "TP0")
+            self._sleep(self.warm_secs or 0.0)
+            log(f"jit cache warm: loaded {artifact} in {time.monotonic() - t0:.2f} s", "TP0")
+            return 0
+        lock = os.path.join(cdir, ".compiling")
+        err = self._acquire_compile_lock(lock, cdir)
+        if err:
+            _emit(err)
+            return 1
+        log(
+            f"jit cache cold: compiling kernels for role={self.role} into {cdir} "
+            f"(lock {lock}, ~{self.cold_secs:g} s)",
+            "TP0",
+        )
+        try:
+            # A SIGTERM here leaves the lock behind, as a killed compile does; a later start
+            # takes the stale lock over because its pid is dead.
+            self._sleep(self.cold_secs or 0.0)
+            payload = {
+                "fake": True,
+                "role": self.role,
+                "model_path": self.args.model_path,
+                "tp_size": self.args.tp_size,
+                "compiled_by_pid": os.getpid(),
+                "compiled_at": time.time(),
+                "kernels": ["fused_moe_fake", "attention_fake", "sampling_fake"],
+            }
+            _write_atomic(artifact, json.dumps(payload) + "\n")
+        finally:
+            if self._read_lock_pid(lock, wait=False) == os.getpid():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+        log(f"jit cache cold: compiled {artifact} in {time.monotonic() - t0:.2f} s", "TP0")
+        return 0
+
+    def _acquire_compile_lock(self, lock: str, cdir: str) -> str | None:
+        holder: int | None = None
+        for _ in range(5):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._read_lock_pid(lock, wait=True)
+                if holder is not None and holder != os.getpid() and _pid_alive(holder):
+                    return (
+                        f"RuntimeError: JIT cache race: another process (pid {holder}) is "
+                        f"compiling into cold cache {cdir} (FileExistsError EEXIST, "
+                        "cf. DeepGEMM #301)"
+                    )
+                log(
+                    f"jit cache: taking over stale compile lock {lock} "
+                    f"(holder pid {holder} is not running)",
+                    "TP0",
+                )
+                if self._read_lock_pid(lock, wait=False) == holder:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(lock)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            return None
+        return (
+            f"RuntimeError: JIT cache race: another process (pid {holder}) is compiling into "
+            f"cold cache {cdir} (FileExistsError EEXIST, cf. DeepGEMM #301)"
+        )
+
+    @staticmethod
+    def _read_lock_pid(lock: str, wait: bool) -> int | None:
+        # The holder writes its pid right after the O_EXCL create; give it a moment.
+        for _ in range(10 if wait else 1):
+            try:
+                with open(lock, encoding="utf-8") as f:
+                    text = f.read().strip()
+            except FileNotFoundError:
+                return None
+            if text.isdigit():
+                return int(text)
+            if wait:
+                time.sleep(0.05)
+        return None
+
+    # ---- request-side state -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def in_flight(self, counted: bool):
+        if counted:
+            with self._lock:
+                self.inflight += 1
+        try:
+            yield
+        finally:
+            if counted:
+                with self._lock:
+                    self.inflight -= 1
+
+    def wait_while_hung(self, kind: str) -> None:
+        while self.hang and (kind == "http" or self.hang_bootstrap):
+            time.sleep(0.05)
+
+    def record(
+        self, kind: str, port: int, method: str, path: str, headers: dict, body: Any
+    ) -> None:
+        if not self.reqlog_path:
+            return
+        line = json.dumps(
+            {
+                "t": time.time(),
+                "role": self.role,
+                "port": port,
+                "server": kind,
+                "pid": os.getpid(),
+                "method": method,
+                "path": path,
+                "headers": headers,
+                "body": body,
+            }
+        )
+        try:
+            fd = os.open(self.reqlog_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log(f"fake_sglang: cannot write request log {self.reqlog_path}: {e}")
+
+    def control_state(self) -> dict:
+        return {
+            "role": self.role,
+            "pid": os.getpid(),
+            "state": self.state,
+            "graceful_exit": self.graceful_exit,
+            "hang": self.hang,
+            "hang_bootstrap": self.hang_bootstrap,
+            "health": self.health_override,
+            "gen_delay": self.gen_delay,
+            "inflight": self.inflight,
+        }
+
+    def server_info(self) -> dict:
+        a = self.args
+        return {
+            "model_path": a.model_path,
+            "tokenizer_path": a.tokenizer_path or a.model_path,
+            "served_model_name": self.served_name,
+            "host": a.host,
+            "port": a.port,
+            "tp_size": a.tp_size,
+            "dp_size": a.dp_size,
+            "dist_init_addr": a.dist_init_addr,
+            "disaggregation_mode": self.role,
+            "disaggregation_bootstrap_port": a.disaggregation_bootstrap_port,
+            "disaggregation_transfer_backend": a.disaggregation_transfer_backend,
+            "load_balance_method": (
+                "follow_bootstrap_room" if self.role == "prefill" else "round_robin"
+            ),
+            "max_running_requests": a.max_running_requests or 256,
+            "enable_metrics": a.enable_metrics,
+            "version": VERSION,
+            "status": self.state,
+            "internal_states": [{"last_gen_throughput": 0.0, "avg_spec_accept_length": None}],
+            "fake_sglang": True,
+        }
+
+    def model_info(self) -> dict:
+        a = self.args
+        model_type, archs = "fake", ["FakeForCausalLM"]
+        try:
+            with open(os.path.join(a.model_path, "config.json"), encoding="utf-8") as f:
+                cfg = json.load(f)
+            model_type = cfg.get("model_type", model_type)
+            archs = cfg.get("architectures", archs)
+        except (OSError, ValueError, AttributeError):
+            pass
+        return {
+            "model_path": a.model_path,
+            "tokenizer_path": a.tokenizer_path or a.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": model_type,
+            "architectures": archs,
+        }
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------ HTTP layer
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, addr: tuple[str, int], handler: type, engine: Engine, kind: str) -> None:
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        self.engine = engine
+        self.kind = kind
+        self._thread: threading.Thread | None = None
+        super().__init__(addr, handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup; skip it.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name = str(self.server_address[0])
+        self.server_port = self.server_address[1]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            daemon=True,
+            name=f"fake-sglang-{self.kind}",
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self.shutdown()
+        self.server_close()
+
+
+class _BaseHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    timeout = 120  # idle keep-alive connections do not pin a thread forever
+    server: _Server
+
+    def parse_request(self) -> bool:
+        # The router's gRPC health probes open with the HTTP/2 prior-knowledge preface. The
+        # stdlib would answer it HTTP/0.9-style (a bare body); send a proper HTTP/1.1 505 and
+        # close the connection instead.
+        if self.raw_requestline.startswith(b"PRI * HTTP/2"):
+            self.command = None
+            self.request_version = "HTTP/1.1"
+            self.requestline = "PRI * HTTP/2.0"
+            self.close_connection = True
+            self.send_error(505, "HTTP/2 is not supported (fake_sglang speaks HTTP/1.1)")
+            return False
+        return super().parse_request()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.engine.access_log:
+            log(f"INFO:     {self.client_address[0]}:{self.client_address[1]} - {format % args}")
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        try:
+            try:
+                raw = self._read_body()
+            except ValueError as e:
+                self.close_connection = True
+                self._json(400, {"error": {"message": f"bad request body: {e}"}})
+                return
+            body, parse_error = _parse_body(raw)
+            self.server.engine.record(
+                self.server.kind,
+                self.server.server_port,
+                self.command,
+                self.path,
+                dict(self.headers.items()),
+                body if parse_error is None else raw.decode("latin-1"),
+            )
+            self.route(urlsplit(self.path), body, parse_error)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+
+    def route(self, url: Any, body: Any, parse_error: str | None) -> None:
+        raise NotImplementedError
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            out = bytearray()
+            while True:
+                size_line = self.rfile.readline(65537)
+                try:
+                    size = int(size_line.split(b";", 1)[0].strip(), 16)
+                except ValueError as e:
+                    raise ValueError("bad chunk size") from e
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline(65537)
+        length = self.headers.get("Content-Length")
+        if not length:
+            return b""
+        try:
+            n = int(length)
+        except ValueError as e:
+            raise ValueError("bad Content-Length") from e
+        return self.rfile.read(n) if n > 0 else b""
+
+    def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj).encode(), "application/json")
+
+    def _text(self, status: int, text: str) -> None:
+        self._send(status, text.encode(), "text/plain; charset=utf-8")
+
+    # chunked SSE
+    def _sse_start(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _sse(self, payload: Any) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        chunk = f"data: {data}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+
+    def _sse_end(self) -> None:
+        self._sse("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+
+def _parse_body(raw: bytes) -> tuple[Any, str | None]:
+    if not raw.strip():
+        return None, None
+    try:
+        return json.loads(raw), None
+    except ValueError as e:
+        return None, str(e)
+
+
+class _BootstrapHandler(_BaseHandler):
+    """The prefill's bootstrap server (SGLang: CommonKVBootstrapServer, aiohttp)."""
+
+    def route(self, url: Any, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        eng.wait_while_hung("bootstrap")
+        a = eng.args
+        path, method = url.path, self.command
+        if path == "/health" and method == "GET":
+            self._text(200, "OK")
+        elif path == "/route" and method == "GET":
+            q = parse_qs(url.query)
+            rank = int(q.get("engine_rank", ["-1"])[0] or -1)
+            if rank == -1:
+                self._json(
+                    200,
+                    {
+                        "prefill_attn_tp_size": a.tp_size,
+                        "prefill_dp_size": a.dp_size,
+                        "prefill_pp_size": 1,
+                        "prefill_page_size": 1,
+                        "fake_sglang": True,
+                    },
+                )
+            else:
+                self._json(200, {"rank_ip": a.host, "rank_port": a.disaggregation_bootstrap_port})
+        elif path == "/route" and method == "PUT":
+            self._text(200, "OK")
+        elif path in ("/register_dp_rank", "/query_dp_ranks") and method == "POST":
+            self._json(200, {"dp_rank": 0, "fake_sglang": True})
+        else:
+            self._text(404, "404: Not Found")
+
+
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
+
+#: path -> (allowed methods, handler name)
+_ROUTES: dict[str, tuple[frozenset[str], str]] = {
+    "/health": (_GET, "h_health"),
+    "/health_generate": (_GET, "h_health"),
+    "/server_info": (_GET, "h_server_info"),
+    "/get_server_info": (_GET, "h_server_info"),
+    "/model_info": (_GET, "h_model_info"),
+    "/get_model_info": (_GET, "h_model_info"),
+    "/v1/models": (_GET, "h_models"),
+    "/get_load": (_GET, "h_get_load"),
+    "/metrics": (_GET, "h_metrics"),
+    "/flush_cache": (frozenset({"GET", "POST"}), "h_flush_cache"),
+    "/generate": (frozenset({"POST", "PUT"}), "h_generate"),
+    "/v1/completions": (_POST, "h_generate"),
+    "/v1/chat/completions": (_POST, "h_generate"),
+}
+
+
+class _EngineHandler(_BaseHandler):
+    """The engine's HTTP API (SGLang: FastAPI under uvicorn)."""
+
+    def route(self, url: Any, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        path = url.path
+        if path == "/_fake/control":
+            self.h_control(body, parse_error)
+            return
+        entry = _ROUTES.get(path)
+        generation = entry is not None and entry[1] == "h_generate" and self.command in entry[0]
+        # A generation counts as in flight from arrival, hung or not, so a SIGTERM drains it
+        # (without bound, like SGLang) while /health already answers 503.
+        with eng.in_flight(generation):
+            eng.wait_while_hung("http")
+            self._route(path, entry, body, parse_error)
+
+    def _route(self, path: str, entry: tuple | None, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        key = eng.args.api_key
+        if (
+            key
+            and not path.startswith(("/health", "/metrics"))
+            and self.headers.get("Authorization") != f"Bearer {key}"
+        ):
+            self._json(401, {"error": "Unauthorized"})
+            return
+        if entry is None or (path == "/metrics" and not eng.args.enable_metrics):
+            self._json(404, {"detail": "Not Found"})
+            return
+        methods, name = entry
+        if self.command not in methods:
+            self._json(405, {"detail": "Method Not Allowed"})
+            return
+        getattr(self, name)(path, body, parse_error)
+
+    # ---- simple endpoints -------------------------------------------------------------------
+
+    def h_health(self, path: str, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        ok = eng.state == "ready" and not eng.graceful_exit and eng.health_override == "ok"
+        self._send(200 if ok else 503, b"", "text/plain; charset=utf-8")
+
+    def h_server_info(self, path: str, body: Any, parse_error: str | None) -> None:
+        self._json(200, self.server.engine.server_info())
+
+    def h_model_info(self, path: str, body: Any, parse_error: str | None) -> None:
+        self._json(200, self.server.engine.model_info())
+
+    def h_models(self, path: str, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        self._json(
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": eng.served_name,
+                        "object": "model",
+                        "created": int(eng.started_wall),
+                        "owned_by": "sglang",
+                        "root": eng.served_name,
+                        "max_model_len": 4096,
+                    }
+                ],
+            },
+        )
+
+    def h_get_load(self, path: str, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        self._json(
+            200,
+            [
+                {
+                    "dp_rank": r,
+                    "num_reqs": eng.inflight if r == 0 else 0,
+                    "num_waiting_reqs": 0,
+                    "num_tokens": 0,
+                }
+                for r in range(max(1, eng.args.dp_size))
+            ],
+        )
+
+    def h_metrics(self, path: str, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        name_value = eng.served_name.replace("\\", "\\\\").replace('"', '\\"')
+        label = f'{{model_name="{name_value}"}}'
+        gauges = [
+            ("sglang:num_running_reqs", "The number of running requests.", eng.inflight),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", 0),
+            ("sglang:num_used_tokens", "The number of used tokens.", 0),
+            ("sglang:token_usage", "The token usage.", 0.0),
+            ("sglang:gen_throughput", "The generation throughput (token/s).", 0.0),
+        ]
+        counters = [
+            ("sglang:num_requests_total", "Number of requests processed.", "requests"),
+            ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", "prompt_tokens"),
+            (
+                "sglang:generation_tokens_total",
+                "Number of generation tokens processed.",
+                "generation_tokens",
+            ),
+        ]
+        lines = []
+        for name, help_text, value in gauges:
+            lines += [
+                f"# HELP {name} {help_text}",
+                f"# TYPE {name} gauge",
+                f"{name}{label} {float(value)}",
+            ]
+        for name, help_text, counter in counters:
+            lines += [
+                f"# HELP {name} {help_text}",
+                f"# TYPE {name} counter",
+                f"{name}{label} {float(eng.counters[counter])}",
+            ]
+        text = "\n".join(lines) + "\n"
+        self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def h_flush_cache(self, path: str, body: Any, parse_error: str | None) -> None:
+        self._text(
+            200,
+            "Cache flushed.\nPlease check backend logs for more details. (When there are running "
+            "or waiting requests, the operation will not be performed.)\n",
+        )
+
+    def h_control(self, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        if self.command == "GET":
+            self._json(200, eng.control_state())
+            return
+        if self.command != "POST":
+            self._json(405, {"detail": "Method Not Allowed"})
+            return
+        if parse_error is not None or not isinstance(body, dict):
+            self._json(400, {"error": {"message": "control body must be a JSON object"}})
+            return
+        unknown = set(body) - {"hang", "hang_bootstrap", "health", "gen_delay", "crash"}
+        if unknown:
+            self._json(400, {"error": {"message": f"unknown control keys: {sorted(unknown)}"}})
+            return
+        if "health" in body and body["health"] not in ("ok", "fail"):
+            self._json(400, {"error": {"message": "health must be 'ok' or 'fail'"}})
+            return
+        if "hang" in body:
+            eng.hang = bool(body["hang"])
+        if "hang_bootstrap" in body:
+            eng.hang_bootstrap = bool(body["hang_bootstrap"])
+        if "health" in body:
+            eng.health_override = body["health"]
+        if "gen_delay" in body:
+            eng.gen_delay = float(body["gen_delay"] or 0.0)
+        log(f"fake_sglang: control {json.dumps(body)}")
+        self._json(200, eng.control_state())
+        if body.get("crash"):
+
+            def crash() -> None:
+                log("Scheduler hit an exception: RuntimeError: fake crash (control); exiting 1")
+                os._exit(1)
+
+            threading.Timer(0.1, crash).start()
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def h_generate(self, path: str, body: Any, parse_error: str | None) -> None:
+        eng = self.server.engine
+        if parse_error is not None or not isinstance(body, dict):
+            why = parse_error or f"got {type(body).__name__}"
+            self._json(400, _err(f"request body must be a JSON object ({why})", 400))
+            return
+        if eng.state != "ready":
+            self._json(
+                503,
+                _err(
+                    "The server is still starting (loading weights / warming up).",
+                    503,
+                    "ServiceUnavailable",
+                ),
+            )
+            return
+        if eng.graceful_exit:
+            self._json(
+                503, _err("The server is shutting down (graceful exit).", 503, "ServiceUnavailable")
+            )
+            return
+        kind = {"/generate": "generate", "/v1/completions": "completions"}.get(path, "chat")
+        prompts = _prompts(kind, body)
+        n = len(prompts)
+        boot: dict[str, list] = {}
+        if eng.pd:
+            boot, problem = _bootstrap_fields(body, n)
+            if problem is not None:
+                field, msg = problem
+                self._json(400, _err(f"PD disaggregation ({eng.role}) {msg}", 400, param=field))
+                return
+            if len(boot["bootstrap_room"]) != n:  # one prompt per bootstrap entry
+                n = len(boot["bootstrap_room"])
+                prompts = [prompts[min(i, len(prompts) - 1)] for i in range(n)]
+        if eng.role == "decode":
+            failure = self._reach_prefill(boot)
+            if failure is not None:
+                self._json(500, _err(failure, 500, "InternalServerError"))
+                return
+        if eng.gen_delay > 0:
+            time.sleep(eng.gen_delay)
+        self._answer(kind, body, prompts, boot)
+
+    def _reach_prefill(self, boot: dict[str, list]) -> str | None:
+        """Decode side: contact the prefill bootstrap server(s) named in the request."""
+        eng = self.server.engine
+        seen: set[tuple[str, int]] = set()
+        for host, port, room in zip(
+            boot["bootstrap_host"], boot["bootstrap_port"], boot["bootstrap_room"], strict=True
+        ):
+            if port is None:  # SGLang's decode scheduler substitutes its own flag value
+                port = eng.args.disaggregation_bootstrap_port
+            if host == FAKE_BOOTSTRAP_HOST or (host, port) in seen:
+                continue
+            seen.add((host, port))
+            reason = _probe_bootstrap(host, port, eng.bootstrap_timeout or 2.0)
+            if reason is not None:
+                log(
+                    f"KV transfer failed for bootstrap_room={room}: cannot reach prefill "
+                    f"bootstrap server {host}:{port} ({reason})",
+                    "TP0",
+                )
+                return (
+                    f"KV transfer failed: cannot reach prefill bootstrap server {host}:{port} "
+                    f"({reason}); bootstrap_room={room}"
+                )
+        return None
+
+    def _answer(self, kind: str, body: dict, prompts: list, boot: dict[str, list]) -> None:
+        eng = self.server.engine
+        port = self.server.server_port
+        text = "" if eng.role == "prefill" else f"[{eng.role}@{port}] hello from fake engine"
+        words = text.split()
+        batch = len(prompts) > 1 or _is_batch(kind, body)
+        stream = bool(body.get("stream"))
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        model = model if model and model != "unknown" else eng.served_name
+        created = int(time.time())
+        items = []
+        for i, prompt in enumerate(prompts):
+            ptoks = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+            meta = {
+                "id": uuid.uuid4().hex,
+                "finish_reason": {"type": "length", "length": len(words)},
+                "prompt_tokens": ptoks,
+                "completion_tokens": len(words),
+                "cached_tokens": 0,
+                "e2e_latency": 0.001,
+                "role": eng.role,
+                "port": port,
+                "pid": os.getpid(),
+            }
+            if boot:
+                meta["bootstrap_room_seen"] = boot["bootstrap_room"][i]
+                meta["bootstrap_host_seen"] = boot["bootstrap_host"][i]
+                meta["bootstrap_port_seen"] = boot["bootstrap_port"][i]
+            items.append(meta)
+        with eng._lock:
+            eng.counters["requests"] += len(items)
+            eng.counters["prompt_tokens"] += sum(m["prompt_tokens"] for m in items)
+            eng.counters["generation_tokens"] += sum(m["completion_tokens"] for m in items)
+        meta_out: Any = items if batch else items[0]
+
+        if kind == "generate":
+            if not stream:
+                outs = [
+                    {"text": text, "output_ids": list(range(len(words))), "meta_info": m}
+                    for m in items
+                ]
+                self._json(200, outs if batch else outs[0])
+                return
+            self._sse_start()
+            for i, m in enumerate(items):
+                for k in range(1, len(words) + 1):
+                    chunk = {
+                        "text": " ".join(words[:k]),
+                        "output_ids": list(range(k)),
+                        "meta_info": {**m, "completion_tokens": k, "finish_reason": None},
+                    }
+                    if batch:
+                        chunk["index"] = i
+                    self._sse(chunk)
+                final = {"text": text, "output_ids": list(range(len(words))), "meta_info": m}
+                if batch:
+                    final["index"] = i
+                self._sse(final)
+            self._sse_end()
+            return
+
+        usage = {
+            "prompt_tokens": sum(m["prompt_tokens"] for m in items),
+            "completion_tokens": sum(m["completion_tokens"] for m in items),
+            "total_tokens": sum(m["prompt_tokens"] + m["completion_tokens"] for m in items),
+            "prompt_tokens_details": None,
+        }
+        if kind == "chat":
+            rid = "chatcmpl-" + uuid.uuid4().hex
+            if not stream:
+                self._json(
+                    200,
+                    {
+                        "id": rid,
+                        "object": "chat.completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {
+                                    "role": "assistant",
+                                    "content": text,
+                                    "reasoning_content": None,
+                                    "tool_calls": None,
+                                },
+                                "logprobs": None,
+                                "finish_reason": "length",
+                                "matched_stop": None,
+                            }
+                        ],
+                        "usage": usage,
+                        "meta_info": meta_out,
+                    },
+                )
+                return
+            self._sse_start()
+            base = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+            }
+            self._sse(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
+            for k, w in enumerate(words):
+                self._sse(
+                    {
+                        **base,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"content": w if k == 0 else " " + w},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
+            self._sse(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {},
+                            "logprobs": None,
+                            "finish_reason": "length",
+                            "matched_stop": None,
+                        }
+                    ],
+                    "usage": usage,
+                    "meta_info": meta_out,
+                }
+            )
+            self._sse_end()
+            return
+
+        rid = "cmpl-" + uuid.uuid4().hex
+        if not stream:
+            self._json(
+                200,
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": i,
+                            "text": text,
+                            "logprobs": None,
+                            "finish_reason": "length",
+                            "matched_stop": None,
+                        }
+                        for i in range(len(items))
+                    ],
+                    "usage": usage,
+                    "meta_info": meta_out,
+                },
+            )
+            return
+        self._sse_start()
+        base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        for i in range(len(items)):
+            for k, w in enumerate(words):
+                self._sse(
+                    {
+                        **base,
+                        "choices": [
+                            {
+                                "index": i,
+                                "text": w if k == 0 else " " + w,
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
+            self._sse(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": i,
+                            "text": "",
+                            "logprobs": None,
+                            "finish_reason": "length",
+                            "matched_stop": None,
+                        }
+                    ],
+                }
+            )
+        self._sse({**base, "choices": [], "usage": usage, "meta_info": meta_out})
+        self._sse_end()
+
+
+def _err(message: str, code: int, etype: str = "BadRequestError", param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": etype, "param": param, "code": code}}
+
+
+def _is_batch(kind: str, body: dict) -> bool:
+    if kind == "generate":
+        ids = body.get("input_ids")
+        return isinstance(body.get("text"), list) or (
+            isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+        )
+    if kind == "completions":
+        p = body.get("prompt")
+        return isinstance(p, list) and bool(p) and not isinstance(p[0], int)
+    return False
+
+
+def _prompts(kind: str, body: dict) -> list:
+    if kind == "generate":
+        src = body.get("text") if body.get("text") is not None else body.get("input_ids")
+    elif kind == "completions":
+        src = body.get("prompt")
+    else:
+        msgs = body.get("messages")
+        src = (
+            " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+            if isinstance(msgs, list)
+            else ""
+        )
+        return [src]
+    if _is_batch(kind, body):
+        return list(src) or [""]
+    return [src if src is not None else ""]
+
+
+_BOOT_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+def _bootstrap_fields(body: dict, n: int) -> tuple[dict[str, list], tuple[str, str] | None]:
+    """The router's injected fields, broadcast to lists; or (field, problem)."""
+    out: dict[str, list] = {}
+    for field in _BOOT_FIELDS:
+        if field not in body or (body[field] is None and field != "bootstrap_port"):
+            return out, (
+                field,
+                f"requires '{field}' in the request body (the router injects "
+                "bootstrap_host, bootstrap_port and bootstrap_room)",
+            )
+    lengths = {len(body[f]) for f in _BOOT_FIELDS if isinstance(body[f], list)}
+    if len(lengths) > 1:
+        return out, ("bootstrap_room", "got bootstrap_* lists of different lengths")
+    size = lengths.pop() if lengths else n
+    for field in _BOOT_FIELDS:
+        value = body[field]
+        values = list(value) if isinstance(value, list) else [value] * size
+        for v in values:
+            ok = (
+                isinstance(v, str) and v != ""
+                if field == "bootstrap_host"
+                else (v is None or (isinstance(v, int) and not isinstance(v, bool)))
+                if field == "bootstrap_port"
+                else isinstance(v, int) and not isinstance(v, bool)
+            )
+            if not ok:
+                return out, (field, f"got an invalid '{field}': {v!r}")
+        out[field] = values
+    return out, None
+
+
+def _probe_bootstrap(host: str, port: int, timeout: float) -> str | None:
+    """GET http://host:port/health without proxies; None if it answered 200."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            return f"GET /health returned {resp.status}"
+        return None
+    except (OSError, http.client.HTTPException) as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, ignored = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    engine = Engine(args, ignored)
+    try:
+        return engine.run()
+    except KeyboardInterrupt:
+        log("fake_sglang: KeyboardInterrupt, exiting")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
