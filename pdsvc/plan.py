@@ -359,7 +359,7 @@ def _engine(
     argv += [
         "--host", host,
         "--port", str(role_cfg.port),
-        "--tp", str(tp),
+        "--tp-size", str(tp),
         "--dist-init-addr", dist_init_addr,
         "--disaggregation-mode", role,
         "--disaggregation-transfer-backend", config.transfer.backend,

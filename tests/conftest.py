@@ -32,6 +32,26 @@ def sysfs_hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: build_sysfs(root / name, host) for name, host in HOSTS.items()}
 
 
+STAMP = ".pdsvc-serve-venv.stamp"  # written by make_serve_venv.sh once its build succeeded
+
+
+def serve_venv() -> Path:
+    return Path(os.environ.get("PDSVC_SERVE_VENV") or REPO / ".venv-serve")
+
+
+@pytest.fixture(scope="session")
+def serve_python() -> Path:
+    """The serve venv's python (sglang parser, sglang-router, supervisor), built by
+    tests/support/make_serve_venv.sh; skip — or fail under PDSVC_REQUIRE_E2E=1 — without it."""
+    venv = serve_venv()
+    python = venv / "bin" / "python"
+    if not python.exists():
+        require(f"serve venv not found ({python}); build it: tests/support/make_serve_venv.sh")
+    elif not (venv / STAMP).is_file():
+        require(f"serve venv {venv} is incomplete; rebuild: tests/support/make_serve_venv.sh")
+    return python
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Build the "serve" venv that the end-to-end tests use:
+#   * SGLang's own argument parser (sglang, CPU torch, the light deps its parser imports),
+#   * the real sglang-router (its parser, and the router binary itself),
+#   * supervisor (a real supervisord for the supervisord renderer's tests).
+#
+# Usage: tests/support/make_serve_venv.sh [DIR]     (default: .venv-serve in the repo root)
+#        PDSVC_SERVE_PYTHON=/usr/bin/python3.11 ...  (another interpreter under /usr)
+#
+# Why Debian's /usr/bin/python3 and not whatever python3 is on PATH: the venv is later
+# bind-mounted into a systemd-nspawn container that only has the host's /usr, so its
+# bin/python must point into /usr. (A venv's console scripts carry absolute shebangs, so
+# mount it at the same path inside the container.)
+#
+# Idempotent: a stamp file inside DIR records a hash of the recipe below; when it matches,
+# nothing is done. Any other DIR content that looks like a venv is rebuilt from scratch.
+#
+# Why torch is pinned to the CPU build through a constraint file of our own: an unpinned
+# torch (asked for directly or by any dependency) resolves to a CUDA build plus ~5 GB of
+# NVIDIA wheels. The CPU wheel lies in /opt/wheels (pip's find-links on these machines).
+#
+# Why no triton: sglang imports it once, at module level, for nothing the parser needs;
+# tests/support/argv_check.py installs a stub module instead (saves ~1 GB).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo_root="$(cd "$here/../.." && pwd)"
+venv_dir="${1:-$repo_root/.venv-serve}"
+python="${PDSVC_SERVE_PYTHON:-/usr/bin/python3}"
+
+torch_pin="torch==2.13.0+cpu"
+sglang_pin="sglang==0.5.23"
+router_pin="sglang-router==0.3.2"
+supervisor_pin="supervisor==4.3.0"
+# What SGLang 0.5.23's parser imports (found one missing module at a time; router-lab §8).
+light_deps=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec
+            pydantic pyzmq tqdm IPython aiohttp huggingface_hub)
+# Import names of everything above, checked at the end (sglang itself needs the triton stub:
+# argv_check.py checks it).
+import_check="numpy orjson psutil pybase64 requests packaging PIL starlette msgspec pydantic
+pydantic_core zmq tqdm IPython aiohttp huggingface_hub torch sglang_router supervisor"
+system_constraints=/etc/xdg/pip/constraints.txt
+
+log() { printf '[make_serve_venv] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+[[ -x "$python" ]] || die "$python not found (Debian's python3; apt-get install python3 python3-venv)"
+case "$(readlink -f "$python")" in
+    /usr/*) ;;
+    *) die "$python resolves outside /usr; the venv must use Debian's python (see header)" ;;
+esac
+py_version="$("$python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+
+recipe="python=$py_version
+$torch_pin
+$sglang_pin --no-deps
+$router_pin
+$supervisor_pin
+${light_deps[*]}
+no-triton
+recipe-version=1"
+recipe_hash="$(printf '%s\n' "$recipe" | sha256sum | cut -d' ' -f1)"
+stamp="$venv_dir/.pdsvc-serve-venv.stamp"
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$recipe_hash" ]]; then
+    log "$venv_dir is up to date (recipe $recipe_hash)"
+    exit 0
+fi
+
+if [[ -e "$venv_dir" ]]; then
+    # Only ever wipe something that is a venv (or an empty directory): DIR is user input.
+    if [[ -f "$venv_dir/pyvenv.cfg" ]] || [[ -d "$venv_dir" && -z "$(ls -A "$venv_dir")" ]]; then
+        log "rebuilding $venv_dir (stamp missing or recipe changed)"
+        rm -rf -- "$venv_dir"
+    else
+        die "$venv_dir exists and is not a venv; refusing to touch it"
+    fi
+fi
+
+t_all="$(now)"
+t="$(now)"
+"$python" -m venv "$venv_dir" \
+    || die "'$python -m venv' failed: on Debian install python3-venv (apt-get install python3-venv)"
+log "venv created with $python ($py_version) in $(elapsed "$t") s"
+
+# Our constraint file: torch stays the CPU 2.13.0 build whatever asks for torch.
+constraints="$venv_dir/pdsvc-constraints.txt"
+printf '%s\n' "$torch_pin" >"$constraints"
+constraint_args=(-c "$constraints")
+# -c on the command line replaces pip.conf's `constraint`, so pass the machine's own too.
+[[ -f "$system_constraints" ]] && constraint_args+=(-c "$system_constraints")
+
+pip=("$venv_dir/bin/python" -m pip --disable-pip-version-check --no-input)
+
+t="$(now)"
+if ! "${pip[@]}" install --only-binary=torch "${constraint_args[@]}" "$torch_pin"; then
+    die "could not install $torch_pin: the CPU wheel is expected in pip's find-links
+(/opt/wheels here). Elsewhere point pip at a CPU build, e.g.
+PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
+fi
+log "torch installed in $(elapsed "$t") s"
+
+t="$(now)"
+"${pip[@]}" install "${constraint_args[@]}" "$router_pin" "$supervisor_pin" "${light_deps[@]}"
+log "sglang-router, supervisor and light deps installed in $(elapsed "$t") s"
+
+t="$(now)"
+"${pip[@]}" install "${constraint_args[@]}" --no-deps "$sglang_pin"
+log "sglang (--no-deps) installed in $(elapsed "$t") s"
+
+t="$(now)"
+"$venv_dir/bin/python" - "$import_check" <<'EOF'
+import importlib
+import sys
+
+missing = []
+for name in sys.argv[1].split():
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - report every failure, not just ImportError
+        missing.append(f"{name}: {exc!r}")
+import torch
+
+if torch.version.cuda is not None:
+    missing.append(f"torch is a CUDA build ({torch.__version__})")
+if importlib.util.find_spec("triton") is not None:
+    missing.append("triton is installed (argv_check.py stubs it; it should not be)")
+if missing:
+    sys.exit("import check failed:\n  " + "\n  ".join(missing))
+EOF
+# The real check: both parsers load and accept a minimal command line.
+"$venv_dir/bin/python" "$here/argv_check.py" sglang -- --model-path /nonexistent >/dev/null
+"$venv_dir/bin/python" "$here/argv_check.py" router -- --pd-disaggregation \
+    --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001 >/dev/null
+log "imports and both parsers checked in $(elapsed "$t") s"
+
+printf '%s\n' "$recipe_hash" >"$stamp"
+log "done in $(elapsed "$t_all") s: $venv_dir ($(du -sh "$venv_dir" | cut -f1))"

@@ -1,0 +1,74 @@
+"""Every rendered engine command line is accepted by SGLang's own parser (sglang 0.5.23) and the
+router line by sglang-router 0.3.2's own parser — the argv systemd will exec, taken from the
+unit file, not from the plan. Needs the serve venv (tests/support/make_serve_venv.sh)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import argv_check
+import pytest
+from conftest import REPO
+from units import exec_words, parse_unit
+
+from pdsvc.cli import load_plan
+from pdsvc.render import render_systemd
+
+CASES = [REPO / "etc/pdsvc.yaml"] + [
+    p for p in sorted((REPO / "tests/cases").glob("*.yaml")) if "assert-error" not in p.read_text()
+]
+
+
+def _host(case: Path, sysfs_hosts) -> dict:
+    for line in case.read_text().splitlines():
+        if line.startswith("## host:"):
+            return {"sysfs": sysfs_hosts[line.split()[-1]]}
+    return {"topology": REPO / "etc/seed-host.topology.json"}
+
+
+@pytest.fixture(scope="module")
+def checked(serve_python: Path, sysfs_hosts) -> list[tuple[str, str, list[str], dict]]:
+    """(case, unit, argv, parser result) for every service of every renderable case."""
+    items = []
+    for case in CASES:
+        src = _host(case, sysfs_hosts)
+        plan = load_plan(case, src.get("sysfs"), src.get("topology"))
+        for f in render_systemd(plan, "test"):
+            if not f.path.endswith(".service"):
+                continue
+            words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
+            argv = words[words.index("--") + 1:]
+            kind = "router" if f.path.endswith("-router.service") else "sglang"
+            items.append((case.stem, f.path, kind, argv))
+    results = argv_check.run_checks(serve_python, [(kind, argv[3:]) for *_, kind, argv in items])
+    return [(c, u, a, r) for (c, u, _, a), r in zip(items, results, strict=True)]
+
+
+def test_every_rendered_command_line_parses(checked) -> None:
+    bad = [(c, u, r["error"]) for c, u, _, r in checked if not r["ok"]]
+    assert not bad, bad
+    abbreviated = [(c, u, r["abbreviated"]) for c, u, _, r in checked if r.get("abbreviated")]
+    assert not abbreviated, f"flags accepted only as abbreviations: {abbreviated}"
+
+
+def test_parsed_values_are_the_plan(checked) -> None:
+    by_unit = {(c, u): r["record"] for c, u, _, r in checked if c == "pdsvc"}
+    p, d = by_unit[("pdsvc", "dsv4-prefill.service")], by_unit[("pdsvc", "dsv4-decode.service")]
+    router = by_unit[("pdsvc", "dsv4-router.service")]
+    assert (p["disaggregation_mode"], d["disaggregation_mode"]) == ("prefill", "decode")
+    assert p["disaggregation_transfer_backend"] == d["disaggregation_transfer_backend"] == "nixl"
+    assert p["disaggregation_bootstrap_port"] == d["disaggregation_bootstrap_port"] == 8998
+    assert (p["tp_size"], d["tp_size"], p["port"], d["port"]) == (4, 4, 30000, 30001)
+    assert (p["dist_init_addr"], d["dist_init_addr"]) == ("127.0.0.1:30335", "127.0.0.1:30435")
+    assert d["cuda_graph_max_bs_decode"] == 32 and p["mem_fraction_static"] == 0.7
+    assert router["pd_disaggregation"] is True
+    assert router["prefill_urls"] == [["http://127.0.0.1:30000", 8998]]
+    assert router["decode_urls"] == ["http://127.0.0.1:30001"]
+    assert (router["port"], router["prometheus_port"]) == (8000, 29000)
+
+
+def test_the_check_rejects_a_typo(serve_python: Path) -> None:
+    """The parser check can fail: a misspelt choice is refused with SGLang's own message."""
+    (res,) = argv_check.run_checks(serve_python, [("sglang", ["--model-path", "/m",
+                                                              "--disaggregation-mode", "prefil"])])
+    assert not res["ok"] and "invalid choice: 'prefil'" in res["error"]
