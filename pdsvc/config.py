@@ -81,22 +81,26 @@ class Strict(BaseModel):
 class ModelConfig(Strict):
     path: str = Field(description="Local directory of the model weights (or a hub id).")
     served_name: str | None = Field(None, description="Name on /v1/models (same on P and D).")
-    trust_remote_code: bool = True
+    trust_remote_code: bool = Field(True, description="Pass --trust-remote-code (DeepSeek: yes).")
 
 
 class RuntimeConfig(Strict):
     python: str = Field("/opt/sglang/venv/bin/python", description="Interpreter with sglang.")
     engine_module: str = Field("sglang.launch_server", description="Module run for each engine.")
     router_module: str = Field("sglang_router.launch_router", description="Module for the router.")
-    user: str = "sglang"
-    group: str = "sglang"
+    user: str = Field("sglang", description="Service user of every unit (one JIT cache owner).")
+    group: str = Field("sglang", description="Its group; install.sh creates both.")
     jit_cache: str = Field("/var/cache/pdsvc/jit", description="JIT cache shared by P and D.")
-    env: dict[EnvName, str | int | float | bool] = Field(default_factory=dict)
+    env: dict[EnvName, str | int | float | bool] = Field(
+        default_factory=dict, description="Env for every engine (e.g. SGLANG_DSV4_FP4_EXPERTS)."
+    )
     pinning: Literal["numa", "strict", "off"] = Field(
         "numa",
         description="numa: CPUAffinity+NUMAPolicy; strict: also cgroup AllowedCPUs/MemoryNodes.",
     )
-    numa_policy: Literal["preferred", "bind"] = "preferred"
+    numa_policy: Literal["preferred", "bind"] = Field(
+        "preferred", description="NUMAPolicy=: bind fails allocations when the node is full."
+    )
     read_write_paths: list[str] = Field(
         default_factory=list, description="Extra writable paths under ProtectSystem=strict."
     )
@@ -127,18 +131,30 @@ class RuntimeConfig(Strict):
 
 
 class TransferConfig(Strict):
-    backend: Literal["nixl", "mooncake"] = "nixl"
-    nixl_backend: str = Field("UCX", pattern=r"^[A-Z0-9_]+$")
+    backend: Literal["nixl", "mooncake"] = Field(
+        "nixl", description="KV transfer; passed to both roles (SGLang defaults to mooncake)."
+    )
+    nixl_backend: str = Field(
+        "UCX", pattern=r"^[A-Z0-9_]+$",
+        description="SGLANG_DISAGGREGATION_NIXL_BACKEND (UCX, LIBFABRIC, …).",
+    )
 
 
 class RoleConfig(Strict):
     gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    numa_node: Literal["auto"] | int = "auto"
+    numa_node: Literal["auto"] | int = Field(
+        "auto", description="auto: the node of the role's GPUs, read from the host; or a node id."
+    )
     port: Port
     tp: Annotated[int, Field(ge=1)] | None = Field(None, description="Default: len(gpus).")
     dist_init_port: Port
-    args: dict[FlagName, ArgValue] = Field(default_factory=dict)
-    env: dict[EnvName, str | int | float | bool] = Field(default_factory=dict)
+    args: dict[FlagName, ArgValue] = Field(
+        default_factory=dict,
+        description="Extra launch_server flags, `flag-name: value` (true: bare flag).",
+    )
+    env: dict[EnvName, str | int | float | bool] = Field(
+        default_factory=dict, description="Env for this role only."
+    )
 
     @field_validator("numa_node", mode="before")
     @classmethod
@@ -181,16 +197,24 @@ class RoleConfig(Strict):
 
 
 class PrefillConfig(RoleConfig):
-    gpus: list[Annotated[int, Field(ge=0)]] = Field([0, 1, 2, 3], min_length=1)
-    port: Port = 30000
-    dist_init_port: Port = 30335
-    bootstrap_port: Port = 8998
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(
+        [0, 1, 2, 3], min_length=1, description="GPU indices (nvidia-smi / PCI bus order)."
+    )
+    port: Port = Field(30000, description="HTTP port (bound on 127.0.0.1).")
+    dist_init_port: Port = Field(
+        30335, description="--dist-init-addr port; base+1…+99 stay free for SGLang."
+    )
+    bootstrap_port: Port = Field(
+        8998, description="KV bootstrap server; the same value goes to decode and the router."
+    )
 
 
 class DecodeConfig(RoleConfig):
-    gpus: list[Annotated[int, Field(ge=0)]] = Field([4, 5, 6, 7], min_length=1)
-    port: Port = 30001
-    dist_init_port: Port = 30435
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(
+        [4, 5, 6, 7], min_length=1, description="GPU indices (nvidia-smi / PCI bus order)."
+    )
+    port: Port = Field(30001, description="HTTP port (bound on 127.0.0.1).")
+    dist_init_port: Port = Field(30435, description="≥100 from prefill's.")
     restart_with_prefill: Literal["auto"] | bool = Field(
         "auto",
         description="Restart decode whenever prefill restarts (auto: on for nixl, sglang #33789).",
@@ -198,23 +222,31 @@ class DecodeConfig(RoleConfig):
 
 
 class HealthCheckConfig(Strict):
-    interval_secs: Seconds = 5
-    timeout_secs: Seconds = 5
-    failure_threshold: Annotated[int, Field(ge=1)] = 2
-    success_threshold: Annotated[int, Field(ge=1)] = 1
+    interval_secs: Seconds = Field(5, description="Router health probe period (its default: 60).")
+    timeout_secs: Seconds = Field(5, description="Router health probe timeout.")
+    failure_threshold: Annotated[int, Field(ge=1)] = Field(
+        2, description="Failed probes before a worker leaves rotation."
+    )
+    success_threshold: Annotated[int, Field(ge=1)] = Field(
+        1, description="Good probes before it returns."
+    )
 
 
 class RouterConfig(Strict):
-    host: str = "0.0.0.0"
-    port: Port = 8000
-    prometheus_host: str = "127.0.0.1"
-    prometheus_port: Port = 29000
-    policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"] = (
-        "cache_aware"
+    host: str = Field("0.0.0.0", description="Where clients reach the router.")
+    port: Port = Field(8000, description="Client port (the router's own default, 30000, clashes).")
+    prometheus_host: str = Field("127.0.0.1", description="Metrics listener address.")
+    prometheus_port: Port = Field(29000, description="Metrics port (always bound by the router).")
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"] = Field(
+        "cache_aware", description="--policy."
     )
     health_check: HealthCheckConfig = HealthCheckConfig()
-    args: dict[FlagName, ArgValue] = Field(default_factory=dict)
-    env: dict[EnvName, str | int | float | bool] = Field(default_factory=dict)
+    args: dict[FlagName, ArgValue] = Field(
+        default_factory=dict, description="Extra launch_router flags, `flag-name: value`."
+    )
+    env: dict[EnvName, str | int | float | bool] = Field(
+        default_factory=dict, description="Env for the router."
+    )
 
     @field_validator("args")
     @classmethod
@@ -236,13 +268,17 @@ class LifecycleConfig(Strict):
     start_timeout_secs: Seconds = Field(3600, description="Load + JIT + warmup budget per start.")
     stop_timeout_secs: Seconds = Field(180, description="Drain budget before the cgroup is killed.")
     restart_secs: Seconds = Field(30, description="Pause before a restart (GPU memory release).")
-    start_limit_burst: Annotated[int, Field(ge=1)] = 3
+    start_limit_burst: Annotated[int, Field(ge=1)] = Field(
+        3, description="Failed starts within the interval before systemd stops retrying."
+    )
     start_limit_interval_secs: Seconds = Field(
         7200, description="Window for start_limit_burst; must exceed a few slow starts."
     )
-    liveness_interval_secs: Seconds = 10
-    liveness_timeout_secs: Seconds = 30
-    liveness_failures: Annotated[int, Field(ge=1)] = 3
+    liveness_interval_secs: Seconds = Field(10, description="Health probe period once serving.")
+    liveness_timeout_secs: Seconds = Field(30, description="One probe's timeout.")
+    liveness_failures: Annotated[int, Field(ge=1)] = Field(
+        3, description="WatchdogSec = interval × failures + timeout: the hang-detection bound."
+    )
 
 
 class Config(Strict):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -24,7 +23,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = REPO_ROOT / "tests" / "support"
-STAMP = ".pdsvc-serve-venv.stamp"  # written by make_serve_venv.sh once a build succeeded
 
 
 def _load_argv_check() -> ModuleType:

@@ -9,10 +9,10 @@ from pathlib import Path
 import argv_check
 import pytest
 from conftest import REPO
-from units import exec_words, parse_unit
 
 from pdsvc.cli import load_plan
 from pdsvc.render import render_systemd
+from units import exec_words, parse_unit
 
 CASES = [REPO / "etc/pdsvc.yaml"] + [
     p for p in sorted((REPO / "tests/cases").glob("*.yaml")) if "assert-error" not in p.read_text()

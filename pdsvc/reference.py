@@ -1,0 +1,43 @@
+"""The config reference table in README.md, generated from the schema (one source of truth).
+
+    python -m pdsvc.reference      # prints the table; tests/test_readme.py keeps README in sync
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from .config import Config
+
+
+def _default(field: Any) -> str:
+    if field.default is PydanticUndefined:
+        return "*(required)*" if field.default_factory is None else f"`{field.default_factory()}`"
+    value = field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += _rows(ann, f"{key}.")
+            continue
+        desc = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{key}` | {_default(field)} | {desc} |")
+    return rows
+
+
+def reference_markdown() -> str:
+    return "\n".join(["| key | default | meaning |", "|---|---|---|", *_rows(Config, "")]) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")
