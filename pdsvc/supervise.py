@@ -950,6 +950,21 @@ def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
         )
 
 
+def engine_fingerprint() -> str:
+    """What the cached kernels depend on besides the engine's name: the SGLang (and torch)
+    versions of this interpreter — the engine's own venv. An upgrade makes the cache cold
+    again, so engines serialise their compiles after it too."""
+    from importlib import metadata
+
+    parts = []
+    for dist in ("sglang", "torch"):
+        try:
+            parts.append(f"{dist}-{metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"no-{dist}")
+    return "_".join(parts)
+
+
 def engine_preflight(
     args: argparse.Namespace, log: Log, notifier: Notifier, child: Child
 ) -> tuple[int | None, JitLock | None]:
@@ -964,7 +979,8 @@ def engine_preflight(
             return EXIT_REFUSED, None
     if not args.jit_cache:
         return None, None
-    jit = JitLock(args.jit_cache, args.jit_key, args.name, log, args.progress_every)
+    key = f"{args.jit_key}@{engine_fingerprint()}"
+    jit = JitLock(args.jit_cache, key, args.name, log, args.progress_every)
     if jit.is_warm():
         log(f"JIT cache warm for {args.jit_key}: starting without the compile lock")
         return None, jit
