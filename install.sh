@@ -72,6 +72,13 @@ run() {
 }
 report() { printf '  %-10s %s\n' "$1" "$2"; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
+# manifest_hash PATH: the sha256 install.sh recorded for PATH ('' if none)
+manifest_hash() {
+    local kind path hash
+    while IFS=$'\t' read -r kind path hash; do
+        if [ "$kind" = file ] && [ "$path" = "$1" ]; then printf '%s' "$hash"; return; fi
+    done < "$MANIFEST"
+}
 
 # Parse install.list into globals (tab-separated; see the renderer's template).
 read_list() {
@@ -112,7 +119,7 @@ check_fresh() {
 install_file() {
     local src="$1" dest="$2" mode="$3" force="$4" recorded=""
     if [ -f "$MANIFEST" ]; then
-        recorded="$(awk -F'\t' -v p="${dest#"$DEST"}" '$2 == p { print $3 }' "$MANIFEST")"
+        recorded="$(manifest_hash "${dest#"$DEST"}")"
     fi
     if [ ! -e "$dest" ]; then
         run install -D -m "$mode" "$src" "$dest"
@@ -231,7 +238,12 @@ write_manifest() {
     {
         printf '# pdsvc install manifest for %s: what install.sh created; --uninstall removes it\n' "$NAME"
         printf 'target\t%s\t%s\n' "$TARGET" "$unit_dir"
-        printf '%s\n' "${NEW_MANIFEST[@]}" | awk '!seen[$0]++'
+        local -A seen=()
+        local line
+        for line in "${NEW_MANIFEST[@]}"; do
+            [ -n "${seen[$line]:-}" ] || printf '%s\n' "$line"
+            seen[$line]=1
+        done
     } > "$MANIFEST.tmp"
     mv "$MANIFEST.tmp" "$MANIFEST"
 }
@@ -239,10 +251,10 @@ write_manifest() {
 show_state() {
     local u
     status "state (from systemd):"
-    for u in "$TARGET" "${UNITS[@]}"; do
+    for u in "${UNITS[@]}"; do
         printf '  %-28s enabled=%-10s active=%s\n' "$u" \
             "$(systemctl is-enabled "$u" 2>/dev/null || true)" "$(systemctl is-active "$u" 2>/dev/null || true)"
-    done | awk '!seen[$1]++'
+    done
 }
 
 do_uninstall() {

@@ -101,6 +101,11 @@ class RuntimeConfig(Strict):
     numa_policy: Literal["preferred", "bind"] = Field(
         "preferred", description="NUMAPolicy=: bind fails allocations when the node is full."
     )
+    libexec_dir: str = Field(
+        "/usr/local/lib/pdsvc",
+        description="Where install.sh puts supervise.py (NAME/supervise.py below it); "
+        "use e.g. /opt/pdsvc on hosts with a read-only /usr.",
+    )
     read_write_paths: list[str] = Field(
         default_factory=list, description="Extra writable paths under ProtectSystem=strict."
     )
@@ -122,9 +127,9 @@ class RuntimeConfig(Strict):
             raise ValueError(f"must be an absolute path, got {v!r} (systemd runs no shell PATH)")
         return v
 
-    @field_validator("jit_cache")
+    @field_validator("jit_cache", "libexec_dir")
     @classmethod
-    def _absolute_cache(cls, v: str) -> str:
+    def _absolute_dir(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError(f"must be an absolute path, got {v!r}")
         return v.rstrip("/") or "/"

@@ -162,7 +162,7 @@ def build_plan(
         )
     jit = config.runtime.jit_cache
     paths = Paths(
-        supervisor=f"/usr/local/lib/pdsvc/{name}/supervise.py",
+        supervisor=f"{config.runtime.libexec_dir}/{name}/supervise.py",
         env_dir=f"/etc/{name}",
         state_dir=f"/var/lib/{name}",
         jit_cache=jit,

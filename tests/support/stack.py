@@ -1,0 +1,198 @@
+"""An installed pdsvc stack inside a real systemd (nspawn), for the end-to-end tests/benchmarks.
+
+`Stack.up(...)` renders a config with the real `pdsvc render`, boots a container in a network
+namespace of its own (so the default ports are used and no traffic leaves it), installs the
+bundle with the real `install.sh`, and exposes what a user would do: `systemctl`, `journalctl`,
+`curl` through the router. Engines are `fake_sglang.py` (the only stand-in); the router is the
+real sglang-router 0.3.2 from the serve venv; systemd is the container's real systemd.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from nspawn import SystemdContainer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def host_topology(gpus: int = 2) -> dict:
+    """A topology matching this machine's real NUMA node 0 (so CPUAffinity=/NUMAMask= are
+    valid here), with `gpus` made-up GPUs on it: the container has no GPU."""
+    cpus = Path("/sys/devices/system/node/node0/cpulist").read_text().strip()
+    return {
+        "format": "pdsvc-topology/1",
+        "source": "e2e: this machine's node 0 + stand-in GPUs",
+        "gpus": [{"index": i, "pci_bus_id": f"0000:{6 + i:02x}:00.0", "numa_node": 0,
+                  "local_cpulist": cpus} for i in range(gpus)],
+        "numa_nodes": [{"id": 0, "cpulist": cpus}],
+    }
+
+
+def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
+    """The default layout (ports, roles, router) with lifecycle bounds short enough for tests."""
+    cfg: dict[str, Any] = {
+        "name": name,
+        "model": {"path": model_dir, "served_name": "fake-model"},
+        "runtime": {
+            "python": str(venv / "bin" / "python"),
+            "engine_module": "fake_sglang",
+            "jit_cache": f"/var/cache/{name}/jit",
+            "libexec_dir": "/opt/pdsvc",  # the container's /usr is the host's, read-only
+            "env": {
+                "PYTHONPATH": str(REPO / "tests" / "support"),
+                "FAKE_SGLANG_LOAD_SECS": 1,
+                "FAKE_SGLANG_COMPILE_COLD_SECS": 2,
+                "FAKE_SGLANG_COMPILE_WARM_SECS": 0.1,
+                "FAKE_SGLANG_MAX_LIFETIME": 900,
+            },
+        },
+        "prefill": {"gpus": [0]},
+        "decode": {"gpus": [1]},
+        "router": {
+            "health_check": {"interval_secs": 1, "timeout_secs": 1, "failure_threshold": 1,
+                             "success_threshold": 1},
+            "args": {"disable-circuit-breaker": True, "request-timeout-secs": 10},
+            # never reach for a hub: the router's tokenizer autoload (router-lab §3.3)
+            "env": {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": 1},
+        },
+        "lifecycle": {
+            "start_timeout_secs": 120, "stop_timeout_secs": 20, "restart_secs": 1,
+            "start_limit_burst": 3, "start_limit_interval_secs": 600,
+            "liveness_interval_secs": 1, "liveness_timeout_secs": 1, "liveness_failures": 2,
+        },
+    }
+    for dotted, value in overrides.items():
+        node = cfg
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
+@dataclass
+class Stack:
+    c: SystemdContainer
+    name: str
+    work: Path
+    netns: str
+    plan: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def up(cls, work: Path, venv: Path, *, start: bool = True, **overrides: Any) -> Stack:
+        """Render, boot, install (and by default `systemctl start` the target)."""
+        name = overrides.pop("name", "e2e")
+        netns = f"pdsvc-{uuid.uuid4().hex[:8]}"
+        subprocess.run(["ip", "netns", "add", netns], check=True)
+        model = work / "model"
+        model.mkdir(parents=True, exist_ok=True)
+        model.chmod(0o755)
+        (work / "config.yaml").write_text(yaml.safe_dump(
+            e2e_config(name, venv, "/srv/e2e/model", **overrides)))
+        (work / "topology.json").write_text(json.dumps(host_topology()))
+        render = subprocess.run(
+            ["pdsvc", "render", "-c", str(work / "config.yaml"), "--topology",
+             str(work / "topology.json"), "-o", str(work / "units")],
+            capture_output=True, text=True, cwd=REPO, timeout=60,
+        )
+        assert render.returncode == 0, render.stderr
+        plan = json.loads(subprocess.run(
+            ["pdsvc", "plan", "-c", str(work / "config.yaml"), "--topology",
+             str(work / "topology.json"), "--json"],
+            capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout)
+        work.chmod(0o755)
+        c = SystemdContainer(bind_ro=[str(REPO), str(venv), (str(work), "/srv/e2e")],
+                             netns=netns, max_lifetime=1500)
+        stack = cls(c=c, name=name, work=work, netns=netns, plan=plan)
+        try:
+            c.start()
+            stack.install()
+            if start:
+                stack.start()
+        except BaseException:
+            stack.down()
+            raise
+        return stack
+
+    def install(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.c.run(["bash", str(REPO / "install.sh"), "--bundle", "/srv/e2e/units", *args],
+                          timeout=120)
+
+    def start(self, timeout: float = 180) -> float:
+        """`systemctl start <name>-pd.target`; returns how long it blocked."""
+        t0 = time.monotonic()
+        self.c.run(["systemctl", "start", self.target], timeout=timeout)
+        return time.monotonic() - t0
+
+    def down(self) -> None:
+        try:
+            self.c.stop()
+        finally:
+            subprocess.run(["ip", "netns", "delete", self.netns], check=False)
+            shutil.rmtree(self.work / "units", ignore_errors=True)
+
+    # ------------------------------------------------------------------ names
+    @property
+    def target(self) -> str:
+        return f"{self.name}-pd.target"
+
+    def unit(self, role: str) -> str:
+        return f"{self.name}-{role}.service"
+
+    # ------------------------------------------------------------------ probing
+    def curl(self, path: str, body: dict | None = None, port: int = 8000,
+             timeout: float = 15) -> tuple[int, str]:
+        """HTTP inside the container's network namespace; (status, body), status 0 if refused."""
+        cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}",
+               f"http://127.0.0.1:{port}{path}"]
+        if body is not None:
+            cmd += ["-H", "content-type: application/json", "-d", json.dumps(body)]
+        proc = self.c.run(cmd, check=False, timeout=timeout + 10)
+        text, _, code = proc.stdout.rpartition("\n")
+        return int(code or 0), text
+
+    def generate(self, timeout: float = 15) -> tuple[int, str]:
+        return self.curl("/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4}},
+                         timeout=timeout)
+
+    def serves(self) -> bool:
+        code, body = self.generate(timeout=5)
+        return code == 200 and "hello from fake engine" in body
+
+    def wait_serving(self, timeout: float = 90, what: str = "the stack serves again") -> float:
+        t0 = time.monotonic()
+        self.c.wait_for(self.serves, timeout, interval=0.25, what=what)
+        return time.monotonic() - t0
+
+    def prop(self, unit: str, name: str) -> str:
+        return self.c.show(unit, name)[name]
+
+    def main_pid(self, role: str) -> int:
+        return int(self.prop(self.unit(role), "MainPID"))
+
+    def engine_pid(self, role: str) -> int:
+        """The engine process: the supervisor's (MainPID's) child."""
+        main = self.main_pid(role)
+        out = self.c.run(["pgrep", "-P", str(main)], check=False).stdout.split()
+        assert out, f"{role}: supervisor {main} has no child"
+        return int(out[0])
+
+    def restarts(self, role: str) -> int:
+        return int(self.prop(self.unit(role), "NRestarts"))
+
+    def invocation(self, role: str) -> str:
+        return self.prop(self.unit(role), "InvocationID")
+
+    def processes_of_user(self, user: str = "sglang") -> list[str]:
+        out = self.c.run(["pgrep", "-a", "-u", user], check=False).stdout
+        return [line for line in out.splitlines() if line.strip()]
