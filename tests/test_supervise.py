@@ -836,3 +836,25 @@ def test_router_ready_only_after_readiness_and_a_generation(procs, notify_socket
     proc.send_signal(signal.SIGTERM)
     assert procs.wait(proc) == 0
     assert "dsv4-router: router exited with status 0" in procs.log(proc)
+
+
+def test_engine_error_line_is_repeated_at_its_exit(procs, notify_socket, tmp_path):
+    """`systemctl status` shows 10 journal lines; the engine's own error must survive them."""
+    script = tmp_path / "broken_engine.py"
+    script.write_text(
+        "import sys\n"
+        "print('loading weights', file=sys.stderr)\n"
+        "print(\"OSError: Incorrect path_or_model_id: '/srv/x'\", file=sys.stderr)\n"
+        "print('shutting down', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    proc = procs.start(
+        engine_args(free_port(), "dsv4-decode", "--") + [sys.executable, str(script)],
+        notify=notify_socket,
+    )
+    assert procs.wait(proc) == 1
+    log = procs.log(proc)
+    assert "shutting down" in log  # the child's stderr still reaches ours, line by line
+    assert ("dsv4-decode: engine exited with status 1; its last error: "
+            "OSError: Incorrect path_or_model_id: '/srv/x'") in log
+    assert any("Incorrect path_or_model_id" in s for s in notify_socket.statuses())

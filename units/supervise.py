@@ -36,12 +36,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 EXIT_REFUSED = 1  # GPU busy, nvidia-smi broken, cache dir unusable: Restart= retries later
 EXIT_USAGE = 2  # argparse's own exit status for usage errors
@@ -605,6 +606,36 @@ def supervisor_exit_code(returncode: int, stop_signal: int | None) -> int:
     return status
 
 
+#: Words that mark a line of the child's stderr as the error worth repeating at its exit.
+ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "FATAL", "Fatal", "failed")
+
+
+class StderrTap:
+    """Pass the child's stderr through to ours line by line (so it still reaches the journal)
+    and remember its last error line, repeated when the child exits: `systemctl status` shows
+    only the last 10 journal lines, and systemd's own exit lines would push it out."""
+
+    def __init__(self, pipe: IO[bytes], sink: IO[bytes]) -> None:
+        self.last_error = ""
+        self._pipe, self._sink = pipe, sink
+        self._thread = threading.Thread(target=self._pump, name="stderr-tap", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        for raw in iter(self._pipe.readline, b""):
+            with contextlib.suppress(OSError, ValueError):
+                self._sink.write(raw)
+                self._sink.flush()
+            line = raw.decode("utf-8", "replace").strip()
+            if line and any(marker in line for marker in ERROR_MARKERS):
+                self.last_error = line
+
+    def drain(self, timeout: float = 2.0) -> str:
+        """Wait (briefly) for the child's last lines, then return its last error line."""
+        self._thread.join(timeout)
+        return self.last_error
+
+
 class Child:
     """The supervised command, plus signal forwarding to it."""
 
@@ -615,6 +646,7 @@ class Child:
         self.process: subprocess.Popen | None = None
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
+        self.tap: StderrTap | None = None
 
     def install_signal_handlers(self) -> None:
         for signo in STOP_SIGNALS:
@@ -647,13 +679,17 @@ class Child:
         for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
             env.pop(name, None)
         try:
-            self.process = subprocess.Popen(list(argv), env=env, close_fds=True)
+            self.process = subprocess.Popen(
+                list(argv), env=env, close_fds=True, stderr=subprocess.PIPE
+            )
         except FileNotFoundError:
             self.log(f"cannot start {self.role}: {argv[0]}: command not found")
             return EXIT_NOT_FOUND
         except OSError as exc:
             self.log(f"cannot start {self.role}: {argv[0]}: {exc.strerror or exc}")
             return EXIT_CANNOT_EXEC
+        assert self.process.stderr is not None
+        self.tap = StderrTap(self.process.stderr, sys.stderr.buffer)
         self.log(f"started {self.role} pid {self.process.pid}: {' '.join(argv)}")
         if self.stop_signal is not None:  # a stop arrived while we were starting it
             self.process.send_signal(self.stop_signal)
@@ -1084,7 +1120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         jit.release()
 
     status = exit_status(returncode)
-    log(f"{role} exited with status {status}" + _signal_suffix(returncode))
+    last_error = child.tap.drain() if child.tap is not None and status != 0 else ""
+    said = f"; its last error: {last_error}" if last_error and child.stop_signal is None else ""
+    log(f"{role} exited with status {status}" + _signal_suffix(returncode) + said)
+    if said:
+        notifier.status(f"{role} exited with status {status}: {last_error}")
     code = supervisor_exit_code(returncode, child.stop_signal)
     if child.stop_signal is not None:
         stop_name = signal.Signals(child.stop_signal).name

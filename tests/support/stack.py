@@ -66,7 +66,7 @@ def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
         },
         "lifecycle": {
             "start_timeout_secs": 120, "stop_timeout_secs": 20, "restart_secs": 1,
-            "start_limit_burst": 3, "start_limit_interval_secs": 600,
+            "start_limit_burst": 10, "start_limit_interval_secs": 600,
             "liveness_interval_secs": 1, "liveness_timeout_secs": 1, "liveness_failures": 2,
         },
     }
@@ -134,6 +134,18 @@ class Stack:
         self.c.run(["systemctl", "start", self.target], timeout=timeout)
         return time.monotonic() - t0
 
+    def stop(self, timeout: float = 120) -> float:
+        """Stop the whole stack and wait for it: `systemctl stop TARGET` alone returns as soon
+        as the target is down, which (being ordered after its services) is *first*; naming
+        the services too makes systemctl wait for their stop jobs."""
+        t0 = time.monotonic()
+        self.c.run(["systemctl", "stop", self.target, *self.units], timeout=timeout)
+        return time.monotonic() - t0
+
+    @property
+    def units(self) -> list[str]:
+        return [self.unit(r) for r in ("prefill", "decode", "router")]
+
     def down(self) -> None:
         try:
             self.c.stop()
@@ -166,12 +178,22 @@ class Stack:
                          timeout=timeout)
 
     def serves(self) -> bool:
+        """Every unit is active (systemd says up) and a generation goes through the router."""
+        if any(self.prop(u, "ActiveState") != "active" for u in self.units):
+            return False
         code, body = self.generate(timeout=5)
         return code == 200 and "hello from fake engine" in body
 
     def wait_serving(self, timeout: float = 90, what: str = "the stack serves again") -> float:
         t0 = time.monotonic()
-        self.c.wait_for(self.serves, timeout, interval=0.25, what=what)
+        try:
+            self.c.wait_for(self.serves, timeout, interval=0.25, what=what)
+        except AssertionError as e:
+            states = {u: self.c.show(u, "ActiveState", "SubState", "NRestarts") for u in self.units}
+            raise AssertionError(
+                f"{e}\nunits: {states}\nlast generate: {self.generate(timeout=5)}\n"
+                f"router /workers: {self.curl('/workers', timeout=5)}"
+            ) from None
         return time.monotonic() - t0
 
     def prop(self, unit: str, name: str) -> str:

@@ -1,0 +1,182 @@
+"""The lifecycle guarantees, proven under a real systemd (nspawn container), with the real
+sglang-router 0.3.2 and the stand-in engines, driven as a user would: systemctl, journalctl,
+kill, curl. The stack is installed by the real install.sh from a real `pdsvc render`.
+
+The tests of the shared stack run in file order and each leaves it serving again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import require
+from nspawn import nspawn_available
+from stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def stack(serve_python: Path, tmp_path_factory) -> Iterator[Stack]:
+    require(nspawn_available())
+    s = Stack.up(tmp_path_factory.mktemp("e2e"), serve_python.parent.parent, start=False,
+                 **{"runtime.env.FAKE_SGLANG_SPAWN_ORPHAN": 1})
+    s.start_seconds = s.start()
+    yield s
+    s.down()
+
+
+def mono(stack: Stack, role: str, prop: str) -> int:
+    return int(stack.prop(stack.unit(role), prop))
+
+
+def test_start_returns_only_when_the_stack_serves(stack: Stack) -> None:
+    # no wait at all: `systemctl start` has returned, so the first request must go through
+    code, body = stack.generate()
+    assert code == 200 and "[decode@30001] hello from fake engine" in body, body
+    assert '"bootstrap_port_seen": 8998' in body  # decode reached prefill's bootstrap server
+    assert stack.curl("/readiness")[0] == 200
+    for role in ("prefill", "decode", "router"):
+        assert stack.prop(stack.unit(role), "ActiveState") == "active"
+    assert stack.prop(stack.target, "ActiveState") == "active"
+    # progress and the health gate are in the journal, where a user looks
+    prefill_log = stack.c.journal(stack.unit("prefill"))
+    assert "GPU idle check skipped: nvidia-smi not found" in prefill_log
+    assert "e2e-prefill: healthy after" in prefill_log
+    assert "e2e-router: healthy after" in stack.c.journal(stack.unit("router"))
+
+
+def test_router_starts_only_after_both_engines_are_healthy(stack: Stack) -> None:
+    router_exec = mono(stack, "router", "ExecMainStartTimestampMonotonic")
+    for role in ("prefill", "decode"):
+        assert router_exec >= mono(stack, role, "ActiveEnterTimestampMonotonic"), role
+
+
+def compile_window(stack: Stack, role: str) -> tuple[float, float]:
+    """(start, end) of the engine's cold compile, in journal monotonic seconds."""
+    out = stack.c.run(["journalctl", "-u", stack.unit(role), "-o", "short-monotonic",
+                       "--no-pager"]).stdout
+    times = {}
+    for line in out.splitlines():
+        for mark in ("jit cache cold: compiling", "jit cache cold: compiled"):
+            if mark in line and mark not in times:
+                times[mark] = float(line.split("]", 1)[0].strip("[ "))
+    return times["jit cache cold: compiling"], times["jit cache cold: compiled"]
+
+
+def test_cold_jit_cache_is_never_compiled_into_twice_at_once(stack: Stack) -> None:
+    """The first start had a cold cache: one engine waited for the other's compile (whichever
+    took the lock first); the stand-in would crash loudly (DeepGEMM #301) on a concurrent cold
+    compile, and nothing restarted."""
+    logs = {r: stack.c.journal(stack.unit(r)) for r in ("prefill", "decode")}
+    waited = [r for r, other in (("prefill", "decode"), ("decode", "prefill"))
+              if f"waiting for e2e-{other}" in logs[r]]
+    assert len(waited) == 1, logs
+    assert "JIT cache race" not in logs["prefill"] + logs["decode"]
+    assert (stack.restarts("prefill"), stack.restarts("decode")) == (0, 0)
+    (a0, a1), (b0, b1) = compile_window(stack, "prefill"), compile_window(stack, "decode")
+    assert a1 <= b0 or b1 <= a0, f"compiles overlapped: prefill {a0}-{a1}, decode {b0}-{b1}"
+
+
+def test_warm_jit_cache_starts_both_engines_in_parallel(stack: Stack) -> None:
+    stack.stop()
+    warm = stack.start()
+    decode_log = stack.c.journal(stack.unit("decode"), lines=60)
+    assert "JIT cache warm for e2e-decode" in decode_log.split("Starting e2e-decode")[-1]
+    # decode's engine became healthy without waiting for prefill to be healthy first
+    decode_started = mono(stack, "decode", "ExecMainStartTimestampMonotonic")
+    prefill_ready = mono(stack, "prefill", "ActiveEnterTimestampMonotonic")
+    assert decode_started < prefill_ready
+    assert warm < stack.start_seconds, (warm, stack.start_seconds)
+    assert stack.serves()
+
+
+def test_engine_kill_9_is_restarted_and_the_router_serves_again(stack: Stack) -> None:
+    before = stack.restarts("decode")
+    stack.c.run(["kill", "-9", str(stack.engine_pid("decode"))])
+    stack.c.wait_for(lambda: stack.restarts("decode") == before + 1, 30, interval=0.2,
+                     what="systemd restarts decode")
+    stack.wait_serving(60)
+    assert stack.prop(stack.unit("router"), "NRestarts") == "0"  # no manual action, no restart
+
+
+def test_hung_engine_is_detected_by_the_watchdog_and_restarted(stack: Stack) -> None:
+    assert stack.prop(stack.unit("decode"), "WatchdogUSec") == f"{stack.plan['watchdog_secs']}s"
+    watchdog, restart = stack.plan["watchdog_secs"], stack.plan["lifecycle"]["restart_secs"]
+    before = stack.restarts("decode")
+    t0 = time.monotonic()
+    stack.c.run(["kill", "-STOP", str(stack.engine_pid("decode"))])
+    try:
+        stack.c.wait_for(lambda: stack.restarts("decode") == before + 1, 60, interval=0.2,
+                         what="the watchdog restarts the hung decode")
+    except AssertionError:
+        print(stack.c.run(["journalctl", "-u", stack.unit("decode"), "-n", "60", "--no-pager",
+                           "-o", "short-monotonic"]).stdout)
+        print(stack.c.show(stack.unit("decode"), "NRestarts", "ActiveState", "SubState"))
+        raise
+    detected = time.monotonic() - t0
+    # the bound: WatchdogSec (+ a liveness probe interval of slack) + RestartSec
+    assert detected <= watchdog + restart + 3, (detected, watchdog, restart)
+    assert "watchdog timeout" in stack.c.journal(stack.unit("decode"), lines=80).lower()
+    stack.wait_serving(60)
+
+
+@pytest.mark.parametrize("how", ["systemctl restart", "kill -9"])
+def test_prefill_restart_restarts_decode_and_the_pair_serves(stack: Stack, how: str) -> None:
+    decode_before = stack.invocation("decode")
+    prefill_before = stack.invocation("prefill")
+    if how == "kill -9":
+        stack.c.run(["kill", "-9", str(stack.engine_pid("prefill"))])
+    else:
+        stack.c.systemctl("restart", stack.unit("prefill"))
+    stack.c.wait_for(lambda: stack.invocation("prefill") not in ("", prefill_before), 60,
+                     interval=0.2, what="prefill restarted")
+    stack.c.wait_for(lambda: stack.invocation("decode") not in ("", decode_before), 60,
+                     interval=0.2, what="decode restarted with prefill (PartOf=)")
+    stack.wait_serving(90)
+
+
+def test_stop_leaves_no_process_not_even_an_escaped_child(stack: Stack) -> None:
+    # the stand-in spawned a child in its own session that ignores SIGTERM (sglang #23627)
+    assert any("fake-sglang-orphan" in p for p in stack.processes_of_user()), \
+        stack.processes_of_user()
+    timeout_stop = stack.plan["lifecycle"]["stop_timeout_secs"]
+    t0 = time.monotonic()
+    stack.c.systemctl("stop", stack.target)  # queues the services' stop jobs and returns
+    stack.c.wait_for(lambda: stack.processes_of_user() == [], timeout_stop + 5, interval=0.2,
+                     what="no process of the stack left")
+    assert time.monotonic() - t0 <= timeout_stop + 5
+    stack.c.wait_for(lambda: all(stack.prop(u, "ActiveState") == "inactive" for u in stack.units),
+                     timeout_stop, interval=0.2, what="all units inactive")
+    for role in ("prefill", "decode", "router"):
+        # SGLang's SIGTERM -> SIGKILL-itself exit (137) is a clean stop, not a failure
+        assert stack.prop(stack.unit(role), "ActiveState") == "inactive", role
+        assert stack.prop(stack.unit(role), "Result") == "success", role
+
+
+def test_broken_engine_stops_retrying_and_shows_its_own_error(serve_python: Path,
+                                                              tmp_path: Path) -> None:
+    require(nspawn_available())
+    s = Stack.up(tmp_path, serve_python.parent.parent, start=False,
+                 **{"model.path": "/srv/e2e/no-such-model", "lifecycle.start_limit_burst": 3})
+    try:
+        # --no-block: the router would wait for a ready pair until its TimeoutStartSec
+        s.c.run(["systemctl", "start", "--no-block", s.target])
+        unit = s.unit("prefill")
+        s.c.wait_for(lambda: "Start request repeated too quickly" in s.c.journal(unit), 60,
+                     interval=0.5, what="prefill hits its start limit")
+        assert s.prop(unit, "ActiveState") == "failed"
+        restarts = s.restarts("prefill")
+        time.sleep(s.plan["lifecycle"]["restart_secs"] + 2)  # a restart would have come by now
+        assert s.restarts("prefill") == restarts and s.prop(unit, "ActiveState") == "failed"
+        status = s.c.systemctl("status", unit, check=False).stdout
+        journal = s.c.journal(unit)
+        error = "Incorrect path_or_model_id: '/srv/e2e/no-such-model'"
+        assert error in journal and error in status
+        assert journal.count(f"Starting {unit}") == s.plan["lifecycle"]["start_limit_burst"]
+        assert s.prop(s.unit("router"), "ActiveState") != "active"
+    finally:
+        s.down()
