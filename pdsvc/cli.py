@@ -8,89 +8,25 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any
 
 import click
 
 from . import __version__
-from .config import Config, load_config
-from .errors import PdsvcError, TopologyError
-from .plan import Plan, build_plan
+from .clikit import (
+    DEFAULT_OUTPUT,
+    EPILOG,
+    config_option,
+    handle_errors,
+    json_option,
+    load_plan,
+    sysfs_option,
+    topology_option,
+    warn_plan,
+)
+from .errors import TopologyError
 from .render import diff_bundle, render_systemd, write_bundle
-from .topology import Topology, format_cpulist, load_topology_file, read_sysfs
-
-DEFAULT_CONFIG = Path("etc/pdsvc.yaml")
-DEFAULT_OUTPUT = Path("units")
-
-EPILOG = """\b
-Exit codes: 0 ok, 1 output not written, 2 bad config or usage,
-            3 the plan does not fit the host (or no GPU topology found).
-"""
-
-
-def _fail(err: PdsvcError) -> None:
-    click.secho(f"pdsvc: error: {err}", fg="red", err=True)
-    sys.exit(err.exit_code)
-
-
-def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn every PdsvcError into one red line on stderr and its exit code; never a traceback."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except PdsvcError as err:
-            _fail(err)
-        except KeyboardInterrupt:
-            click.echo("pdsvc: interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
-
-
-# Options shared by several commands are defined once (pip-tools style).
-config_option = click.option(
-    "--config", "-c", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_CONFIG, show_default=True,
-    help="The deployment config (YAML). Unknown keys are errors.",
-)
-sysfs_option = click.option(
-    "--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Read GPUs/NUMA from this /sys-like tree instead of /sys (DIR/bus/pci/devices/…).",
-)
-topology_option = click.option(
-    "--topology", "topology_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Read the host layout from a file written by `pdsvc topology --json` on the GPU host "
-    "(render on a laptop for the GPU host). etc/seed-host.topology.json is the seed host's.",
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-
-
-def host_topology(sysfs_root: Path | None, topology_file: Path | None) -> Topology:
-    if sysfs_root and topology_file:
-        raise click.UsageError("give --sysfs-root or --topology, not both")
-    if topology_file:
-        return load_topology_file(topology_file)
-    return read_sysfs(sysfs_root or Path("/sys"))
-
-
-def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> Plan:
-    config: Config = load_config(config_path)
-    topology = host_topology(sysfs_root, topology_file)
-    return build_plan(
-        config, topology, config_source=str(config_path),
-        config_text=config_path.read_text(encoding="utf-8"),
-    )
-
-
-def _warn(plan: Plan) -> None:
-    for w in plan.warnings:
-        click.secho(f"pdsvc: warning: {w}", fg="yellow", err=True)
+from .topology import format_cpulist, read_sysfs
 
 
 def _canonical_command(config: Path, sysfs_root: Path | None, topology: Path | None) -> str:
@@ -143,7 +79,7 @@ def render(config_path: Path, output: Path, sysfs_root: Path | None, topology_fi
     pdsvc did not write are never overwritten.
     """
     plan = load_plan(config_path, sysfs_root, topology_file)
-    _warn(plan)
+    warn_plan(plan)
     files = render_systemd(plan, _canonical_command(config_path, sysfs_root, topology_file))
     if show_diff:
         click.echo(diff_bundle(files, output) or f"{output}: up to date", nl=False)
@@ -165,7 +101,7 @@ def render(config_path: Path, output: Path, sysfs_root: Path | None, topology_fi
 def validate(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> None:
     """Check the config and that its plan fits the host; write nothing."""
     plan = load_plan(config_path, sysfs_root, topology_file)
-    _warn(plan)
+    warn_plan(plan)
     click.echo(f"ok: {config_path} fits {plan.topology_source} ({len(plan.units)} units)")
 
 
@@ -182,7 +118,7 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
         return
-    _warn(plan)
+    warn_plan(plan)
     click.echo(f"{plan.target}  (config {plan.config_source}, topology {plan.topology_source})\n")
     rows = [("UNIT", "ROLE", "GPUS", "NUMA", "CPUS", "PORTS")]
     for e in plan.engines:

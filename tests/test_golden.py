@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pdsvc.cli import load_plan
+from pdsvc.clikit import load_plan
 from pdsvc.render import render_systemd
 
 REPO = Path(__file__).resolve().parent.parent

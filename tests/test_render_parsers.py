@@ -10,7 +10,7 @@ import argv_check
 import pytest
 from conftest import REPO
 
-from pdsvc.cli import load_plan
+from pdsvc.clikit import load_plan
 from pdsvc.render import render_systemd
 from units import exec_words, parse_unit
 

@@ -9,7 +9,7 @@ import pytest
 from analyze import missing, scratch_root, security, verify
 from conftest import REPO, require
 
-from pdsvc.cli import load_plan
+from pdsvc.clikit import load_plan
 from pdsvc.render import render_systemd, write_bundle
 
 OK_CASES = [

@@ -1,0 +1,89 @@
+"""What every pdsvc command shares: options (defined once), error handling, plan loading.
+
+Commands live in cli.py and in the modules of their own (doctor.py, status.py, …); each
+imports its options from here, so an option means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .config import Config, load_config
+from .errors import PdsvcError
+from .plan import Plan, build_plan
+from .topology import Topology, load_topology_file, read_sysfs
+
+DEFAULT_CONFIG = Path("etc/pdsvc.yaml")
+DEFAULT_OUTPUT = Path("units")
+
+EPILOG = """\b
+Exit codes: 0 ok, 1 output not written, 2 bad config or usage,
+            3 the plan does not fit the host (or no GPU topology found).
+"""
+
+
+def _fail(err: PdsvcError) -> None:
+    click.secho(f"pdsvc: error: {err}", fg="red", err=True)
+    sys.exit(err.exit_code)
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn every PdsvcError into one red line on stderr and its exit code; never a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PdsvcError as err:
+            _fail(err)
+        except KeyboardInterrupt:
+            click.echo("pdsvc: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+# Options shared by several commands are defined once (pip-tools style).
+config_option = click.option(
+    "--config", "-c", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_CONFIG, show_default=True,
+    help="The deployment config (YAML). Unknown keys are errors.",
+)
+sysfs_option = click.option(
+    "--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Read GPUs/NUMA from this /sys-like tree instead of /sys (DIR/bus/pci/devices/…).",
+)
+topology_option = click.option(
+    "--topology", "topology_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Read the host layout from a file written by `pdsvc topology --json` on the GPU host "
+    "(render on a laptop for the GPU host). etc/seed-host.topology.json is the seed host's.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def host_topology(sysfs_root: Path | None, topology_file: Path | None) -> Topology:
+    if sysfs_root and topology_file:
+        raise click.UsageError("give --sysfs-root or --topology, not both")
+    if topology_file:
+        return load_topology_file(topology_file)
+    return read_sysfs(sysfs_root or Path("/sys"))
+
+
+def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> Plan:
+    config: Config = load_config(config_path)
+    topology = host_topology(sysfs_root, topology_file)
+    return build_plan(
+        config, topology, config_source=str(config_path),
+        config_text=config_path.read_text(encoding="utf-8"),
+    )
+
+
+def warn_plan(plan: Plan) -> None:
+    for w in plan.warnings:
+        click.secho(f"pdsvc: warning: {w}", fg="yellow", err=True)
