@@ -34,11 +34,13 @@ router_pin="sglang-router==0.3.2"
 supervisor_pin="supervisor==4.3.0"
 # What SGLang 0.5.23's parser imports (found one missing module at a time; router-lab §8).
 light_deps=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec
-            pydantic pyzmq tqdm IPython aiohttp huggingface_hub)
+            pydantic pyzmq tqdm IPython aiohttp huggingface_hub
+            click jinja2 pyyaml)  # + what pdsvc itself needs, to run `pdsvc status` inside
 # Import names of everything above, checked at the end (sglang itself needs the triton stub:
 # argv_check.py checks it).
 import_check="numpy orjson psutil pybase64 requests packaging PIL starlette msgspec pydantic
-pydantic_core zmq tqdm IPython aiohttp huggingface_hub torch sglang_router supervisor"
+pydantic_core zmq tqdm IPython aiohttp huggingface_hub torch sglang_router supervisor click
+jinja2 yaml"
 system_constraints=/etc/xdg/pip/constraints.txt
 
 log() { printf '[make_serve_venv] %s\n' "$*" >&2; }
