@@ -339,14 +339,18 @@ def load_config(path: Path) -> Config:
 
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Validate YAML text against the schema; errors name the key, the line and the fix."""
+    loader = _Loader(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        # one parse: the node tree gives line numbers, the same tree gives the data
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    finally:
+        loader.dispose()
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -409,6 +413,9 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
                     f"{'.'.join(other_key)} is {port}; move one of them"
                 )))
     return problems
+
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 
 def _line_index(node: yaml.Node | None, path: tuple = ()) -> dict[tuple, int]:

@@ -58,10 +58,23 @@ def sd_env(key: str, value: str) -> str:
     return f'"{inner}"'
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates, keyed by their source's checksum (a changed template recompiles):
+    compiling them is most of a render's own time. None when there is no writable cache dir."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "pdsvc", f"jinja-{jinja2.__version__}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(path) if os.access(path, os.W_OK) else None
+
+
 def _environment() -> jinja2.Environment:
     loader = jinja2.FunctionLoader(_load_template)
     env = jinja2.Environment(
         loader=loader,
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

@@ -1,0 +1,554 @@
+"""`pdsvc status`: does the stack serve right now, and if not, why.
+
+Two layers, kept apart so that a supervisord backend (issue 5: `supervisorctl status` /
+XML-RPC) only adds a class:
+
+* the query layer gathers facts and never formats: a service-manager backend answers
+  `state(unit) -> ServiceState` (`SystemdBackend` asks `systemctl show`), `http_get()` probes an
+  engine's `/health`, the router's `/readiness` and `/workers`; `collect()` puts them into a
+  `Report` and `judge()` decides whether the stack serves;
+* `format_text()` and `report_dict()` turn a Report into the table or the JSON.
+
+Serving means: every service unit of the plan is active and the router's `/readiness` is 200
+(sglang-router 0.3.2 answers 200 only with at least one healthy prefill and one healthy decode,
+router-lab §5). Nothing here raises when systemd or an endpoint cannot be reached: each such
+fact becomes a row that says why.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from time import sleep
+from typing import Any, Protocol
+
+import click
+
+from .clikit import (
+    config_option,
+    handle_errors,
+    json_option,
+    load_plan,
+    sysfs_option,
+    topology_option,
+)
+from .plan import Plan, RouterPlan
+
+HTTP_TIMEOUT = 2.0  # seconds per probe: a status command must answer quickly
+SYSTEMCTL_TIMEOUT = 5.0
+MAX_BODY = 1 << 20  # /workers of a big deployment stays far below this
+CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen
+
+#: What `systemctl show` is asked for. KEY=VALUE lines, not `--value`: with --value the values
+#: come in the unit's own property order, not the order asked for, and empty ones vanish.
+UNIT_PROPERTIES = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "NRestarts",
+    "StatusText",
+    "ActiveEnterTimestamp",
+    "ActiveEnterTimestampMonotonic",
+    "StateChangeTimestamp",
+    "StateChangeTimestampMonotonic",
+)
+
+STATUS_EPILOG = """\b
+Exit codes: 0 serving (every unit active, router /readiness 200), 1 not serving,
+            2 bad config or usage, 3 the plan does not fit the host.
+"""
+
+
+# --------------------------------------------------------------------------- service manager
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """One unit as its service manager sees it, in systemd's words.
+
+    A supervisord backend maps its states onto these: RUNNING -> active, STARTING ->
+    activating, STOPPING -> deactivating, STOPPED -> inactive, BACKOFF/FATAL/EXITED -> failed.
+    """
+
+    unit: str
+    state: str  # active, activating, deactivating, reloading, inactive, failed; unknown: see error
+    sub: str = ""  # running, start, auto-restart, dead, …
+    result: str = ""  # success, exit-code, signal, watchdog, start-limit-hit, …
+    since: str = ""  # when it entered this state, as the manager prints it
+    since_secs: float | None = None  # how long ago that was
+    restarts: int | None = None  # automatic restarts (NRestarts); None when the unit has none
+    status_text: str = ""  # the unit's own status line (sd_notify STATUS=)
+    loaded: bool = True  # False: the manager does not know the unit (not installed)
+    error: str | None = None  # the manager could not be asked: why
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+    def describe(self) -> str:
+        """As `systemctl status` says it: `active (running)`, `failed (Result: exit-code)`."""
+        if self.error:
+            return "unknown"
+        if not self.loaded:
+            return "not installed"
+        if self.state == "failed" and self.result not in ("", "success"):
+            return f"failed (Result: {self.result})"
+        return f"{self.state} ({self.sub})" if self.sub and self.sub != self.state else self.state
+
+
+class ServiceBackend(Protocol):
+    """What status needs from a service manager."""
+
+    name: str
+
+    def state(self, unit: str) -> ServiceState: ...
+
+
+class SystemdBackend:
+    """Asks `systemctl show UNIT -p …` (one call per unit); never raises for a manager that
+    cannot be reached: the ServiceState carries the error instead."""
+
+    name = "systemd"
+
+    def __init__(
+        self,
+        systemctl: str = "systemctl",
+        *,
+        timeout: float = SYSTEMCTL_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.systemctl = systemctl
+        self.timeout = timeout
+        self.clock = clock  # CLOCK_MONOTONIC, the clock of systemd's *Monotonic timestamps
+
+    def state(self, unit: str) -> ServiceState:
+        argv = [self.systemctl, "show", unit, "--no-pager", "-p", ",".join(UNIT_PROPERTIES)]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                                  timeout=self.timeout, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            return ServiceState(unit, "unknown", error=f"{self.systemctl}: not found")
+        except subprocess.TimeoutExpired:
+            return ServiceState(unit, "unknown",
+                                error=f"systemctl show timed out after {self.timeout:g}s")
+        except OSError as e:
+            return ServiceState(unit, "unknown", error=f"{self.systemctl}: {e.strerror or e}")
+        props = parse_show(proc.stdout)
+        if proc.returncode != 0 or "ActiveState" not in props:
+            lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+            why = lines[-1] if lines else f"exit status {proc.returncode}"
+            return ServiceState(unit, "unknown", error=f"systemctl: {why}")
+        return state_from_show(unit, props, now_monotonic=self.clock())
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """`systemctl show` output (KEY=VALUE lines) as a dict."""
+    props: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key] = value
+    return props
+
+
+def state_from_show(unit: str, props: Mapping[str, str], *, now_monotonic: float) -> ServiceState:
+    """A ServiceState from `systemctl show` properties. The age comes from the *Monotonic
+    timestamp (µs of CLOCK_MONOTONIC, 0 = never): no time zone or locale to parse."""
+    state = props.get("ActiveState", "") or "unknown"
+    # active: since it came up (a restart resets it); otherwise: since its last state change
+    prefix = "ActiveEnter" if state == "active" else "StateChange"
+    since_secs = None
+    mono = props.get(f"{prefix}TimestampMonotonic", "")
+    if mono.isdigit() and int(mono) > 0:
+        since_secs = max(0.0, now_monotonic - int(mono) / 1e6)
+    restarts = props.get("NRestarts", "")
+    return ServiceState(
+        unit=unit,
+        state=state,
+        sub=props.get("SubState", ""),
+        result=props.get("Result", ""),
+        since=props.get(f"{prefix}Timestamp", "") if since_secs is not None else "",
+        since_secs=since_secs,
+        restarts=int(restarts) if restarts.isdigit() else None,
+        status_text=props.get("StatusText", ""),
+        loaded=props.get("LoadState", "loaded") != "not-found",
+    )
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One GET: the HTTP status and latency, or why no HTTP answer came."""
+
+    url: str
+    code: int | None = None  # None: no HTTP answer (see error)
+    latency_ms: float | None = None
+    error: str | None = None  # connection refused, no answer within 2s, …
+    body: str = field(default="", repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 200
+
+    def summary(self) -> str:
+        """`200 (3 ms)`, `503 (2 ms)`, `connection refused`."""
+        if self.code is None:
+            return self.error or "no answer"
+        return f"{self.code} ({self.latency_ms:.0f} ms)"
+
+    def reason(self) -> str:
+        """The `reason` (or `status`) a JSON error body gives, e.g. the router's
+        `insufficient healthy workers`; empty when there is none."""
+        try:
+            doc = json.loads(self.body)
+        except ValueError:
+            return ""
+        if isinstance(doc, dict):
+            return str(doc.get("reason") or doc.get("status") or "")
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "code": self.code, "latency_ms": self.latency_ms,
+                "error": self.error}
+
+
+def http_get(url: str, *, timeout: float = HTTP_TIMEOUT,
+             headers: Mapping[str, str] | None = None) -> Probe:
+    """GET `url` without proxies (the endpoints are local); never raises."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    t0 = time.monotonic()
+    try:
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                code, body = response.status, response.read(MAX_BODY)
+        except urllib.error.HTTPError as e:  # an answer all the same: 4xx/5xx
+            code, body = e.code, e.read(MAX_BODY)
+    except urllib.error.URLError as e:
+        return Probe(url, error=_why(e.reason, timeout))
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return Probe(url, error=_why(e, timeout))
+    latency_ms = round((time.monotonic() - t0) * 1000, 1)
+    return Probe(url, code, latency_ms, body=body.decode("utf-8", "replace"))
+
+
+def _why(reason: object, timeout: float) -> str:
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError since 3.10
+        return f"no answer within {timeout:g}s"
+    if isinstance(reason, socket.gaierror):
+        return f"cannot resolve host ({reason.strerror})"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or type(reason).__name__
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker in the router's own view (GET /workers)."""
+
+    url: str
+    type: str  # prefill, decode (regular outside PD mode)
+    healthy: bool
+
+
+def parse_workers(body: str) -> tuple[Worker, ...]:
+    """sglang-router 0.3.2 `/workers`: `{"workers": [{"url", "worker_type", "is_healthy", …}],
+    "stats": …}` (router-lab §5). ValueError when the body is not that."""
+    doc = json.loads(body)
+    items = doc.get("workers") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise ValueError("no 'workers' list in the answer")
+    workers = []
+    for item in items:
+        if not isinstance(item, dict) or "url" not in item:
+            raise ValueError(f"unexpected worker entry {item!r:.80}")
+        kind = item.get("worker_type", "")
+        if isinstance(kind, dict):  # an enum with data, e.g. {"Prefill": {"bootstrap_port": …}}
+            kind = next(iter(kind), "")
+        workers.append(Worker(str(item["url"]), str(kind).lower(), item.get("is_healthy") is True))
+    return tuple(workers)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class UnitView:
+    role: str  # target, prefill, decode, router
+    state: ServiceState
+    probe: Probe | None  # engines: /health; router: /readiness; target: none
+
+
+@dataclass(frozen=True)
+class Report:
+    name: str
+    backend: str
+    units: tuple[UnitView, ...]  # the target first, then the services of the plan
+    workers: tuple[Worker, ...] | None  # None: the router's view could not be read
+    workers_probe: Probe
+    workers_error: str | None
+    url: str  # where clients send requests
+    serving: bool
+    problems: tuple[str, ...]
+
+    @property
+    def verdict(self) -> str:
+        if self.serving:
+            return "serving" + (f", but: {'; '.join(self.problems)}" if self.problems else "")
+        return "not serving: " + ("; ".join(self.problems) or "unknown reason")
+
+
+def client_url(router: RouterPlan, hostname: str) -> str:
+    """The chat endpoint as clients reach it: the router's host, or this machine's name when
+    the router listens on every address."""
+    host = hostname if router.host in ("0.0.0.0", "::", "") else router.host
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    return f"http://{host}:{router.port}/v1/chat/completions"
+
+
+def router_headers(router: RouterPlan) -> dict[str, str]:
+    """`--api-key` in router.args guards /workers (router-lab §4.4): send it."""
+    argv = list(router.argv)
+    if "--api-key" in argv and argv.index("--api-key") + 1 < len(argv):
+        return {"Authorization": f"Bearer {argv[argv.index('--api-key') + 1]}"}
+    return {}
+
+
+def collect(
+    plan: Plan,
+    backend: ServiceBackend,
+    *,
+    hostname: str,
+    http_timeout: float = HTTP_TIMEOUT,
+) -> Report:
+    """Ask the service manager about every unit and probe every endpoint, all at once (a
+    hung endpoint costs one timeout, not one per probe)."""
+    router = plan.router
+    headers = router_headers(router)
+    units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines),
+             ("router", router.unit)]
+    urls = [(e.health_url, {}) for e in plan.engines]
+    urls += [(router.readiness_url, {}), (f"{router.url}/workers", headers)]
+    with ThreadPoolExecutor(max_workers=len(units) + len(urls)) as pool:
+        states = [pool.submit(backend.state, unit) for _, unit in units]
+        probes = [pool.submit(http_get, u, timeout=http_timeout, headers=h) for u, h in urls]
+        state_of = [f.result() for f in states]
+        *health, readiness, workers_probe = (f.result() for f in probes)
+    engines = zip(plan.engines, state_of[1:-1], health, strict=True)
+    views = (
+        UnitView("target", state_of[0], None),
+        *(UnitView(e.role, s, p) for e, s, p in engines),
+        UnitView("router", state_of[-1], readiness),
+    )
+    workers: tuple[Worker, ...] | None = None
+    workers_error = None
+    if workers_probe.ok:
+        try:
+            workers = parse_workers(workers_probe.body)
+        except (ValueError, AttributeError) as e:
+            workers_error = f"unreadable answer: {e}"
+    else:
+        workers_error = (f"HTTP {workers_probe.code}" if workers_probe.code is not None
+                         else workers_probe.error)
+    expected = tuple((e.role, e.url) for e in plan.engines)
+    serving, problems = judge(views, workers, workers_error, expected)
+    return Report(
+        name=plan.name, backend=backend.name, units=views, workers=workers,
+        workers_probe=workers_probe, workers_error=workers_error,
+        url=client_url(router, hostname), serving=serving, problems=tuple(problems),
+    )
+
+
+def judge(
+    units: tuple[UnitView, ...],
+    workers: tuple[Worker, ...] | None,
+    workers_error: str | None,
+    expected: tuple[tuple[str, str], ...],
+) -> tuple[bool, list[str]]:
+    """(serving, problems): serving = every service unit active and /readiness 200; the
+    problems name what is wrong either way (a probe of a unit that is down is not repeated)."""
+    problems: list[str] = []
+    services = [u for u in units if u.role != "target"]
+    errors = {u.state.error for u in services if u.state.error}
+    if len(errors) == 1 and all(u.state.error for u in services):  # the manager itself is away
+        problems.append(f"unit states unknown ({errors.pop()})")
+        errors.clear()
+    for u in services:
+        s = u.state
+        if s.error and errors:
+            problems.append(f"{s.unit}: state unknown ({s.error})")
+        elif not s.active and not s.error:
+            # on the way up or down the status line says how far it got; once down, it is stale
+            moving = s.state in ("activating", "deactivating", "reloading")
+            text = f": {s.status_text}" if s.status_text and moving else ""
+            problems.append(f"{s.unit} is {s.describe()}{text}")
+            continue
+        if u.probe is not None and not u.probe.ok:
+            where = "/readiness" if u.role == "router" else "/health"
+            reason = u.probe.reason() if u.probe.code is not None else ""
+            what = "router not ready" if u.role == "router" else u.role
+            problems.append(f"{what}: {where} {u.probe.summary()}"
+                            + (f" — {reason}" if reason else ""))
+    readiness = next((u.probe for u in services if u.role == "router"), None)
+    if workers is not None:
+        for w in workers:
+            if not w.healthy:
+                problems.append(f"{w.type} worker {w.url} unhealthy")
+        listed = {w.url.rstrip("/") for w in workers}
+        for role, url in expected:
+            if url.rstrip("/") not in listed:
+                problems.append(f"the router does not list the {role} worker {url}")
+    elif readiness is not None and readiness.code is not None:  # the router answers, yet …
+        problems.append(f"router /workers: {workers_error}")
+    serving = bool(services) and all(u.state.active for u in services) and bool(
+        readiness and readiness.ok)
+    return serving, problems
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def human_age(secs: float | None) -> str:
+    """42s, 3m12s, 2h05m, 3d04h; `-` when unknown."""
+    if secs is None:
+        return "-"
+    s = int(secs)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def format_text(report: Report) -> str:
+    """The table, the router's view of its workers, the client URL, and the verdict."""
+    rows = [["UNIT", "STATE", "SINCE", "RESTARTS", "PROBE", "STATUS"]]
+    for u in report.units:
+        s = u.state
+        probe = "-"
+        if u.probe is not None:
+            path = "/readiness" if u.role == "router" else "/health"
+            probe = f"{path} {u.probe.summary()}"
+        rows.append([
+            s.unit, s.describe(), human_age(s.since_secs),
+            "-" if s.restarts is None else str(s.restarts), probe, s.error or s.status_text,
+        ])
+    lines = [f"{report.name} PD stack ({report.backend})", "", *_table(rows), ""]
+    lines.append(f"router workers (GET {report.workers_probe.url}):")
+    if report.workers is None:
+        lines.append(f"  unknown: {report.workers_error}")
+    elif not report.workers:
+        lines.append("  none")
+    else:
+        lines += ["  " + line for line in _table([
+            [w.type, w.url, "healthy" if w.healthy else "UNHEALTHY"] for w in report.workers])]
+    lines += ["", f"send requests to: {report.url}", "", report.verdict]
+    return "\n".join(lines)
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """The same facts as the table, for machines."""
+    return {
+        "name": report.name,
+        "backend": report.backend,
+        "serving": report.serving,
+        "verdict": report.verdict,
+        "problems": list(report.problems),
+        "url": report.url,
+        "units": [
+            {"role": u.role, **asdict(u.state),
+             "probe": u.probe.to_dict() if u.probe else None}
+            for u in report.units
+        ],
+        "workers": None if report.workers is None else [asdict(w) for w in report.workers],
+        "workers_error": report.workers_error,
+        "workers_probe": report.workers_probe.to_dict(),
+    }
+
+
+# --------------------------------------------------------------------------- command
+
+
+def watch(interval: float, frame: Callable[[], tuple[str, int]], *, clear: bool) -> int:
+    """Print a frame every `interval` seconds until Ctrl-C; the exit code of the last one."""
+    code = 1
+    try:
+        while True:
+            text, code = frame()
+            if clear:  # only on a terminal: piped frames stay a readable log
+                click.echo(CLEAR_SCREEN, nl=False, color=True)  # color: keep the escape
+            click.echo(text)
+            sleep(interval)  # looked up at call time: the tests replace it
+    except KeyboardInterrupt:
+        return code
+
+
+@click.command(epilog=STATUS_EPILOG)
+@config_option
+@sysfs_option
+@topology_option
+@json_option
+@click.option("--watch", "watch_secs", type=click.FloatRange(min=0.1), is_flag=False,
+              flag_value=2.0, default=None, metavar="[SECONDS]",
+              help="Refresh every SECONDS (default 2) until Ctrl-C.")
+@click.option("--systemctl", "systemctl", default="systemctl", show_default=True, metavar="PATH",
+              help="The systemctl to ask.")
+@handle_errors
+def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
+           as_json: bool, watch_secs: float | None, systemctl: str) -> None:
+    """Show whether the stack serves: each unit's state, uptime and restarts, each engine's
+    /health, the router's /readiness and its view of the workers, the URL to send requests to,
+    and a verdict (`serving` / `not serving: why`).
+
+    \b
+    With --json the same facts as one JSON document (one line per frame with --watch).
+    """
+    plan = load_plan(config_path, sysfs_root, topology_file)
+    backend = SystemdBackend(systemctl)
+    hostname = socket.gethostname()
+
+    def frame() -> tuple[str, int]:
+        report = collect(plan, backend, hostname=hostname)
+        code = 0 if report.serving else 1
+        if as_json:
+            doc = report_dict(report)
+            return json.dumps(doc) if watch_secs else json.dumps(doc, indent=2), code
+        text = format_text(report)
+        if watch_secs:
+            stamp = time.strftime("%H:%M:%S")
+            text = f"{stamp}  every {watch_secs:g}s, Ctrl-C stops\n{text}\n"
+        return text, code
+
+    if watch_secs is None:
+        text, code = frame()
+        click.echo(text)
+    else:
+        code = watch(watch_secs, frame, clear=sys.stdout.isatty())
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # `python -m pdsvc.status …` until the CLI registers the command
+    status()
