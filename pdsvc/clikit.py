@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from .config import Config, load_config
-from .errors import PdsvcError
+from . import plancache
+from .errors import ConfigError, PdsvcError
 from .plan import Plan, build_plan
 from .topology import Topology, load_topology_file, read_sysfs
 
@@ -76,12 +76,27 @@ def host_topology(sysfs_root: Path | None, topology_file: Path | None) -> Topolo
 
 
 def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> Plan:
-    config: Config = load_config(config_path)
+    """Config + host topology -> Plan. A plan already built from the same config text,
+    topology and pdsvc code is read back from the plan cache instead (no pydantic import:
+    that is most of a render's time); anything else goes through full validation."""
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{config_path}: config file not found", hint="pass --config PATH (see etc/pdsvc.yaml)"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{config_path}: cannot read config: {e.strerror}") from None
     topology = host_topology(sysfs_root, topology_file)
-    return build_plan(
-        config, topology, config_source=str(config_path),
-        config_text=config_path.read_text(encoding="utf-8"),
-    )
+    key = plancache.key(str(config_path), text, topology)
+    plan = plancache.get(key)
+    if plan is None:
+        from .config import parse_config  # pydantic: only when the plan must be built
+
+        plan = build_plan(parse_config(text, str(config_path)), topology,
+                          config_source=str(config_path), config_text=text)
+        plancache.put(key, plan)
+    return plan
 
 
 def warn_plan(plan: Plan) -> None:

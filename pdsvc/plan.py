@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import __version__
-from .config import Config, DecodeConfig, PrefillConfig, RoleConfig
 from .errors import TopologyError
 from .topology import Topology, format_cpulist
+
+if TYPE_CHECKING:  # the plan only reads the validated config; importing it costs pydantic
+    from .config import Config, DecodeConfig, PrefillConfig, RoleConfig
 
 Role = Literal["prefill", "decode"]
 
@@ -143,6 +145,38 @@ class Plan:
             e["env"] = dict(e["env"])
         d["router"]["env"] = dict(d["router"]["env"])
         return d
+
+
+def plan_from_dict(d: dict) -> Plan:
+    """The inverse of Plan.to_dict() (used by the plan cache)."""
+    def engine(e: dict) -> EnginePlan:
+        pin = e["pinning"]
+        return EnginePlan(
+            role=e["role"], name=e["name"], gpus=tuple(e["gpus"]),
+            pci_bus_ids=tuple(e["pci_bus_ids"]), tp=e["tp"], host=e["host"], port=e["port"],
+            bootstrap_port=e["bootstrap_port"], dist_init_addr=e["dist_init_addr"],
+            pinning=Pinning(pin["mode"], pin["numa_node"], tuple(pin["cpus"]), pin["policy"],
+                            pin["why"]),
+            env=tuple(e["env"].items()), argv=tuple(e["argv"]), health_url=e["health_url"],
+            url=e["url"], restarts_with=tuple(e["restarts_with"]),
+        )
+
+    r = d["router"]
+    router = RouterPlan(
+        name=r["name"], host=r["host"], port=r["port"], prometheus_host=r["prometheus_host"],
+        prometheus_port=r["prometheus_port"], env=tuple(r["env"].items()), argv=tuple(r["argv"]),
+        url=r["url"], readiness_url=r["readiness_url"], generate_url=r["generate_url"],
+        liveness_url=r["liveness_url"], after=tuple(r["after"]),
+    )
+    return Plan(
+        name=d["name"], target=d["target"], version=d["version"],
+        config_source=d["config_source"], config_sha256=d["config_sha256"],
+        topology_source=d["topology_source"], python=d["python"], user=d["user"],
+        group=d["group"], transfer_backend=d["transfer_backend"], paths=Paths(**d["paths"]),
+        engines=tuple(engine(e) for e in d["engines"]), router=router,
+        lifecycle=dict(d["lifecycle"]), protect_home=d["protect_home"],
+        read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
+    )
 
 
 # --------------------------------------------------------------------------- building

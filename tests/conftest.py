@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from sysfs import HOSTS, build_sysfs  # noqa: E402
+
+# pdsvc's plan and template caches go to a throw-away dir, never the user's ~/.cache
+_CACHE = tempfile.mkdtemp(prefix="pdsvc-test-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 
 def require(reason: str | None) -> None:
