@@ -171,5 +171,14 @@ def topology(sysfs_root: Path | None, as_json: bool) -> None:
 __all__ = ["main"]
 
 
+def _register() -> None:
+    """Commands that live in modules of their own."""
+    from .status import status
+
+    main.add_command(status)
+
+
+_register()
+
 if __name__ == "__main__":
     main()

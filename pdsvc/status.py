@@ -506,7 +506,7 @@ def watch(interval: float, frame: Callable[[], tuple[str, int]], *, clear: bool)
         return code
 
 
-@click.command(epilog=STATUS_EPILOG)
+@click.command(epilog=STATUS_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @config_option
 @sysfs_option
 @topology_option
@@ -523,7 +523,6 @@ def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
     /health, the router's /readiness and its view of the workers, the URL to send requests to,
     and a verdict (`serving` / `not serving: why`).
 
-    \b
     With --json the same facts as one JSON document (one line per frame with --watch).
     """
     plan = load_plan(config_path, sysfs_root, topology_file)
