@@ -173,8 +173,10 @@ __all__ = ["main"]
 
 def _register() -> None:
     """Commands that live in modules of their own."""
+    from .doctor import doctor
     from .status import status
 
+    main.add_command(doctor)
     main.add_command(status)
 
 

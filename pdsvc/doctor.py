@@ -47,10 +47,8 @@ from .clikit import (
     sysfs_option,
     topology_option,
 )
-from .config import DIST_INIT_SPAN
 from .errors import TopologyError
-from .plan import JIT_CACHE_ENV, EnginePlan, Plan
-from .supervise import GpuCheckError, normalize_bus_id, parse_compute_apps
+from .plan import DIST_INIT_SPAN, JIT_CACHE_ENV, SYSTEMD_MIN, EnginePlan, Plan
 from .topology import Topology, format_cpulist, read_sysfs
 
 Status = Literal["ok", "warning", "failed"]
@@ -64,7 +62,6 @@ GIB = 1 << 30
 SHM_WARN_BYTES = 16 * GIB  # NCCL and SGLang put buffers in /dev/shm; docker's default is 64 MiB
 JIT_WARN_BYTES = 20 * GIB
 JIT_FAIL_BYTES = 5 * GIB
-SYSTEMD_MIN = 244  # README "systemd version"; see systemd_needs()
 IDLE_USED_FRACTION = 0.01  # "memory.used ~ 0": an idle H200 shows 0 MiB, some drivers reserve a bit
 DP_ZMQ_PORTS = 6  # with --enable-dp-attention SGLang binds base+1…base+6 (PortArgs.init_new)
 CAP_SYS_RESOURCE = 24  # capability(7) bit: may raise a hard rlimit
@@ -79,6 +76,18 @@ QUERY_APPS = [
     "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory", "--format=csv,noheader",
 ]
 QUERY_DRIVER = ["--query-gpu=driver_version", "--format=csv,noheader"]
+
+
+class GpuQueryError(Exception):
+    """nvidia-smi (or NVML) gave no usable answer."""
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """supervise.normalize_bus_id (imported on use: pdsvc.supervise is a standalone script
+    whose imports would slow every pdsvc command once doctor is registered)."""
+    from .supervise import normalize_bus_id as normalize
+
+    return normalize(bus_id)
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,9 +221,18 @@ def parse_query_gpu(csv_text: str) -> list[HostGpu]:
             continue
         fields = [f.strip() for f in line.split(",")]
         if len(fields) != 4 or not fields[0].isdigit():
-            raise GpuCheckError(f"unexpected nvidia-smi --query-gpu line: {line.strip()!r}")
+            raise GpuQueryError(f"unexpected nvidia-smi --query-gpu line: {line.strip()!r}")
         gpus.append(HostGpu(int(fields[0]), fields[1], _mib(fields[2]), _mib(fields[3])))
     return gpus
+
+
+def _parse_compute_apps(csv_text: str) -> list[tuple[str, int, str, str]]:
+    from .supervise import GpuCheckError, parse_compute_apps
+
+    try:
+        return parse_compute_apps(csv_text)
+    except GpuCheckError as exc:
+        raise GpuQueryError(str(exc)) from None
 
 
 def _smi(path: str, args: Sequence[str]) -> str:
@@ -222,11 +240,11 @@ def _smi(path: str, args: Sequence[str]) -> str:
     try:
         proc = _run(argv, SMI_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise GpuCheckError(f"{' '.join(argv)} timed out after {SMI_TIMEOUT_S:g} s") from None
+        raise GpuQueryError(f"{' '.join(argv)} timed out after {SMI_TIMEOUT_S:g} s") from None
     except OSError as exc:
-        raise GpuCheckError(f"cannot run {path}: {exc.strerror or exc}") from None
+        raise GpuQueryError(f"cannot run {path}: {exc.strerror or exc}") from None
     if proc.returncode != 0:
-        raise GpuCheckError(f"{path} {args[0]} failed: {_said(proc)}")
+        raise GpuQueryError(f"{path} {args[0]} failed: {_said(proc)}")
     return proc.stdout
 
 
@@ -237,12 +255,12 @@ def query_nvidia_smi(path: str | None, explicit: bool, want_driver: bool) -> Gpu
             "nvidia-smi not found" + (" (--nvidia-smi)" if explicit else " on PATH")))
     try:
         gpus = parse_query_gpu(_smi(path, QUERY_GPU))
-        apps = [ComputeApp(*a) for a in parse_compute_apps(_smi(path, QUERY_APPS))]
+        apps = [ComputeApp(*a) for a in _parse_compute_apps(_smi(path, QUERY_APPS))]
         driver = None
         if want_driver:
             lines = _smi(path, QUERY_DRIVER).split()
             driver = lines[0] if lines else None
-    except GpuCheckError as exc:
+    except GpuQueryError as exc:
         return GpuFacts(source=path, error=str(exc))
     return GpuFacts(source=path, gpus=tuple(gpus), apps=tuple(apps), driver=driver)
 
@@ -290,12 +308,14 @@ def query_nvml(proc_root: Path) -> GpuFacts | None:
 
 def gpu_facts(host: Host, want_driver: bool) -> GpuFacts:
     """NVML when pynvml is importable and --nvidia-smi was not given, else nvidia-smi."""
-    if host.nvidia_smi is None:
-        facts = query_nvml(host.proc_root)
-        if facts is not None and facts.error is None:
-            return facts
+    nvml = query_nvml(host.proc_root) if host.nvidia_smi is None else None
+    if nvml is not None and nvml.error is None:
+        return nvml
     smi = query_nvidia_smi(_find_tool(host.nvidia_smi, "nvidia-smi"),
                            explicit=host.nvidia_smi is not None, want_driver=want_driver)
+    if nvml is not None and smi.error is not None:  # say both: NVML's reason is often clearer
+        return GpuFacts(source=smi.source, error=f"{nvml.error}; {smi.error}",
+                        tool_missing=smi.tool_missing)
     return smi
 
 
@@ -433,13 +453,15 @@ def _memory_rows(plan: Plan, facts: GpuFacts) -> list[Row]:
                 f"{fraction:g} × {g.total_mib} = {need} MiB (mem-fraction-static)",
                 f"free the GPU (see gpus idle) or lower {e.role}.args.mem-fraction-static",
             ))
-        elif g.used_mib > IDLE_USED_FRACTION * g.total_mib:
+        elif fraction is None and g.used_mib > IDLE_USED_FRACTION * g.total_mib:
+            listed = any(normalize_bus_id(a.bus_id) == normalize_bus_id(g.bus_id)
+                         for a in facts.apps)
+            why = "see gpus idle" if listed else "no process listed: another container or VM?"
             rows.append(_warn(
                 "gpu memory",
-                f"GPU {index} ({bus}): {g.used_mib} of {g.total_mib} MiB already in use "
-                "(a process in another container or PID namespace?)",
-                "find the holder (nvidia-smi on the host itself); SGLang sizes its KV cache "
-                "from what is free",
+                f"GPU {index} ({bus}): {g.used_mib} of {g.total_mib} MiB already in use ({why})",
+                f"free it: SGLang sizes its KV cache from what is free (or set {e.role}.args."
+                "mem-fraction-static so doctor can check the need)",
             ))
     if not rows and fractions:
         set_fractions = sorted({f for f in fractions if f is not None})
@@ -542,7 +564,6 @@ class PlannedPort:
     host: str
     port: int
     what: str
-    span: bool = False  # True: one of SGLang's base+1…+99 ports, not bound by the plan itself
 
 
 def planned_ports(plan: Plan) -> list[PlannedPort]:
@@ -631,6 +652,11 @@ def port_use(proc_root: Path, port: int) -> PortUse:
     return PortUse(frozenset(states), tuple(sorted(holders)), frozenset(uids))
 
 
+def _time_wait_only(use: PortUse) -> bool:
+    """Only closed connections waiting out TIME_WAIT: a server with SO_REUSEADDR binds."""
+    return bool(use.states) and use.states <= {"06"}
+
+
 def _describe_use(use: PortUse) -> str:
     if use.holders:
         return "in use by " + ", ".join(f"pid {pid} {comm}" for pid, comm in use.holders)
@@ -667,7 +693,7 @@ def check_ports(plan: Plan, host: Host) -> list[Row]:
                                                "(or 0.0.0.0)"))
         elif err == errno.EADDRINUSE:
             use = port_use(host.proc_root, p.port)
-            if use.states and use.states <= {"06"}:  # TIME_WAIT only
+            if _time_wait_only(use):
                 rows.append(_warn("ports", f"{where} ({p.what}) has only TIME_WAIT connections; "
                                            "servers that set SO_REUSEADDR (uvicorn) can bind it",
                                   "wait a minute and re-run pdsvc doctor"))
@@ -678,7 +704,7 @@ def check_ports(plan: Plan, host: Host) -> list[Row]:
         else:
             rows.append(_warn("ports", f"{where} ({p.what}): cannot test: "
                                        f"{os.strerror(err)}", "re-run pdsvc doctor as root"))
-    rows += _span_rows(plan)
+    rows += _span_rows(plan, host.proc_root)
     if not rows:
         by_host: dict[str, list[str]] = {}
         for p in free:
@@ -693,14 +719,15 @@ def _dist_bases(plan: Plan) -> list[tuple[EnginePlan, int]]:
     return [(e, int(e.dist_init_addr.rsplit(":", 1)[1])) for e in plan.engines]
 
 
-def _span_rows(plan: Plan) -> list[Row]:
+def _span_rows(plan: Plan, proc_root: Path) -> list[Row]:
     """SGLang takes ports above each dist-init base (ZMQ with --enable-dp-attention)."""
     rows = []
     for e, base in _dist_bases(plan):
         dist_host = e.dist_init_addr.rsplit(":", 1)[0]
         dp = "--enable-dp-attention" in e.argv
         busy = [port for port in range(base + 1, min(base + DIST_INIT_SPAN, 65536))
-                if try_bind(dist_host, port) == errno.EADDRINUSE]
+                if try_bind(dist_host, port) == errno.EADDRINUSE
+                and not _time_wait_only(port_use(proc_root, port))]
         if not busy:
             continue
         needed = [p for p in busy if p <= base + DP_ZMQ_PORTS]
@@ -748,7 +775,7 @@ print("pdsvc-doctor-result " + json.dumps(
 #: ``[{"kind": "sglang"|"router", "argv": [...], "env": {...}}, ...]`` on stdin. Does what
 #: ``python -m sglang.launch_server`` / ``-m sglang_router.launch_router`` do before starting
 #: anything (load_plugins + prepare_server_args; parse_router_args + validation + the Rust
-#: config), and prints one {"ok", "error", "parser"} per item. Stdlib only around the imports.
+#: config), and prints one {"ok", "error", "parser", "abbreviated"} per item.
 PARSER_PROBE = r"""
 import contextlib, io, json, os, sys
 
@@ -812,22 +839,49 @@ def parse_router(argv):
     if Router is not None and hasattr(Router, "from_args"):
         Router.from_args(copy.deepcopy(args))
 
+def abbreviated(parsers, argv):
+    # options accepted only as argparse prefix abbreviations (allow_abbrev is on in both)
+    if not parsers:
+        return []
+    known = parsers[-1]._option_string_actions
+    found = []
+    for word in argv:
+        if word == "--":
+            break
+        name = word.split("=", 1)[0]
+        if name.startswith("--") and name not in known:
+            matches = sorted(o for o in known if o.startswith(name))
+            if matches:
+                found.append([name, matches[0]])
+    return found
+
 def last_error(text):
     lines = [l.strip() for l in text.splitlines() if l.strip()]
     errors = [l for l in lines if ": error: " in l]
     return (errors or lines or [""])[-1]
 
+import argparse
+parsers = []
+real_parse_args = argparse.ArgumentParser.parse_args
+
+def parse_args(self, *args, **kwargs):
+    parsers.append(self)
+    return real_parse_args(self, *args, **kwargs)
+
+argparse.ArgumentParser.parse_args = parse_args
 items = json.load(sys.stdin)
 stub_triton()
 results = []
 for item in items:
     os.environ.update(item.get("env") or {})
     captured = io.StringIO()
-    result = {"ok": False, "error": None, "parser": True}
+    result = {"ok": False, "error": None, "parser": True, "abbreviated": []}
+    del parsers[:]
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
             (parse_sglang if item["kind"] == "sglang" else parse_router)(list(item["argv"]))
         result["ok"] = True
+        result["abbreviated"] = abbreviated(parsers, item["argv"])
     except SystemExit as exc:
         result["error"] = last_error(captured.getvalue()) or "parser exited (%s)" % exc.code
     except BaseException as exc:
@@ -875,15 +929,16 @@ def _resolve_python(python: str) -> str | None:
 def check_python(plan: Plan) -> tuple[list[Row], dict[str, str | None] | None]:
     """The interpreter exists and has the packages; returns rows and {label: version}."""
     python = _resolve_python(plan.python)
+    reqs = requirements(plan)
     venv = Path(plan.python).parent.parent
-    fix_venv = (f"create it (python3 -m venv {venv} && {venv}/bin/pip install sglang "
-                "sglang-router nixl; pyproject.toml's serve extra pins the tested versions) or "
-                "set runtime.python")
+    fix_venv = (f"create it (python3 -m venv {venv} && {venv}/bin/pip install "
+                f"{' '.join(r.dists[0] for r in reqs)}; pyproject.toml's serve extra pins the "
+                "tested versions) or set runtime.python")
     if python is None:
         return [_fail("python", f"{plan.python} (runtime.python) not found or not executable",
                       fix_venv)], None
-    reqs = requirements(plan)
     wanted = json.dumps({r.label: {"dists": list(r.dists), "module": r.module} for r in reqs})
+    proc = None
     try:
         proc = _run([python, "-I", "-c", VERSIONS_PROBE, VERSIONS_MARKER, wanted],
                     VERSION_PROBE_TIMEOUT_S)
@@ -895,11 +950,12 @@ def check_python(plan: Plan) -> tuple[list[Row], dict[str, str | None] | None]:
     except OSError as exc:
         return [_fail("python", f"cannot run {python}: {exc.strerror or exc}", fix_venv)], None
     except (ValueError, KeyError, TypeError):
-        return [_fail("python", f"{python} failed the version probe: {_said(proc)}",
+        said = _said(proc) if proc is not None else "no answer"
+        return [_fail("python", f"{python} failed the version probe: {said}",
                       f"run {python} -c 'import importlib.metadata' by hand")], None
     listed = ", ".join(f"{r.label} {versions.get(r.label) or 'MISSING'}" for r in reqs)
     detail = f"{python} (Python {answer.get('python', '?')}): {listed}"
-    missing = [r.label for r in reqs if not versions.get(r.label)]
+    missing = [r.dists[0] for r in reqs if not versions.get(r.label)]
     if missing:
         return [_fail("python", detail, f"{python} -m pip install {' '.join(missing)}")], versions
     return [_ok("python", detail)], versions
@@ -982,7 +1038,14 @@ def check_flags(plan: Plan, versions: dict[str, str | None] | None) -> list[Row]
     for job, result in zip(asked, results, strict=True):
         version = f"{job.dist} {versions.get(job.dist)}"
         flags = sum(1 for w in job.argv[3:] if w.startswith("--"))
-        if result.get("ok"):
+        short = result.get("abbreviated") or []
+        if result.get("ok") and short:
+            named = ", ".join(f"{given} as {full}" for given, full in short)
+            rows.append(_warn(job.check, f"{version} accepts {job.unit} only by abbreviation: "
+                                         f"{named}",
+                              f"spell the flags out in {job.config_key} (a new flag upstream "
+                              "makes an abbreviation ambiguous)"))
+        elif result.get("ok"):
             rows.append(_ok(job.check, f"{version} accepts {job.unit}'s {flags} flags"))
         elif result.get("parser", True):
             rows.append(_fail(job.check, f"{version} refuses {job.unit}: {result.get('error')}",
@@ -1096,7 +1159,7 @@ def check_jit_cache(plan: Plan) -> list[Row]:
 
 def systemd_needs(plan: Plan | None) -> str:
     """Which directives of the units set the version floor."""
-    needs = ["ProtectKernelLogs= (244)"]
+    needs = ["ProtectClock= (245)"]
     if plan is not None and any(e.pinning.mode == "strict" for e in plan.engines):
         needs.insert(0, "AllowedCPUs= (244)")
     if plan is not None and any(e.pinning.numa_node is not None and e.pinning.mode != "off"

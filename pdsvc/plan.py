@@ -20,6 +20,11 @@ if TYPE_CHECKING:  # the plan only reads the validated config; importing it cost
 
 Role = Literal["prefill", "decode"]
 
+#: SGLang takes ZMQ/NCCL ports dist_init_port+1 … +5+dp; keep each role's base this far apart.
+DIST_INIT_SPAN = 100
+#: The oldest systemd that knows every directive the units use: ProtectClock= (245).
+SYSTEMD_MIN = 245
+
 #: Every JIT/compile cache the engines use, as (env var, subdirectory of runtime.jit_cache).
 #: sglang-facts.md §2.4. SGLANG_DG_CACHE_DIR is mirrored into DG_JIT_CACHE_DIR by SGLang at
 #: import, but DeepGEMM may read DG_JIT_CACHE_DIR first, so both are set to the same directory.
