@@ -60,8 +60,12 @@ def main() -> None:
 
 @main.command(epilog=EPILOG)
 @config_option
-@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
-              default=DEFAULT_OUTPUT, show_default=True, help="Directory to write the bundle to.")
+@click.option("--format", "fmt", type=click.Choice(["systemd", "supervisord"]), default=None,
+              help="systemd units (default), or a supervisord config for hosts and containers "
+              "without systemd. Default: the config's `format` key.")
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help=f"Directory to write the bundle to [default: {DEFAULT_OUTPUT}/ for systemd, "
+              f"{DEFAULT_OUTPUT}-supervisord/ for supervisord].")
 @sysfs_option
 @topology_option
 @click.option("--dry-run", is_flag=True,
@@ -70,8 +74,8 @@ def main() -> None:
               help="Show what would change in --output (a unified diff); write nothing. "
               "Exit 0 either way.")
 @handle_errors
-def render(config_path: Path, output: Path, sysfs_root: Path | None, topology_file: Path | None,
-           dry_run: bool, show_diff: bool) -> None:
+def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: Path | None,
+           topology_file: Path | None, dry_run: bool, show_diff: bool) -> None:
     """Render the systemd bundle (units, supervisor, install list) into --output.
 
     Nothing is half-written: all files are staged first and renamed into place together; a
@@ -80,7 +84,17 @@ def render(config_path: Path, output: Path, sysfs_root: Path | None, topology_fi
     """
     plan = load_plan(config_path, sysfs_root, topology_file)
     warn_plan(plan)
-    files = render_systemd(plan, _canonical_command(config_path, sysfs_root, topology_file))
+    fmt = fmt or plan.format
+    command = _canonical_command(config_path, sysfs_root, topology_file)
+    if fmt == "supervisord":
+        from .render_supervisord import render_supervisord
+
+        command += " --format supervisord"
+        files = render_supervisord(plan, command, plan.supervisord)
+        output = output or Path(f"{DEFAULT_OUTPUT}-supervisord")
+    else:
+        files = render_systemd(plan, command)
+        output = output or DEFAULT_OUTPUT
     if show_diff:
         click.echo(diff_bundle(files, output) or f"{output}: up to date", nl=False)
         return
@@ -90,7 +104,10 @@ def render(config_path: Path, output: Path, sysfs_root: Path | None, topology_fi
         return
     for path, status in write_bundle(files, output):
         click.echo(f"{status:>9}  {output / path}")
-    click.echo(f"next: sudo ./install.sh   (then: systemctl start {plan.target})")
+    if fmt == "supervisord":
+        click.echo(f"next: supervisord -c {output / 'supervisord.conf'}   (see its header)")
+    else:
+        click.echo(f"next: sudo ./install.sh   (then: systemctl start {plan.target})")
 
 
 @main.command(epilog=EPILOG)

@@ -23,14 +23,13 @@ from pydantic import (
 )
 
 from .errors import ConfigError
+from .plan import DIST_INIT_SPAN
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 FlagName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")]
 ArgValue = str | int | float | bool | list[str | int | float]
 Seconds = Annotated[int, Field(ge=1)]
-#: SGLang takes ZMQ/NCCL ports dist_init_port+1 … +5+dp; keep each role's base this far apart.
-DIST_INIT_SPAN = 100
 
 #: launch_server flags pdsvc derives from the plan; setting them in `args` would contradict it.
 OWNED_ENGINE_FLAGS = {
@@ -286,8 +285,62 @@ class LifecycleConfig(Strict):
     )
 
 
+class SupervisordConfig(Strict):
+    """The supervisord bundle (`pdsvc render --format supervisord`): hosts and containers
+    without systemd. The plan is the same; only how it is run differs."""
+
+    numactl: str | None = Field(
+        "/usr/bin/numactl",
+        description="numactl that pins each engine to its plan's CPUs and NUMA node "
+        "(supervisord has no pinning of its own); null: not installed, then runtime.pinning "
+        "must be off.",
+    )
+    logs: Literal["stdout", "files"] = Field(
+        "stdout",
+        description="stdout: every program's output on supervisord's stdout (containers); "
+        "files: LOG_DIR/PROGRAM.log, rotated at 50 MB.",
+    )
+    log_dir: str = Field(
+        "/var/log/pdsvc", description="For logs: files; must exist, writable by supervisord."
+    )
+    run_dir: str = Field(
+        "/run",
+        description="Holds supervisord's control socket and pid file (NAME-supervisord.sock, "
+        ".pid); must exist (e.g. /tmp in a container without root).",
+    )
+    drop_privileges: bool = Field(
+        True,
+        description="Run the engines and router as runtime.user (supervisord started as root "
+        "or as that user); false: as whoever starts supervisord (a container without that user).",
+    )
+
+    @field_validator("numactl", mode="before")
+    @classmethod
+    def _yaml_false(cls, v: Any) -> Any:
+        return None if v is False else v  # `numactl: off` / `no` reads as false in YAML 1.1
+
+    @field_validator("numactl")
+    @classmethod
+    def _absolute_numactl(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"must be an absolute path or null, got {v!r}")
+        return v
+
+    @field_validator("log_dir", "run_dir")
+    @classmethod
+    def _absolute_dirs(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v.rstrip("/") or "/"
+
+
 class Config(Strict):
     name: str = Field("dsv4", description="Prefix of every unit name.")
+    format: Literal["systemd", "supervisord"] = Field(
+        "systemd",
+        description="What `pdsvc render` writes by default (--format overrides): systemd units, "
+        "or a supervisord config for hosts and containers without systemd.",
+    )
     model: ModelConfig
     runtime: RuntimeConfig = RuntimeConfig()
     transfer: TransferConfig = TransferConfig()
@@ -295,6 +348,7 @@ class Config(Strict):
     decode: DecodeConfig = DecodeConfig()
     router: RouterConfig = RouterConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
+    supervisord: SupervisordConfig = SupervisordConfig()
 
     @field_validator("name")
     @classmethod

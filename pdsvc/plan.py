@@ -130,6 +130,8 @@ class Plan:
     protect_home: Literal["yes", "read-only"]
     read_write_paths: tuple[str, ...]
     warnings: tuple[str, ...] = field(default=())
+    format: str = "systemd"  # the bundle `pdsvc render` writes by default
+    supervisord: dict = field(default_factory=dict)  # config.supervisord, for that bundle
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -181,6 +183,7 @@ def plan_from_dict(d: dict) -> Plan:
         engines=tuple(engine(e) for e in d["engines"]), router=router,
         lifecycle=dict(d["lifecycle"]), protect_home=d["protect_home"],
         read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
+        format=d["format"], supervisord=dict(d["supervisord"]),
     )
 
 
@@ -248,6 +251,8 @@ def build_plan(
             ([] if paths.cache_directory else [jit]) + list(config.runtime.read_write_paths)
         ),
         warnings=tuple(warnings),
+        format=config.format,
+        supervisord=config.supervisord.model_dump(),
     )
 
 

@@ -70,6 +70,12 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     return jinja2.FileSystemBytecodeCache(path) if os.access(path, os.W_OK) else None
 
 
+def jinja_environment() -> jinja2.Environment:
+    """The Jinja environment every renderer uses: templates from pdsvc.templates, strict
+    undefined variables, no HTML escaping, the systemd escaping filters."""
+    return _environment()
+
+
 def _environment() -> jinja2.Environment:
     loader = jinja2.FunctionLoader(_load_template)
     env = jinja2.Environment(
@@ -89,14 +95,15 @@ def _load_template(name: str) -> str:
     return resources.files("pdsvc.templates").joinpath(name).read_text(encoding="utf-8")
 
 
-def header_lines(plan: Plan, command: str) -> list[str]:
-    """Provenance: what wrote the file, from what, and how to customise it without editing."""
+def header_lines(plan: Plan, command: str, customise: str | None = None) -> list[str]:
+    """Provenance: what wrote the file, from what, and how to customise it without editing
+    (``customise``: that last line for bundles other than systemd's)."""
     return [
         f"{MARKER} {plan.version} — do not edit: your changes would be refused or lost.",
         f"Source: {plan.config_source} (sha256 {plan.config_sha256[:16]}), "
         f"topology {plan.topology_source}",
         f"Command: {command}",
-        "Customise with drop-ins: `systemctl edit UNIT` or "
+        customise or "Customise with drop-ins: `systemctl edit UNIT` or "
         f"/etc/systemd/system/{plan.name}-.service.d/*.conf (applies to every {plan.name} unit).",
     ]
 
@@ -123,15 +130,16 @@ def supervisor_source() -> str:
     return resources.files("pdsvc").joinpath("supervise.py").read_text(encoding="utf-8")
 
 
-def supervisor_bundle_copy(plan: Plan) -> str:
-    """supervise.py as shipped: the module verbatim, after a shebang and the provenance line."""
+def supervisor_bundle_copy(plan: Plan, where: str | None = None) -> str:
+    """supervise.py as shipped: the module verbatim, after a shebang and the provenance line
+    (``where``: how the bundle uses it; default: where install.sh installs it)."""
     body = supervisor_source()
     if body.startswith("#!"):
         body = body.split("\n", 1)[1]
     return (
         "#!/usr/bin/env python3\n"
         f"# {MARKER} {plan.version} from pdsvc/supervise.py — do not edit; "
-        f"installed to {plan.paths.supervisor}\n" + body
+        f"{where or f'installed to {plan.paths.supervisor}'}\n" + body
     )
 
 

@@ -18,6 +18,20 @@ This supervisor starts the real command as its child and
 * forwards SIGTERM/SIGINT/SIGHUP to the child and maps its exit status so that a
   ``systemctl stop`` does not leave the unit "failed".
 
+Under a process manager without systemd (the supervisord bundle) there is no NOTIFY_SOCKET, no
+watchdog, no readiness ordering and no cgroup, so the same program takes those jobs itself, each
+behind an option that the systemd units do not pass (under systemd nothing changes):
+
+* ``--wait-for URL``: start the command only once URL answers 200 (the router waits for both
+  engines' ``/health``, which systemd's ``After=`` + ``Type=notify`` do for the units);
+* ``--watchdog-secs S``: when no liveness probe has succeeded for S seconds (the units'
+  ``WatchdogSec=``), SIGKILL the command and exit 124, so the manager restarts it;
+* ``--kill-tree``: become a child subreaper, so the command's descendants stay ours even when
+  they leave its process group or session, and SIGKILL every one left once the command is gone
+  (``KillMode=mixed`` does this with the unit's cgroup); ``--stop-timeout S`` bounds a stop;
+* ``eventlistener`` mode: a supervisord event listener that restarts decode whenever prefill
+  (re)starts (the units' ``PartOf=``).
+
 It is standard-library only (Python >= 3.9) because it is copied verbatim next to the rendered
 units and runs under the SGLang venv's interpreter on the GPU host.
 """
@@ -41,11 +55,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import xmlrpc.client
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, NamedTuple
 
 EXIT_REFUSED = 1  # GPU busy, nvidia-smi broken, cache dir unusable: Restart= retries later
 EXIT_USAGE = 2  # argparse's own exit status for usage errors
+EXIT_HUNG = 124  # --watchdog-secs ran out: killed a hung child (timeout(1)'s convention)
 EXIT_CANNOT_EXEC = 126  # the shell's convention for "found but could not run"
 EXIT_NOT_FOUND = 127  # the shell's convention for "command not found"
 
@@ -54,6 +70,8 @@ NVIDIA_SMI_TIMEOUT_S = 30.0  # nvidia-smi can take seconds per call without pers
 START_PROBE_TIMEOUT_S = 5.0  # a start-phase probe that times out just means "not yet"
 STOP_GRACE_S = 30.0  # after this long without exit following a stop, say so in the log
 CHILD_WAIT_SLICE_S = 1.0  # longest a loop blocks before re-checking for a stop request
+KILL_WAIT_S = 30.0  # after SIGKILL, how long to wait for the tree to be gone (GPU memory freed)
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux >= 3.4
 READINESS_PROBE_BODY = {
     "text": "pdsvc readiness probe",
     "sampling_params": {"max_new_tokens": 1, "temperature": 0},
@@ -494,7 +512,7 @@ def router_start_probe(
 
 
 class Outcome(NamedTuple):
-    kind: str  # "healthy", "exited" (returncode set) or "stop" (a stop signal arrived)
+    kind: str  # "healthy", "exited" (returncode set), "stop" (a stop signal arrived), "hung"
     returncode: int | None = None
     elapsed: float = 0.0
 
@@ -541,7 +559,7 @@ def wait_until_healthy(
 
 
 def liveness_loop(
-    probe: Callable[[], ProbeResult],
+    probe: Callable[..., ProbeResult],
     child_wait: ChildWait,
     *,
     interval: float,
@@ -550,24 +568,38 @@ def liveness_loop(
     serving_status: str,
     should_stop: Callable[[], bool],
     clock: Clock = time.monotonic,
+    hang_after: float | None = None,
 ) -> Outcome:
     """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200.
 
     A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
     systemd kills and restarts the unit. Returns when the child exits or a stop arrives.
+
+    ``hang_after`` is that watchdog for managers without one (supervisord): once no probe has
+    succeeded for that long since the last good one (or since healthy), return ``"hung"``.
+    ``probe`` is then called with the seconds left until that deadline, to cap its timeout, so
+    that one slow probe cannot stretch the bound.
     """
     failures = 0
+    last_ok = clock()
     next_probe = clock() + interval
+
+    def left() -> float:
+        return float("inf") if hang_after is None else last_ok + hang_after - clock()
+
     while True:
-        returncode = child_wait(min(CHILD_WAIT_SLICE_S, max(0.0, next_probe - clock())))
+        slice_s = min(CHILD_WAIT_SLICE_S, max(0.0, next_probe - clock()), max(0.0, left()))
+        returncode = child_wait(slice_s)
         if returncode is not None:
             return Outcome("exited", returncode)
         if should_stop():
             return Outcome("stop")
+        if left() <= 0:
+            return Outcome("hung", elapsed=clock() - last_ok)
         if clock() < next_probe:
             continue
         next_probe = clock() + interval
-        result = probe()
+        result = probe() if hang_after is None else probe(left())
         if should_stop():
             return Outcome("stop")
         if result.ok:
@@ -577,12 +609,59 @@ def liveness_loop(
             else:
                 notify("WATCHDOG=1")
             failures = 0
+            last_ok = clock()
         else:
             failures += 1
             log(f"liveness probe failed: {result.detail}")
             notify(
                 f"STATUS=liveness probe failing ({failures}x, no watchdog ping): {result.detail}"
             )
+
+
+def wait_for_urls(
+    urls: Sequence[str],
+    *,
+    log: Callable[[str], None],
+    status: Callable[[str], None],
+    poll_interval: float,
+    progress_every: float,
+    should_stop: Callable[[], bool],
+    probe: Callable[[str], ProbeResult] = lambda url: http_probe(url, START_PROBE_TIMEOUT_S),
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Clock = time.monotonic,
+) -> bool:
+    """Block until every URL answers 200 at once (``--wait-for``); False if a stop arrived.
+
+    The ordering that systemd's ``After=`` on ``Type=notify`` units gives, for managers that
+    only order spawns (supervisord's ``priority=``): the router must not start before both
+    engines are healthy, because router 0.3.2 drops a worker that was not up in time.
+    """
+
+    def idle(timeout: float) -> None:
+        sleep(min(timeout, CHILD_WAIT_SLICE_S))
+        return None
+
+    started = clock()
+    log(f"waiting for {', '.join(urls)} before starting")
+    while True:
+        for url in urls:
+            outcome = wait_until_healthy(
+                lambda url=url: probe(url),
+                idle,
+                what=url,
+                log=log,
+                status=status,
+                poll_interval=poll_interval,
+                progress_every=progress_every,
+                should_stop=should_stop,
+                clock=clock,
+                started=started,
+            )
+            if outcome.kind == "stop":
+                return False
+        if all(probe(url).ok for url in urls):  # none of them went down meanwhile
+            log(f"{', '.join(urls)}: all healthy after {clock() - started:.1f} s")
+            return True
 
 
 def exit_status(returncode: int) -> int:
@@ -615,16 +694,16 @@ class StderrTap:
     and remember its last error line, repeated when the child exits: `systemctl status` shows
     only the last 10 journal lines, and systemd's own exit lines would push it out."""
 
-    def __init__(self, pipe: IO[bytes], sink: IO[bytes]) -> None:
+    def __init__(self, pipe: IO[bytes], sink: IO[bytes], prefix: bytes = b"") -> None:
         self.last_error = ""
-        self._pipe, self._sink = pipe, sink
+        self._pipe, self._sink, self._prefix = pipe, sink, prefix
         self._thread = threading.Thread(target=self._pump, name="stderr-tap", daemon=True)
         self._thread.start()
 
     def _pump(self) -> None:
         for raw in iter(self._pipe.readline, b""):
             with contextlib.suppress(OSError, ValueError):
-                self._sink.write(raw)
+                self._sink.write(self._prefix + raw)
                 self._sink.flush()
             line = raw.decode("utf-8", "replace").strip()
             if line and any(marker in line for marker in ERROR_MARKERS):
@@ -636,13 +715,78 @@ class StderrTap:
         return self.last_error
 
 
+# --------------------------------------------------------------------------------------------
+# The process tree, for managers without cgroups (--kill-tree)
+
+
+def become_subreaper() -> str | None:
+    """Make orphaned descendants ours instead of init's: prctl(PR_SET_CHILD_SUBREAPER).
+
+    A process that leaves the child's process group and session (SGLang schedulers, sglang
+    #23627; supervisord cannot signal them, Supervisor #1101/#1396) is still reparented to us
+    when its parent dies, so it can be found and killed. Returns an error text, None on success.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as exc:  # no libc.prctl: not Linux
+        return str(exc)
+    return None
+
+
+def process_table() -> dict[int, tuple[int, str, str]]:
+    """{pid: (parent pid, state letter, command name)} of every process, read from /proc."""
+    table: dict[int, tuple[int, str, str]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text[text.rindex(")") + 2 :].split()
+            table[int(entry)] = (int(fields[1]), fields[0], name)
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we looked
+    return table
+
+
+def descendants(root: int, table: Mapping[int, tuple[int, str, str]] | None = None) -> list[int]:
+    """Every process whose parent chain leads to ``root`` (zombies included), parents first."""
+    table = process_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        kids = sorted(pid for parent in frontier for pid in children.get(parent, ()))
+        kids = [pid for pid in kids if pid not in found and pid != root]
+        found += kids
+        frontier = kids
+    return found
+
+
 class Child:
     """The supervised command, plus signal forwarding to it."""
 
-    def __init__(self, log: Log, notifier: Notifier, role: str) -> None:
+    def __init__(
+        self, log: Log, notifier: Notifier, role: str, kill_tree: bool = False,
+        prefix_output: bool = False,
+    ) -> None:
         self.log = log
         self.notifier = notifier
         self.role = role
+        self.kill_tree = kill_tree
+        self.prefix = f"{log.name}: ".encode() if prefix_output else b""
+        self._reaped_at = 0.0
         self.process: subprocess.Popen | None = None
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
@@ -680,7 +824,8 @@ class Child:
             env.pop(name, None)
         try:
             self.process = subprocess.Popen(
-                list(argv), env=env, close_fds=True, stderr=subprocess.PIPE
+                list(argv), env=env, close_fds=True, stderr=subprocess.PIPE,
+                stdout=subprocess.PIPE if self.prefix else None,
             )
         except FileNotFoundError:
             self.log(f"cannot start {self.role}: {argv[0]}: command not found")
@@ -689,7 +834,9 @@ class Child:
             self.log(f"cannot start {self.role}: {argv[0]}: {exc.strerror or exc}")
             return EXIT_CANNOT_EXEC
         assert self.process.stderr is not None
-        self.tap = StderrTap(self.process.stderr, sys.stderr.buffer)
+        self.tap = StderrTap(self.process.stderr, sys.stderr.buffer, self.prefix)
+        if self.process.stdout is not None:  # --prefix-output: its stdout lines too
+            StderrTap(self.process.stdout, sys.stdout.buffer, self.prefix)
         self.log(f"started {self.role} pid {self.process.pid}: {' '.join(argv)}")
         if self.stop_signal is not None:  # a stop arrived while we were starting it
             self.process.send_signal(self.stop_signal)
@@ -699,27 +846,224 @@ class Child:
         """Wait up to ``timeout`` s; the returncode if the child has exited."""
         assert self.process is not None
         try:
-            return self.process.wait(timeout=max(0.0, timeout))
+            returncode = self.process.wait(timeout=max(0.0, timeout))
         except subprocess.TimeoutExpired:
-            return None
+            returncode = None
+        if self.kill_tree and time.monotonic() - self._reaped_at >= CHILD_WAIT_SLICE_S:
+            self.reap_adopted()  # at most once a second: it reads all of /proc
+        return returncode
 
-    def wait_after_stop(self, progress_every: float) -> int:
-        """Wait for the child's exit however long it takes: systemd's TimeoutStopSec= and its
-        cgroup SIGKILL are the bound, not us (killing early would skip SGLang's cleanup)."""
+    def reap_adopted(self) -> None:
+        """Reap exited orphans reparented to us (as subreaper), never the child itself: its
+        status belongs to Popen."""
+        self._reaped_at = time.monotonic()
+        mine = self.process.pid if self.process is not None else None
+        me = os.getpid()
+        for pid, (ppid, state, _) in process_table().items():
+            if ppid == me and pid != mine and state in ("Z", "X"):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    def kill_everything(self, timeout: float = KILL_WAIT_S) -> list[str]:
+        """SIGKILL the child and every descendant, and wait until they are all gone (so their
+        GPU memory is free before a restart). Returns "pid (name)" of each one killed."""
+        me = os.getpid()
+        killed: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while True:
+            table = process_table()
+            tree = descendants(me, table)
+            for pid in tree:
+                if table[pid][1] not in ("Z", "X"):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                    killed.setdefault(pid, f"{pid} ({table[pid][2]})")
+            if self.process is not None:
+                self.process.poll()  # reaps the child once it is dead
+            self.reap_adopted()
+            if not tree:
+                return list(killed.values())
+            if time.monotonic() >= deadline:
+                left = ", ".join(f"{pid} ({table[pid][2]})" for pid in tree if pid in table)
+                self.log(f"still not gone {timeout:g} s after SIGKILL: {left}")
+                return list(killed.values())
+            time.sleep(0.05)
+
+    def kill_leftovers(self) -> None:
+        """After the child exited: SIGKILL whatever it left behind (``--kill-tree``), as
+        systemd's KillMode=mixed does with what is left in the unit's cgroup."""
+        if not self.kill_tree:
+            return
+        killed = self.kill_everything()
+        if killed:
+            self.log(
+                f"killed {len(killed)} process(es) the {self.role} left behind: "
+                + ", ".join(killed)
+            )
+
+    def kill_now(self, why: str) -> None:
+        """SIGKILL the child (and with ``--kill-tree`` its whole tree) at once."""
+        assert self.process is not None
+        self.log(f"{why}: sending SIGKILL to the {self.role} pid {self.process.pid}"
+                 + (" and all its descendants" if self.kill_tree else ""))
+        if self.kill_tree:
+            self.kill_everything()
+        elif self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+
+    def wait_after_stop(self, progress_every: float, timeout: float | None = None) -> int:
+        """Wait for the child's exit after a stop signal. Without ``timeout``, however long it
+        takes: systemd's TimeoutStopSec= and its cgroup SIGKILL are the bound, not us (killing
+        early would skip SGLang's cleanup). With it (``--stop-timeout``, for managers whose
+        SIGKILL cannot reach every process), SIGKILL the child's tree once it runs out."""
         assert self.process is not None
         since = self.stop_time if self.stop_time is not None else time.monotonic()
         next_log = since + STOP_GRACE_S
+        bound = "--stop-timeout" if timeout is not None else "systemd's TimeoutStopSec="
         while True:
             returncode = self.wait(CHILD_WAIT_SLICE_S)
             if returncode is not None:
                 return returncode
             now = time.monotonic()
+            if timeout is not None and now - since >= timeout:
+                self.kill_now(f"still running {now - since:.0f} s after the stop signal "
+                              f"(--stop-timeout {timeout:g})")
+                return self.process.wait()
             if now >= next_log:
                 self.log(
                     f"{self.role} pid {self.process.pid} still running {now - since:.0f} s "
-                    "after the stop signal; waiting (systemd's TimeoutStopSec= is the bound)"
+                    f"after the stop signal; waiting ({bound} is the bound)"
                 )
                 next_log = now + progress_every
+
+
+# --------------------------------------------------------------------------------------------
+# supervisord event listener: restart decode whenever prefill (re)starts
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over supervisord's unix control socket (``unix:///run/x.sock``)."""
+
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost")
+        self._path = path
+        self._sock_timeout = timeout
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._sock_timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class _UnixTransport(xmlrpc.client.Transport):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__()
+        self._path = path
+        self._sock_timeout = timeout
+
+    def make_connection(self, host: object) -> http.client.HTTPConnection:
+        return _UnixHTTPConnection(self._path, self._sock_timeout)
+
+
+def supervisor_rpc(server_url: str, timeout: float | None = None) -> xmlrpc.client.ServerProxy:
+    """supervisord's XML-RPC interface at ``SUPERVISOR_SERVER_URL`` (unix:// or http://)."""
+    if server_url.startswith("unix://"):
+        transport = _UnixTransport(server_url[len("unix://") :], timeout)
+        return xmlrpc.client.ServerProxy("http://localhost/RPC2", transport=transport)
+    return xmlrpc.client.ServerProxy(server_url.rstrip("/") + "/RPC2")
+
+
+def _tokens(text: str) -> dict[str, str]:
+    """supervisord's ``key:value key:value`` event header/payload (values have no spaces)."""
+    return dict(item.split(":", 1) for item in text.split() if ":" in item)
+
+
+def namespec(group: str, process: str) -> str:
+    """supervisorctl's name of a process: ``group:process``, or ``process`` alone when the
+    program is its own group."""
+    return process if group == process else f"{group}:{process}"
+
+
+class Restarter:
+    """Restart each dependent program when its trigger (re)starts, unless the dependent is
+    already younger than the trigger (both just started together, e.g. at boot)."""
+
+    RESTARTABLE = ("STARTING", "RUNNING")
+
+    def __init__(self, couples: Mapping[str, Sequence[str]], rpc: object, log: Log) -> None:
+        self.couples = couples  # trigger namespec -> dependent namespecs
+        self.rpc = rpc
+        self.log = log
+
+    def on_starting(self, payload: Mapping[str, str]) -> None:
+        trigger = namespec(payload.get("groupname", ""), payload.get("processname", ""))
+        for dependent in self.couples.get(trigger, ()):
+            try:
+                self._restart_if_older(trigger, dependent, payload.get("from_state", "?"))
+            except (OSError, xmlrpc.client.Error) as exc:
+                self.log(f"cannot restart {dependent} after {trigger} started: {exc}")
+
+    def _restart_if_older(self, trigger: str, dependent: str, from_state: str) -> None:
+        api = self.rpc.supervisor  # type: ignore[attr-defined]
+        started = api.getProcessInfo(trigger)["start"]
+        info = api.getProcessInfo(dependent)
+        if info["statename"] not in self.RESTARTABLE or info["start"] >= started:
+            return  # not running, or already an instance started with (or after) the trigger
+        self.log(
+            f"{trigger} (re)started (from {from_state}): restarting {dependent}, whose "
+            f"instance (pid {info['pid']}) is {started - info['start']} s older"
+        )
+        try:
+            api.stopProcess(dependent, True)  # waits; supervisord's stopwaitsecs bounds it
+        except xmlrpc.client.Fault as fault:
+            if "NOT_RUNNING" not in fault.faultString:
+                raise
+        try:
+            api.startProcess(dependent, False)
+        except xmlrpc.client.Fault as fault:
+            if "ALREADY_STARTED" not in fault.faultString:
+                raise
+        self.log(f"{dependent} restarted")
+
+
+def run_eventlistener(
+    args: argparse.Namespace,
+    stdin: IO[bytes] | None = None,
+    stdout: IO[bytes] | None = None,
+    rpc: object | None = None,
+) -> int:
+    """Speak supervisord's event listener protocol on stdin/stdout (so logs go to stderr):
+    READY, read one event, act on it, RESULT 2 OK, again. Returns when stdin closes."""
+    log = Log(args.name)
+    stdin = sys.stdin.buffer if stdin is None else stdin
+    stdout = sys.stdout.buffer if stdout is None else stdout
+    couples: dict[str, list[str]] = {}
+    for dependent, trigger in args.restart_with:
+        couples.setdefault(trigger, []).append(dependent)
+    if rpc is None:
+        server_url = args.server_url or os.environ.get("SUPERVISOR_SERVER_URL", "")
+        if not server_url:
+            log("no --server-url and SUPERVISOR_SERVER_URL is unset: run this as a "
+                "supervisord [eventlistener:x] program")
+            return EXIT_USAGE
+        rpc = supervisor_rpc(server_url)
+    restarter = Restarter(couples, rpc, log)
+    for trigger, dependents in couples.items():
+        log(f"will restart {', '.join(dependents)} whenever {trigger} (re)starts")
+    while True:
+        stdout.write(b"READY\n")
+        stdout.flush()
+        line = stdin.readline()
+        if not line:
+            return 0
+        header = _tokens(line.decode("utf-8", "replace"))
+        payload = stdin.read(int(header.get("len", "0"))).decode("utf-8", "replace")
+        if header.get("eventname") == "PROCESS_STATE_STARTING":
+            restarter.on_starting(_tokens(payload.split("\n", 1)[0]))
+        stdout.write(b"RESULT 2\nOK")
+        stdout.flush()
 
 
 # --------------------------------------------------------------------------------------------
@@ -746,6 +1090,13 @@ def _gpu_list(text: str) -> list[int]:
     return gpus
 
 
+def _couple(text: str) -> tuple[str, str]:
+    dependent, _, trigger = text.partition("=")
+    if not dependent or not trigger:
+        raise argparse.ArgumentTypeError(f"expected DEPENDENT=TRIGGER, got {text!r}")
+    return dependent, trigger
+
+
 def _http_url(text: str) -> str:
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -770,8 +1121,12 @@ Run one SGLang engine or sglang-router as the main process of a systemd unit
 systemd has no HTTP liveness check, so this sends READY=1, STATUS= and WATCHDOG=1 on
 the service's behalf, gated on HTTP probes. Modes:
 
-  engine  GPU idle check, cold JIT cache serialisation, READY=1 once /health is 200
-  router  READY=1 once /readiness is 200 and one real generation returned 200
+  engine         GPU idle check, cold JIT cache serialisation, READY=1 once /health is 200
+  router         READY=1 once /readiness is 200 and one real generation returned 200
+  eventlistener  (supervisord) restart decode whenever prefill (re)starts
+
+Without systemd (supervisord), --wait-for, --watchdog-secs, --kill-tree and --stop-timeout
+take over what the units get from After=, WatchdogSec= and KillMode=mixed.
 """
 
 EPILOG = """\
@@ -786,19 +1141,28 @@ Exit status:
   1        refused to start: a GPU of the unit is busy, nvidia-smi failed, or the JIT cache
            directory cannot be used (Restart= retries after RestartSec=)
   2        usage error
+  124      --watchdog-secs ran out without a good liveness probe: the child was killed
   126/127  the command could not be executed / was not found
+"""
+
+
+EVENTLISTENER_EPILOG = """\
+supervisord speaks to it on stdin/stdout (the event listener protocol), so it logs to stderr.
+Exit status: 0 when supervisord closes its stdin, 2 on a usage error.
 """
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="supervise.py",
-        usage="%(prog)s {engine,router} --name NAME [options] -- CMD [ARGS...]",
+        usage="%(prog)s {engine,router,eventlistener} --name NAME [options] [-- CMD [ARGS...]]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    modes = parser.add_subparsers(dest="mode", metavar="{engine,router}", required=True)
+    modes = parser.add_subparsers(
+        dest="mode", metavar="{engine,router,eventlistener}", required=True
+    )
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -830,6 +1194,45 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         metavar="S",
         help="seconds between start-phase probes; short so READY=1 follows health closely "
         "(default: %(default)g)",
+    )
+    common.add_argument(
+        "--wait-for",
+        type=_http_url,
+        action="append",
+        default=[],
+        metavar="URL",
+        help="start the command only once URL answers 200 (repeatable: all of them); for "
+        "managers that order spawns but not readiness (supervisord): the router waits for both "
+        "engines' /health, as After= on the Type=notify units makes it under systemd",
+    )
+    common.add_argument(
+        "--watchdog-secs",
+        type=_positive_float,
+        metavar="S",
+        help="without systemd's watchdog: once no liveness probe has succeeded for S seconds "
+        "(pass the units' WatchdogSec=), SIGKILL the command and exit 124 so the process "
+        "manager restarts it; probes are cut short so that S is the bound",
+    )
+    common.add_argument(
+        "--kill-tree",
+        action="store_true",
+        help="for managers without cgroups: become a child subreaper (so descendants that leave "
+        "the command's process group or session stay ours) and SIGKILL every descendant left "
+        "once the command is gone, as KillMode=mixed does with a unit's cgroup",
+    )
+    common.add_argument(
+        "--prefix-output",
+        action="store_true",
+        help="prefix every line of the command's stdout and stderr with 'NAME: ', as our own "
+        "lines are, for a log that mixes programs (supervisord's stdout in a container; "
+        "journald keeps units apart by itself)",
+    )
+    common.add_argument(
+        "--stop-timeout",
+        type=_positive_float,
+        metavar="S",
+        help="after a stop signal, SIGKILL the command (its tree with --kill-tree) if it has "
+        "not exited within S seconds (default: wait; systemd's TimeoutStopSec= is the bound)",
     )
 
     engine = modes.add_parser(
@@ -946,7 +1349,35 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="timeout of the probe generation; the first PD request may set up the KV "
         "transfer connection, which can take tens of seconds (default: %(default)g)",
     )
-    return parser, {"engine": engine, "router": router}
+    listener = modes.add_parser(
+        "eventlistener",
+        prog="supervise.py eventlistener",
+        epilog=EVENTLISTENER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --name NAME --restart-with DEPENDENT=TRIGGER [...]",
+        help="supervisord event listener: restart decode whenever prefill (re)starts",
+        description=(
+            "A supervisord [eventlistener:x] for events=PROCESS_STATE_STARTING: whenever\n"
+            "TRIGGER (re)starts, restart DEPENDENT through supervisord's XML-RPC interface,\n"
+            "unless DEPENDENT was started with or after it (as at boot). systemd's PartOf=."
+        ),
+    )
+    listener.add_argument("--name", required=True, help="prefix of every log line")
+    listener.add_argument(
+        "--restart-with",
+        type=_couple,
+        action="append",
+        required=True,
+        metavar="DEPENDENT=TRIGGER",
+        help="supervisorctl names (group:program), e.g. dsv4-pd:dsv4-decode=dsv4-pd:dsv4-prefill"
+        " (NIXL: a restarted prefill does not serve with the old decode, sglang #33789)",
+    )
+    listener.add_argument(
+        "--server-url",
+        metavar="URL",
+        help="supervisord's RPC URL (default: $SUPERVISOR_SERVER_URL, which supervisord sets)",
+    )
+    return parser, {"engine": engine, "router": router, "eventlistener": listener}
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -960,6 +1391,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser, modes = build_parser()
     args = parser.parse_args(options)
     mode = modes[args.mode]
+    if args.mode == "eventlistener":
+        if command:
+            mode.error("eventlistener takes no '-- CMD'")
+        return args, command
     if not command:
         mode.error("missing '-- CMD [ARGS...]': the command to supervise")
     if args.mode == "engine" and bool(args.jit_cache) != bool(args.jit_key):
@@ -1061,11 +1496,32 @@ def probes_for(args: argparse.Namespace, log: Log) -> tuple[Callable[[], ProbeRe
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the supervisor; returns the exit status (see EPILOG)."""
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.mode == "eventlistener":
+        # supervisord stops it with SIGTERM while it blocks on stdin: a clean exit, not a crash
+        signal.signal(signal.SIGTERM, lambda signo, frame: sys.exit(0))
+        return run_eventlistener(args)
     log = Log(args.name)
     notifier = Notifier(log)
     role = args.mode
-    child = Child(log, notifier, role)
+    child = Child(log, notifier, role, kill_tree=args.kill_tree,
+                  prefix_output=args.prefix_output)
     child.install_signal_handlers()
+    if args.kill_tree:
+        failed_subreaper = become_subreaper()
+        if failed_subreaper:
+            log(f"cannot become a child subreaper ({failed_subreaper}): descendants that leave "
+                "the process group may survive a stop")
+
+    if args.wait_for and not wait_for_urls(
+        args.wait_for,
+        log=log,
+        status=notifier.status,
+        poll_interval=args.poll_interval,
+        progress_every=args.progress_every,
+        should_stop=child.stopping,
+    ):
+        log(f"stopped while waiting for {', '.join(args.wait_for)}")
+        return 0
 
     jit: JitLock | None = None
     if role == "engine":
@@ -1104,18 +1560,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"healthy after {outcome.elapsed:.1f} s")
         _watchdog_hint(args, log)
         outcome = liveness_loop(
-            lambda: http_probe(liveness_url, args.liveness_timeout),
+            lambda left=args.liveness_timeout: http_probe(
+                liveness_url, max(0.05, round(min(args.liveness_timeout, left), 2))
+            ),
             child.wait,
             interval=args.liveness_interval,
             log=log,
             notify=notifier,
             serving_status=serving,
             should_stop=child.stopping,
+            hang_after=args.watchdog_secs,
+        )
+    hung = outcome.kind == "hung"
+    if hung:
+        child.kill_now(
+            f"no successful liveness probe for {outcome.elapsed:.0f} s "
+            f"(--watchdog-secs {args.watchdog_secs:g}): the {role} is hung"
         )
     if outcome.kind == "stop":
-        returncode = child.wait_after_stop(args.progress_every)
+        returncode = child.wait_after_stop(args.progress_every, args.stop_timeout)
+    elif hung:
+        returncode = child.wait(KILL_WAIT_S)
+        returncode = -signal.SIGKILL if returncode is None else returncode
     else:
         returncode = outcome.returncode if outcome.returncode is not None else 1
+    child.kill_leftovers()
     if jit is not None:
         jit.release()
 
@@ -1126,6 +1595,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if said:
         notifier.status(f"{role} exited with status {status}: {last_error}")
     code = supervisor_exit_code(returncode, child.stop_signal)
+    if hung and child.stop_signal is None:
+        log(f"exiting {EXIT_HUNG} so that the process manager restarts the {role}")
+        return EXIT_HUNG
     if child.stop_signal is not None:
         stop_name = signal.Signals(child.stop_signal).name
         verdict = "a clean stop" if code == 0 else "a failed stop"

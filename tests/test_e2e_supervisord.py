@@ -1,0 +1,401 @@
+"""The lifecycle guarantees of the supervisord bundle, proven with the REAL supervisord (the
+serve venv's `supervisor`), the real sglang-router 0.3.2 and the stand-in engines
+(tests/support/fake_sglang.py), driven as a user would: supervisorctl, kill, HTTP.
+
+The stack runs on this machine (no container): every port is a free one on 127.0.0.1, every
+process carries a marker in its environment so that only this stack's processes are counted
+(other tests may run SGLang stand-ins at the same time), and the fixture shuts supervisord
+down and SIGKILLs whatever is left. The tests of the shared stack run in file order and each
+leaves it serving again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from stack import e2e_config, host_topology
+
+from pdsvc import supervise
+from pdsvc.config import load_config
+from pdsvc.plan import Plan, build_plan
+from pdsvc.render import write_bundle
+from pdsvc.render_supervisord import program_names, render_supervisord
+from pdsvc.topology import load_topology_file
+
+pytestmark = pytest.mark.e2e
+
+NAME = "sve2e"
+MARKER = "PDSVC_SV_E2E"  # env var carried by every process of one stack (value: its id)
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (kept bound until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def dist_init_bases(taken: list[int]) -> tuple[int, int]:
+    """Two dist-init bases 100 apart whose 100-port spans hold none of `taken` (the stand-in
+    binds none of them; the config check only wants them clear of the other ports)."""
+    for base in range(20000, 60000, 200):
+        if not any(base <= p < base + 200 for p in taken):
+            return base, base + 100
+    raise AssertionError("no free dist-init span")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class SupervisordStack:
+    """One rendered bundle under a real supervisord, and what a user does with it."""
+
+    def __init__(self, work: Path, venv: Path, logs: str = "files", **overrides: Any) -> None:
+        self.work = work
+        self.venv = venv
+        self.id = uuid.uuid4().hex[:12]
+        self.run_dir = Path(tempfile.mkdtemp(prefix="pdsvc-sv-"))  # short: a socket path
+        prefill, decode, bootstrap, router, prom = free_ports(5)
+        self.router_port = router
+        di_p, di_d = dist_init_bases([prefill, decode, bootstrap, router, prom])
+        numactl = shutil.which("numactl")
+        model = work / "model"
+        model.mkdir(parents=True, exist_ok=True)
+        user = pwd.getpwuid(os.getuid()).pw_name
+        cfg = e2e_config(NAME, venv, str(model), **{
+            "runtime.user": user,
+            "runtime.group": grp.getgrgid(os.getgid()).gr_name,
+            "runtime.jit_cache": str(work / "jit"),
+            "runtime.pinning": "numa" if numactl else "off",
+            f"runtime.env.{MARKER}": self.id,
+            "runtime.env.FAKE_SGLANG_SPAWN_ORPHAN": 1,
+            "prefill.port": prefill, "prefill.bootstrap_port": bootstrap,
+            "prefill.dist_init_port": di_p,
+            "decode.port": decode, "decode.dist_init_port": di_d,
+            "router.host": "127.0.0.1", "router.port": router, "router.prometheus_port": prom,
+            f"router.env.{MARKER}": self.id,
+            "supervisord": {"numactl": numactl, "logs": logs,
+                            "log_dir": str(work / "logs"), "run_dir": str(self.run_dir)},
+            **overrides,
+        })
+        (work / "logs").mkdir(exist_ok=True)
+        (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (work / "topology.json").write_text(json.dumps(host_topology()))
+        config = load_config(work / "config.yaml")
+        self.plan: Plan = build_plan(
+            config, load_topology_file(work / "topology.json"),
+            config_source=str(work / "config.yaml"),
+            config_text=(work / "config.yaml").read_text(),
+        )
+        self.bundle = work / "units-supervisord"
+        write_bundle(render_supervisord(self.plan, "test", config.supervisord), self.bundle)
+        self.conf = self.bundle / "supervisord.conf"
+        self.names = program_names(self.plan)
+        self.proc: subprocess.Popen | None = None
+        self.rpc = supervise.supervisor_rpc(
+            f"unix://{self.run_dir}/{NAME}-supervisord.sock", timeout=30)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        with open(self.work / "supervisord.out", "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.venv / "bin" / "supervisord"), "-c", str(self.conf)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(lambda: self._rpc_up(), 30, "supervisord's control socket")
+
+    def _rpc_up(self) -> bool:
+        try:
+            return self.rpc.supervisor.getState()["statename"] == "RUNNING"
+        except (OSError, supervise.xmlrpc.client.Error):
+            return False
+
+    def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.venv / "bin" / "supervisorctl"), "-c", str(self.conf), *args],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+
+    def down(self) -> None:
+        """Shut supervisord down, then SIGKILL anything of this stack still alive."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.ctl("shutdown", timeout=90)
+                try:
+                    self.proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=10)
+        finally:
+            for pid in self.processes():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ looking
+    def processes(self) -> dict[int, str]:
+        """{pid: command line} of every live process that carries this stack's marker."""
+        found = {}
+        needle = f"{MARKER}={self.id}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+                if needle not in environ.split(b"\0"):
+                    continue
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state == "Z":
+                    continue
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+                found[int(entry)] = cmd.decode(errors="replace").strip()
+            except (OSError, IndexError):
+                continue
+        return found
+
+    def orphans(self) -> list[int]:
+        return [pid for pid, cmd in self.processes().items() if "fake-sglang-orphan" in cmd]
+
+    def info(self, role: str) -> dict:
+        return self.rpc.supervisor.getProcessInfo(self.names[role])
+
+    def supervise_pid(self, role: str) -> int:
+        return int(self.info(role)["pid"])
+
+    def engine_pid(self, role: str) -> int:
+        """The engine (or router) process: the supervise.py program's child."""
+        parent = self.supervise_pid(role)
+        kids = [pid for pid, (ppid, state, name) in supervise.process_table().items()
+                if ppid == parent and state != "Z" and "orphan" not in self.cmdline(pid)]
+        assert kids, f"{role}: supervise.py {parent} has no child"
+        return kids[0]
+
+    @staticmethod
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
+    def log(self, role: str) -> str:
+        name = self.names[role].split(":")[-1]
+        path = self.work / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def listener_log(self) -> str:
+        path = self.work / "logs" / f"{NAME}-restarts.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def generate(self, timeout: float = 10) -> tuple[int, str]:
+        body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 4}}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.router_port}/generate", data=body,
+            headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with _OPENER.open(request, timeout=timeout) as response:
+                return response.status, response.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+        except OSError as e:
+            return 0, str(e)
+
+    def serves(self) -> bool:
+        code, body = self.generate(timeout=5)
+        return code == 200 and "hello from fake engine" in body
+
+    def wait_serving(self, timeout: float = 120, what: str = "the stack serves") -> float:
+        t0 = time.monotonic()
+        try:
+            wait_for(self.serves, timeout, what, interval=0.5)
+        except AssertionError as e:
+            status = self.ctl("status", timeout=30).stdout
+            raise AssertionError(f"{e}\n{status}\nlast generate: {self.generate(5)}\n"
+                                 f"router log tail: {self.log('router')[-2000:]}") from None
+        return time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def stack(serve_python: Path, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[SupervisordStack]:
+    s = SupervisordStack(tmp_path_factory.mktemp("sv-e2e"), serve_python.parent.parent)
+    try:
+        s.start()
+        s.start_seconds = s.wait_serving(180, "the stack serves after `supervisord -c`")
+        yield s
+    finally:
+        s.down()
+
+
+def test_start_serves_through_the_router_once_both_engines_are_healthy(
+        stack: SupervisordStack) -> None:
+    code, body = stack.generate()
+    assert code == 200 and "[decode@" in body and "hello from fake engine" in body, body
+    assert f'"bootstrap_port_seen": {stack.plan.engines[0].bootstrap_port}' in body
+    router = stack.log("router")
+    # supervise.py held the router back until both engines answered /health
+    waiting = router.index("before starting")
+    healthy = router.index("all healthy after")
+    started = router.index("started router pid")
+    assert waiting < healthy < started, router
+    # and its own gate (one generation through router -> prefill + decode) passed too
+    wait_for(lambda: f"{NAME}-router: healthy after" in stack.log("router"), 60,
+             "the router's readiness gate")
+    for role in ("prefill", "decode"):
+        assert f"{NAME}-{role}: healthy after" in stack.log(role)
+        assert stack.info(role)["statename"] == "RUNNING"
+    # pinned as the plan says (numactl, when this machine has it)
+    if shutil.which("numactl"):
+        cpus = stack.plan.engines[0].pinning.cpulist
+        assert f"--physcpubind={cpus}" in stack.cmdline(stack.supervise_pid("prefill")) or \
+            Path(f"/proc/{stack.engine_pid('prefill')}/status").read_text().count(
+                f"Cpus_allowed_list:\t{cpus}") == 1
+
+
+def test_cold_jit_cache_is_never_compiled_into_twice_at_once(stack: SupervisordStack) -> None:
+    """Both engines started at once on a cold cache: exactly one waited for the other's
+    compile; the stand-in would have crashed loudly (DeepGEMM #301) on a concurrent one."""
+    logs = {r: stack.log(r) for r in ("prefill", "decode")}
+    waited = [r for r, other in (("prefill", "decode"), ("decode", "prefill"))
+              if f"waiting for {NAME}-{other}" in logs[r]]
+    assert len(waited) == 1, logs
+    assert "JIT cache race" not in logs["prefill"] + logs["decode"]
+    for role in ("prefill", "decode"):
+        assert logs[role].count("started engine pid") == 1, logs[role]  # never restarted
+        assert "jit cache cold: compiled" in logs[role]
+
+
+def test_engine_kill_9_is_restarted_and_the_router_serves_again(stack: SupervisordStack) -> None:
+    before = stack.supervise_pid("decode")
+    router_before = stack.supervise_pid("router")
+    os.kill(stack.engine_pid("decode"), signal.SIGKILL)
+    wait_for(lambda: stack.info("decode")["pid"] not in (0, before), 60,
+             "supervisord restarts decode")
+    stack.wait_serving(90, "serving again after decode's kill -9")
+    assert stack.supervise_pid("router") == router_before  # nothing else restarted
+    assert "killed 1 process(es) the engine left behind" in stack.log("decode")
+    assert len(stack.orphans()) == 2, stack.processes()  # the dead engine's orphan is gone
+
+
+def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
+        stack: SupervisordStack) -> None:
+    bound = stack.plan.watchdog_secs
+    lc = stack.plan.lifecycle
+    assert bound == lc["liveness_interval_secs"] * lc["liveness_failures"] + \
+        lc["liveness_timeout_secs"]
+    before = stack.supervise_pid("decode")
+    engine = stack.engine_pid("decode")
+    t0 = time.monotonic()
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        wait_for(lambda: stack.info("decode")["pid"] not in (0, before), bound + 30,
+                 "decode restarted after the hang", interval=0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(engine, signal.SIGCONT)
+    detected = time.monotonic() - t0
+    # the bound: watchdog_secs after the last good probe (≤ one interval before the STOP),
+    # plus the SIGKILL, supervise.py's exit and supervisord's respawn (slack for a busy host)
+    assert detected <= bound + lc["liveness_interval_secs"] + 5, (detected, bound)
+    log = stack.log("decode")
+    assert f"(--watchdog-secs {bound}): the engine is hung" in log, log[-3000:]
+    assert "exiting 124 so that the process manager restarts the engine" in log
+    assert not Path(f"/proc/{engine}").exists()
+    stack.wait_serving(90, "serving again after the hang")
+
+
+@pytest.mark.parametrize("how", ["kill -9", "supervisorctl restart"])
+def test_prefill_restart_restarts_decode_and_the_pair_serves(stack: SupervisordStack,
+                                                             how: str) -> None:
+    prefill_before, decode_before = stack.supervise_pid("prefill"), stack.supervise_pid("decode")
+    time.sleep(1.1)  # supervisord's start times are whole seconds
+    if how == "kill -9":
+        os.kill(stack.engine_pid("prefill"), signal.SIGKILL)
+    else:
+        result = stack.ctl("restart", stack.names["prefill"])
+        assert result.returncode == 0, result.stdout + result.stderr
+    wait_for(lambda: stack.info("prefill")["pid"] not in (0, prefill_before), 60,
+             "prefill restarted")
+    wait_for(lambda: stack.info("decode")["pid"] not in (0, decode_before), 60,
+             "decode restarted with prefill (the event listener)")
+    assert f"restarting {stack.names['decode']}" in stack.listener_log()
+    stack.wait_serving(120, f"the pair serves after prefill's {how}")
+
+
+def test_stop_leaves_no_process_not_even_an_escaped_child(stack: SupervisordStack) -> None:
+    # the stand-ins each spawned a SIGTERM-ignoring child in a session of its own, which
+    # supervisord's stopasgroup/killasgroup cannot reach (Supervisor #1101/#1396)
+    orphans = stack.orphans()
+    assert len(orphans) == 2, stack.processes()
+    for pid in orphans:
+        assert os.getsid(pid) == pid  # its own session: out of every process group
+    stop = stack.plan.lifecycle["stop_timeout_secs"]
+    t0 = time.monotonic()
+    result = stack.ctl("stop", "all", timeout=stop + 60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    wait_for(lambda: stack.processes() == {}, stop + 10, "no process of the stack left")
+    assert time.monotonic() - t0 <= stop + 10
+    status = stack.ctl("status").stdout
+    assert "RUNNING" not in status and "FATAL" not in status, status
+    for role in ("prefill", "decode"):
+        assert "treating it as a clean stop" in stack.log(role)
+        assert "killed 1 process(es) the engine left behind" in stack.log(role)
+
+
+def test_broken_engine_stops_retrying_and_shows_its_own_error(serve_python: Path,
+                                                              tmp_path: Path) -> None:
+    """logs: stdout, as in a container: every program on supervisord's stdout, each line
+    prefixed with its program's name."""
+    s = SupervisordStack(tmp_path, serve_python.parent.parent, logs="stdout",
+                         **{"model.path": str(tmp_path / "no-such-model"),
+                            "lifecycle.start_limit_burst": 3})
+    try:
+        s.start()
+        wait_for(lambda: s.info("prefill")["statename"] == "FATAL", 120,
+                 "prefill gives up after start_limit_burst starts")
+        out = (tmp_path / "supervisord.out").read_text(errors="replace")
+        prefill = [line for line in out.splitlines() if line.startswith(f"{NAME}-prefill: ")]
+        assert sum("started engine pid" in line for line in prefill) == 3, out
+        error = f"Incorrect path_or_model_id: '{tmp_path / 'no-such-model'}'"
+        assert any(error in line for line in prefill), out  # the engine's own line, prefixed
+        assert "gave up: sve2e-prefill entered FATAL state" in out  # supervisord's own log
+        assert s.info("router")["statename"] in ("STARTING", "RUNNING")
+        assert "started router pid" not in out  # still waiting for healthy engines
+    finally:
+        s.down()

@@ -1,0 +1,707 @@
+"""The supervisord bundle (pdsvc/render_supervisord.py) and what supervise.py does in it.
+
+Rendered configs are read back with supervisor's OWN config reader (the serve venv's
+`supervisor` package), so escaping is checked against the parser that will run it: every
+command word and environment value must come back exactly as the plan has it.
+supervise.py's options for managers without systemd (--watchdog-secs, --kill-tree,
+--stop-timeout, --wait-for, the eventlistener mode) are tested in-process and as processes,
+with the stand-ins of tests/test_supervise.py; the whole stack under the real supervisord is
+tests/test_e2e_supervisord.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import xmlrpc.client
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO
+from test_supervise import (  # noqa: F401  (procs: a fixture, used by name)
+    SUPERVISE,
+    SUPERVISE_PYTHON,
+    FakeClock,
+    child_pid,
+    engine_args,
+    free_port,
+    procs,
+    read_events,
+    sup,
+    wait_for,
+)
+
+from pdsvc.config import parse_config
+from pdsvc.errors import ConfigError
+from pdsvc.plan import Plan, build_plan
+from pdsvc.render import MARKER, render_systemd, write_bundle
+from pdsvc.render_supervisord import (
+    STARTSECS,
+    STOP_MARGIN_SECS,
+    program_names,
+    render_supervisord,
+    sv_env,
+    sv_word,
+)
+from pdsvc.topology import load_topology_file
+
+SEED = load_topology_file(REPO / "etc/seed-host.topology.json")
+DEFAULT_CONFIG = (REPO / "etc/pdsvc.yaml").read_text()
+
+# Reads a supervisord.conf with supervisor's own reader and prints what it would run as JSON.
+PARSE = textwrap.dedent('''
+    import json, shlex, sys
+    import supervisor.options as so
+    so.name_to_uid = lambda name: "uid:" + name  # the service user need not exist here
+    opts = so.ServerOptions()
+    opts.configfile = sys.argv[1]
+    opts.process_config(do_usage=False)
+    client = so.ClientOptions()  # what supervisorctl reads from the same file
+    client.configfile = sys.argv[1]
+    client.process_config(do_usage=False)
+    servers = opts.configroot.supervisord.server_configs
+    out = {"warnings": opts.parse_warnings, "groups": {}, "serverurl": client.serverurl,
+           "sockets": [(s["file"], s["chmod"]) for s in servers],
+           "nodaemon": opts.nodaemon, "logfile": opts.logfile, "pidfile": opts.pidfile}
+    for g in opts.process_group_configs:
+        group = out["groups"][g.name] = {
+            "events": [e.__name__ for e in getattr(g, "pool_events", [])], "programs": {}}
+        for pc in g.process_configs:
+            group["programs"][pc.name] = {
+                "argv": shlex.split(pc.command), "environment": pc.environment,
+                "priority": pc.priority, "autorestart": pc.autorestart.__name__
+                if isinstance(pc.autorestart, type) else pc.autorestart,
+                "exitcodes": pc.exitcodes, "startsecs": pc.startsecs,
+                "startretries": pc.startretries, "stopsignal": int(pc.stopsignal),
+                "stopwaitsecs": pc.stopwaitsecs, "stopasgroup": pc.stopasgroup,
+                "killasgroup": pc.killasgroup, "uid": pc.uid, "umask": pc.umask,
+                "redirect_stderr": pc.redirect_stderr, "stdout_logfile": pc.stdout_logfile,
+                "stdout_logfile_maxbytes": pc.stdout_logfile_maxbytes,
+                "stderr_logfile": pc.stderr_logfile}
+    print(json.dumps(out, default=str))
+''')
+
+
+def plan_of(text: str, topology=SEED) -> tuple[Plan, Any]:
+    config = parse_config(text, "test.yaml")
+    plan = build_plan(config, topology, config_source="test.yaml", config_text=text)
+    return plan, config.supervisord
+
+
+def with_(base: str = DEFAULT_CONFIG, **sections: Any) -> str:
+    """The config text with some keys set (dotted, e.g. {'runtime.pinning': 'off'})."""
+    data = yaml.safe_load(base)
+    for dotted, value in sections.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return yaml.safe_dump(data)
+
+
+def conf_of(text: str, topology=SEED) -> str:
+    plan, settings = plan_of(text, topology)
+    return render_supervisord(plan, "pdsvc render --format supervisord", settings)[0].content
+
+
+def parsed(serve_python: Path, tmp_path: Path, text: str, topology=SEED) -> tuple[Plan, dict]:
+    """Render, write the bundle, and read its config back with supervisor's own reader."""
+    plan, settings = plan_of(text, topology)
+    bundle = tmp_path / "bundle"
+    write_bundle(render_supervisord(plan, "test", settings), bundle)
+    out = subprocess.run([str(serve_python), "-c", PARSE, str(bundle / "supervisord.conf")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return plan, json.loads(out.stdout)
+
+
+def after_dashes(argv: list[str]) -> list[str]:
+    return argv[argv.index("--") + 1:]
+
+
+def option(argv: list[str], name: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == name]
+
+
+# --------------------------------------------------------------------------- escaping
+
+
+@pytest.mark.parametrize(("word", "written"), [
+    ("/bin/x", "/bin/x"),
+    ("100%", "100%%"),
+    ("a b", "'a b'"),
+    ("a ;b", "'a '';b'"),  # no ';' after a space: configparser would cut a comment there
+    ("x #y", "'x ''#y'"),
+    ("it's", "'it'\"'\"'s'"),
+    ("", "''"),
+    ("%(there)s", "'%%(there)s'"),
+])
+def test_command_words(word: str, written: str) -> None:
+    assert sv_word(word) == written
+
+
+def test_env_values_are_quoted_and_refused_when_supervisord_cannot_hold_them() -> None:
+    assert sv_env("A", "x y,z %", "p") == 'A="x y,z %%"'
+    assert sv_env("A", 'say "hi" now', "p") == "A='say \"hi\" now'"
+    assert sv_env("A", "", "p") == 'A=""'
+    for bad, why in [("both ' and \" here", "both quote characters"),
+                     ("'quoted'", "strips quotes"), ('ends"', "strips quotes"),
+                     ("a ;b", "starts a comment"), ("a #b", "starts a comment"),
+                     ("two\nlines", "line break")]:
+        with pytest.raises(ConfigError, match=why) as err:
+            sv_env("SECRET", bad, "dsv4-decode")
+        assert "dsv4-decode: environment variable SECRET=" in str(err.value)
+        assert "runtime.env" in str(err.value)
+
+
+def test_every_word_and_value_survives_supervisords_own_reader(serve_python: Path,
+                                                             tmp_path: Path) -> None:
+    rng = random.Random(20261129)
+    alphabet = [chr(c) for c in range(32, 127)] + ["é", "→", "\t"]
+    nasty = ["a ;b", "x #y", "#start", ";start", "100%", "%(there)s", "%%", "it's", 'say "hi"',
+             "$HOME", "back\\slash", "a,b", "k=v", "  lead", "trail  ", "", "--", "é→"]
+    nasty += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24)))
+              for _ in range(60)]
+    env = {"A_PERCENT": "100% sure", "A_COMMA": "a,b,c", "A_SINGLE": "it's", "A_DOUBLE":
+           'say "x" now', "A_DOLLAR": "$HOME/x", "A_BACKSLASH": "C:\\tmp", "A_EQ": "k=v;w",
+           "A_HASH": "x#y", "A_EMPTY": "", "A_SPACES": "a  b"}
+    text = with_(**{"model.path": "/srv/my models/100% DeepSeek", "prefill.args":
+                    {"extra-words": nasty}, "runtime.env": env})
+    plan, out = parsed(serve_python, tmp_path, text)
+    programs = out["groups"]["dsv4-pd"]["programs"]
+    for e in plan.engines:
+        prog = programs[e.name]
+        assert after_dashes(prog["argv"]) == list(e.argv)
+        assert prog["environment"] == dict(e.env)
+    router = programs["dsv4-router"]
+    assert after_dashes(router["argv"]) == list(plan.router.argv)
+    assert router["environment"] == dict(plan.router.env)
+
+
+def test_a_value_supervisord_cannot_hold_is_a_config_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"dsv4-prefill: environment variable X="):
+        conf_of(with_(**{"prefill.env": {"X": "a ;b"}}))
+    with pytest.raises(ConfigError, match="line break"):
+        conf_of(with_(**{"prefill.args": {"chat-template": "a\nb"}}))
+    with pytest.raises(ConfigError, match=r"replaces the text %\(here\)s everywhere"):
+        conf_of(with_(**{"prefill.args": {"chat-template": "/x/%(here)s"}}))
+
+
+# --------------------------------------------------------------------------- the bundle
+
+
+def test_default_bundle_as_supervisord_reads_it(serve_python: Path, tmp_path: Path) -> None:
+    plan, out = parsed(serve_python, tmp_path, DEFAULT_CONFIG)
+    lc = plan.lifecycle
+    socket = "/run/dsv4-supervisord.sock"
+    assert out["serverurl"] == f"unix://{socket}"
+    assert out["sockets"] == [[socket, 0o700]]
+    assert out["nodaemon"] is True and out["pidfile"] == "/run/dsv4-supervisord.pid"
+    assert out["logfile"] == "/dev/null"  # nodaemon: its own lines go to stdout already
+    assert out["warnings"] == [f'No file matches via include "{tmp_path}/bundle/conf.d/*.conf"']
+    programs = out["groups"]["dsv4-pd"]["programs"]
+    assert list(programs) == ["dsv4-prefill", "dsv4-decode", "dsv4-router"]  # by priority
+    supervise = str(tmp_path / "bundle" / "supervise.py")  # %(here)s: used in place
+    for e in plan.engines:
+        prog = programs[e.name]
+        argv = prog["argv"]
+        node = e.pinning.numa_node
+        assert argv[:6] == ["/usr/bin/numactl", f"--physcpubind={e.pinning.cpulist}",
+                            f"--preferred={node}", plan.python, supervise, "engine"]
+        assert option(argv, "--health-url") == [e.health_url]
+        assert option(argv, "--gpus") == [",".join(map(str, e.gpus))]
+        assert option(argv, "--jit-cache") == [plan.paths.jit_cache]
+        assert option(argv, "--stop-timeout") == [str(lc["stop_timeout_secs"])]
+        assert "--kill-tree" in argv[:argv.index("--")]
+        assert "--prefix-output" in argv[:argv.index("--")]  # logs: stdout mixes programs
+        assert after_dashes(argv) == list(e.argv)
+        assert prog["environment"] == dict(e.env)
+    for name, prog in programs.items():
+        argv = prog["argv"]
+        # the hang bound is the plan's, the same number as the units' WatchdogSec=
+        assert option(argv, "--watchdog-secs") == [str(plan.watchdog_secs)], name
+        assert prog["uid"] == "uid:sglang" and prog["umask"] == 0o027
+        assert prog["autorestart"] == "RestartWhenExitUnexpected" and prog["exitcodes"] == [0]
+        assert prog["startsecs"] == STARTSECS
+        assert prog["startretries"] == lc["start_limit_burst"] - 1
+        assert prog["stopsignal"] == signal.SIGTERM
+        assert prog["stopwaitsecs"] == lc["stop_timeout_secs"] + STOP_MARGIN_SECS
+        assert (prog["stopasgroup"], prog["killasgroup"]) == (False, True)
+        assert prog["redirect_stderr"] is True
+        assert (prog["stdout_logfile"], prog["stdout_logfile_maxbytes"]) == ("/dev/stdout", 0)
+    router = programs["dsv4-router"]["argv"]
+    assert option(router, "--wait-for") == [e.health_url for e in plan.engines]
+    assert after_dashes(router) == list(plan.router.argv)
+    assert programs["dsv4-prefill"]["priority"] < programs["dsv4-decode"]["priority"] < \
+        programs["dsv4-router"]["priority"]
+    listener = out["groups"]["dsv4-restarts"]
+    assert listener["events"] == ["ProcessStateStartingEvent"]  # events=PROCESS_STATE_STARTING
+    argv = listener["programs"]["dsv4-restarts"]["argv"]
+    assert option(argv, "--restart-with") == ["dsv4-pd:dsv4-decode=dsv4-pd:dsv4-prefill"]
+    assert listener["programs"]["dsv4-restarts"]["uid"] is None  # reaches the 0700 socket
+    assert listener["programs"]["dsv4-restarts"]["priority"] < programs["dsv4-prefill"]["priority"]
+
+
+def test_watchdog_is_one_number_in_both_bundles() -> None:
+    plan, settings = plan_of(DEFAULT_CONFIG)
+    units = {f.path: f.content for f in render_systemd(plan, "x")}
+    assert f"WatchdogSec={plan.watchdog_secs}\n" in units["dsv4-decode.service"]
+    conf = render_supervisord(plan, "x", settings)[0].content
+    assert conf.count(f"--watchdog-secs {plan.watchdog_secs} ") == 3
+    # under systemd nothing changes: the units pass none of the supervisord-only options
+    for option_name in ("--watchdog-secs", "--kill-tree", "--stop-timeout", "--wait-for"):
+        assert all(option_name not in text for path, text in units.items()
+                   if path != "supervise.py"), option_name
+
+
+def test_files_logs_and_no_privilege_drop(serve_python: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"  # supervisord wants the directory to exist
+    logs.mkdir()
+    text = with_(**{"supervisord": {"logs": "files", "log_dir": str(logs),
+                                    "run_dir": "/tmp", "drop_privileges": False}})
+    _, out = parsed(serve_python, tmp_path, text)
+    assert out["logfile"] == f"{logs}/supervisord.log"
+    assert out["serverurl"] == "unix:///tmp/dsv4-supervisord.sock"
+    for name, prog in out["groups"]["dsv4-pd"]["programs"].items():
+        assert prog["stdout_logfile"] == f"{logs}/{name}.log"
+        assert "--prefix-output" not in prog["argv"]  # a file per program
+        assert prog["stdout_logfile_maxbytes"] == 50 * 1024 * 1024
+        assert prog["uid"] is None
+    listener = out["groups"]["dsv4-restarts"]["programs"]["dsv4-restarts"]
+    assert listener["stderr_logfile"] == f"{logs}/dsv4-restarts.log"
+    assert listener["stdout_logfile"] is None  # stdout is the event protocol
+
+
+def test_conf_d_overrides_options_without_editing(serve_python: Path, tmp_path: Path) -> None:
+    """The header's promise: conf.d/*.conf beside the config is read last and wins."""
+    (tmp_path / "bundle" / "conf.d").mkdir(parents=True)
+    (tmp_path / "bundle" / "conf.d" / "local.conf").write_text(
+        "[program:dsv4-decode]\nstartsecs=99\nenvironment=ONLY=\"this\"\n")
+    _, out = parsed(serve_python, tmp_path, DEFAULT_CONFIG)
+    decode = out["groups"]["dsv4-pd"]["programs"]["dsv4-decode"]
+    assert decode["startsecs"] == 99 and decode["environment"] == {"ONLY": "this"}
+    assert decode["argv"][0] == "/usr/bin/numactl"  # the rest as rendered
+    assert out["groups"]["dsv4-pd"]["programs"]["dsv4-prefill"]["startsecs"] == STARTSECS
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    ({"runtime.numa_policy": "bind"}, ["--physcpubind=0-55,112-167", "--membind=0"]),
+    ({}, ["--physcpubind=0-55,112-167", "--preferred=0"]),
+    ({"supervisord": {"numactl": "/opt/bin/numactl"}},
+     ["--physcpubind=0-55,112-167", "--preferred=0"]),
+])
+def test_numactl_prefix_follows_the_plan(settings: dict, expected: list[str]) -> None:
+    conf = conf_of(with_(**settings))
+    numactl = settings.get("supervisord", {}).get("numactl", "/usr/bin/numactl")
+    assert f"command={numactl} {' '.join(expected)} /opt/sglang/venv/bin/python " in conf
+
+
+def test_unknown_numa_node_pins_cpus_only(tmp_path: Path) -> None:
+    topo = json.loads((REPO / "etc/seed-host.topology.json").read_text())
+    for gpu in topo["gpus"]:
+        gpu["numa_node"] = -1  # a VM: the kernel does not know; two nodes, so no memory policy
+    (tmp_path / "vm.json").write_text(json.dumps(topo))
+    conf = conf_of(DEFAULT_CONFIG, load_topology_file(tmp_path / "vm.json"))
+    assert "command=/usr/bin/numactl --physcpubind=0-55,112-167 /opt/sglang/venv/bin/python" \
+        in conf
+    assert "--preferred" not in conf and "--membind" not in conf
+
+
+def test_pinning_without_numactl_is_a_config_error_naming_the_key_and_the_fix() -> None:
+    with pytest.raises(ConfigError) as err:
+        conf_of(with_(**{"supervisord": {"numactl": None}}))
+    message = str(err.value)
+    assert message.startswith("test.yaml: supervisord.numactl is null but prefill is to be "
+                              "pinned to CPUs 0-55,112-167 and NUMA node 0")
+    assert "runtime.pinning: numa" in message
+    assert "set supervisord.numactl to its path" in message and "runtime.pinning: off" in message
+    assert err.value.exit_code == 2
+    # YAML's `off` for "not installed" reads the same
+    with pytest.raises(ConfigError, match="supervisord.numactl is null"):
+        conf_of(DEFAULT_CONFIG + "supervisord:\n  numactl: off\n")
+
+
+def test_no_pinning_needs_no_numactl() -> None:
+    conf = conf_of(with_(**{"supervisord": {"numactl": None}, "runtime.pinning": "off"}))
+    assert "numactl" not in conf.split("[supervisord]")[1]
+    assert "command=/opt/sglang/venv/bin/python '%(here)s/supervise.py' engine\n" in conf
+    assert "; SGLang prefill, not pinned: pinning off (runtime.pinning: off)." in conf
+
+
+def test_strict_pinning_says_what_only_a_cgroup_can_add() -> None:
+    conf = conf_of(with_(**{"runtime.pinning": "strict"}))
+    assert "--cpuset-cpus=0-223 --cpuset-mems=0,1" in conf
+    assert "--physcpubind=0-55,112-167 --preferred=0" in conf
+
+
+def test_no_restart_listener_when_decode_is_not_coupled() -> None:
+    conf = conf_of(with_(**{"transfer.backend": "mooncake"}))
+    assert "[eventlistener:" not in conf
+    conf = conf_of(with_(**{"decode.restart_with_prefill": False}))
+    assert "[eventlistener:" not in conf
+
+
+def test_socket_path_must_fit_a_unix_socket() -> None:
+    with pytest.raises(ConfigError, match="supervisord.run_dir: the control socket"):
+        conf_of(with_(**{"supervisord": {"run_dir": "/" + "x" * 100}}))
+
+
+def test_supervisord_section_is_strict() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'supervisord.log_dir'"):
+        parse_config(with_(**{"supervisord": {"logdir": "/x"}}))
+    with pytest.raises(ConfigError, match="supervisord.logs"):
+        parse_config(with_(**{"supervisord": {"logs": "journal"}}))
+    with pytest.raises(ConfigError, match="must be an absolute path"):
+        parse_config(with_(**{"supervisord": {"numactl": "numactl"}}))
+
+
+def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> None:
+    plan, settings = plan_of(DEFAULT_CONFIG)
+    files = render_supervisord(plan, "pdsvc render --format supervisord", settings)
+    assert [(f.path, f.mode) for f in files] == [("supervisord.conf", 0o644),
+                                                 ("supervise.py", 0o755)]
+    conf, copy = files[0].content, files[1].content
+    assert conf.startswith(f"; {MARKER} ")
+    assert "; Command: pdsvc render --format supervisord" in conf
+    assert "install -d -m 0750 -o sglang -g sglang /var/cache/dsv4/jit /var/lib/dsv4" in conf
+    assert MARKER in copy.splitlines()[1] and "%(here)s/supervise.py" in copy.splitlines()[1]
+    assert copy.split("\n", 2)[2] == SUPERVISE.read_text().split("\n", 1)[1]  # verbatim
+    write_bundle(files, tmp_path)
+    assert {status for _, status in write_bundle(files, tmp_path)} == {"unchanged"}
+    assert program_names(plan) == {"prefill": "dsv4-pd:dsv4-prefill",
+                                   "decode": "dsv4-pd:dsv4-decode",
+                                   "router": "dsv4-pd:dsv4-router"}
+
+
+# --------------------------------------------------------------------------- supervise.py
+
+
+def test_liveness_loop_gives_up_at_the_watchdog_bound():
+    clock = FakeClock()
+    budgets: list[float] = []
+
+    def hung_probe(left: float):
+        budgets.append(left)
+        clock.now += min(left, 30.0)  # a probe blocks until its timeout
+        return sup.ProbeResult(False, "timed out")
+
+    def child_wait(timeout: float):
+        clock.now += timeout
+
+    lines: list[str] = []
+    outcome = sup.liveness_loop(
+        hung_probe, child_wait, interval=10.0, log=lines.append, notify=lambda *f: None,
+        serving_status="s", should_stop=lambda: False, clock=clock, hang_after=60.0)
+    assert outcome.kind == "hung"
+    assert outcome.elapsed == pytest.approx(60.0)  # not 10 + 30 + 30 (two whole probes)
+    assert budgets == [pytest.approx(50.0), pytest.approx(20.0)]  # the last cut to the bound
+
+
+def test_liveness_loop_bound_restarts_after_each_good_probe():
+    clock = FakeClock()
+    answers = iter([True, True, True] + [False] * 100)
+
+    def probe(left: float):
+        clock.now += 0.5
+        return sup.ProbeResult(next(answers), "x")
+
+    outcome = sup.liveness_loop(
+        probe, lambda t: setattr(clock, "now", clock.now + t), interval=10.0,
+        log=lambda line: None, notify=lambda *f: None, serving_status="s",
+        should_stop=lambda: False, clock=clock, hang_after=25.0)
+    # the third good probe ended at 30.5 s; nothing good for 25 s after it
+    assert outcome.kind == "hung" and clock.now == pytest.approx(55.5)
+
+
+def test_wait_for_urls_waits_for_all_of_them_and_stops_on_request():
+    clock = FakeClock()
+    up = {"a": 3, "b": 5}  # healthy from this many probes on
+
+    def probe(url: str):
+        up[url] -= 1
+        return sup.ProbeResult(up[url] <= 0, "HTTP 503")
+
+    lines: list[str] = []
+    ok = sup.wait_for_urls(["a", "b"], log=lines.append, status=lambda s: None,
+                           poll_interval=1.0, progress_every=100.0,
+                           should_stop=lambda: False, probe=probe, sleep=clock.wait, clock=clock)
+    assert ok and lines[0] == "waiting for a, b before starting"
+    assert lines[-1].startswith("a, b: all healthy after")
+    stop = sup.wait_for_urls(["a"], log=lines.append, status=lambda s: None, poll_interval=1.0,
+                             progress_every=100.0, should_stop=lambda: True,
+                             probe=lambda url: sup.ProbeResult(False, "refused"),
+                             sleep=clock.wait, clock=clock)
+    assert stop is False
+
+
+def test_watchdog_secs_kills_a_hung_child_and_exits_124(procs, tmp_path):  # noqa: F811
+    port, events = free_port(), tmp_path / "child.jsonl"
+    proc = procs.start(engine_args(port, "dsv4-decode", "--liveness-timeout", "0.3",
+                                   "--watchdog-secs", "1.5", "--kill-tree", "--")
+                       + procs.child(port, events))
+    wait_for(lambda: "healthy after" in procs.log(proc), what="healthy")
+    pid = child_pid(events)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    assert procs.wait(proc) == sup.EXIT_HUNG
+    assert time.monotonic() - t0 <= 1.5 + 0.2 + 1.5  # bound + one interval + slack
+    log = procs.log(proc)
+    assert "(--watchdog-secs 1.5): the engine is hung: sending SIGKILL" in log
+    assert "exiting 124 so that the process manager restarts the engine" in log
+    assert not Path(f"/proc/{pid}").exists()
+
+
+ORPHAN_CHILD = textwrap.dedent('''
+    """Leaves an orphan in a session of its own that ignores SIGTERM (sglang #23627), then
+    waits; exits on SIGTERM (default action)."""
+    import subprocess, sys, time
+    sleeper = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+               "time.sleep(120)")
+    launcher = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+                "sys.argv[1]], start_new_session=True, stdin=subprocess.DEVNULL, "
+                "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
+    out = subprocess.run([sys.executable, "-c", launcher, sleeper], capture_output=True,
+                         text=True, check=True)
+    open(sys.argv[1], "w").write(out.stdout)
+    {after}
+''')
+
+
+def _orphan_child(tmp_path: Path, after: str = "time.sleep(120)") -> list[str]:
+    script = tmp_path / "orphan_child.py"
+    script.write_text(ORPHAN_CHILD.format(after=after))
+    return [sys.executable, str(script), str(tmp_path / "orphan.pid")]
+
+
+def _orphan(tmp_path: Path) -> int:
+    path = tmp_path / "orphan.pid"
+    return int(wait_for(lambda: path.exists() and path.read_text().strip(), what="orphan pid"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_kill_tree_kills_a_child_that_left_the_session_on_stop(procs, tmp_path):  # noqa: F811
+    port = free_port()
+    proc = procs.start(engine_args(port, "dsv4-prefill", "--kill-tree", "--")
+                       + _orphan_child(tmp_path))
+    orphan = _orphan(tmp_path)
+    try:
+        assert os.getsid(orphan) == orphan  # out of every process group supervisord knows
+        wait_for(lambda: Path(f"/proc/{orphan}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                 == str(proc.pid), what="the orphan reparented to supervise.py (subreaper)")
+        proc.send_signal(signal.SIGTERM)
+        assert procs.wait(proc) == 0
+        assert not _alive(orphan)
+        assert "killed 1 process(es) the engine left behind" in procs.log(proc)
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+
+
+def test_kill_tree_kills_what_a_crashed_child_left(procs, tmp_path):  # noqa: F811
+    proc = procs.start(engine_args(free_port(), "dsv4-prefill", "--kill-tree", "--")
+                       + _orphan_child(tmp_path, after="time.sleep(1); sys.exit(3)"))
+    orphan = _orphan(tmp_path)
+    try:
+        assert procs.wait(proc) == 3
+        assert not _alive(orphan)
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+
+
+def test_stop_timeout_kills_a_child_that_ignores_sigterm(procs, tmp_path):  # noqa: F811
+    child = [sys.executable, "-c", "import signal, time; "
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
+    proc = procs.start(engine_args(free_port(), "dsv4-prefill", "--stop-timeout", "1",
+                                   "--kill-tree", "--") + child)
+    wait_for(lambda: "started engine pid" in procs.log(proc), what="child started")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert procs.wait(proc) == 0  # SIGKILL after a stop is still a clean stop
+    assert 0.9 <= time.monotonic() - t0 <= 5
+    assert "after the stop signal (--stop-timeout 1): sending SIGKILL" in procs.log(proc)
+
+
+class _Health(BaseHTTPRequestHandler):
+    healthy = False
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        code = 200 if type(self).healthy else 503
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_wait_for_holds_the_command_until_the_url_is_healthy(procs, tmp_path):  # noqa: F811
+    handler = type("Health", (_Health,), {"healthy": False})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    marker = tmp_path / "started"
+    child = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close(); import time; "
+             "time.sleep(60)"]
+    url = f"http://127.0.0.1:{server.server_port}/health"
+    try:
+        proc = procs.start(engine_args(free_port(), "dsv4-router", "--wait-for", url, "--")
+                           + child)
+        wait_for(lambda: "before starting" in procs.log(proc), what="waiting line")
+        time.sleep(1.5)
+        assert not marker.exists()  # still held back
+        handler.healthy = True
+        wait_for(marker.exists, what="the command started once the URL is healthy")
+        assert f"{url}: all healthy after" in procs.log(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert procs.wait(proc) == 0
+    finally:
+        server.shutdown()
+
+
+def test_prefix_output_marks_every_line_of_the_child(procs, tmp_path):  # noqa: F811
+    child = [sys.executable, "-c", "import sys; print('to stdout', flush=True); "
+             "print('Error: to stderr', file=sys.stderr, flush=True); sys.exit(4)"]
+    proc = procs.start(engine_args(free_port(), "dsv4-decode", "--prefix-output", "--") + child)
+    assert procs.wait(proc) == 4
+    lines = procs.log(proc).splitlines()
+    assert "dsv4-decode: to stdout" in lines and "dsv4-decode: Error: to stderr" in lines
+    assert all(line.startswith("dsv4-decode: ") for line in lines), lines
+
+
+def test_stop_while_waiting_for_urls_is_clean(procs, tmp_path):  # noqa: F811
+    proc = procs.start(engine_args(free_port(), "x", "--wait-for",
+                                   f"http://127.0.0.1:{free_port()}/health", "--", "true"))
+    wait_for(lambda: "before starting" in procs.log(proc), what="waiting")
+    proc.send_signal(signal.SIGTERM)
+    assert procs.wait(proc) == 0
+    assert "stopped while waiting for" in procs.log(proc)
+
+
+# ---- the event listener
+
+
+class FakeSupervisor:
+    """supervisord's XML-RPC `supervisor.*` calls the listener makes, recorded."""
+
+    def __init__(self, infos: dict[str, dict]) -> None:
+        self.infos = infos
+        self.calls: list[tuple] = []
+        self.supervisor = self
+
+    def getProcessInfo(self, name: str) -> dict:  # noqa: N802 - supervisord's API
+        return self.infos[name]
+
+    def stopProcess(self, name: str, wait: bool) -> bool:  # noqa: N802
+        self.calls.append(("stop", name, wait))
+        return True
+
+    def startProcess(self, name: str, wait: bool) -> bool:  # noqa: N802
+        self.calls.append(("start", name, wait))
+        return True
+
+
+def _event(name: str, group: str, from_state: str, event: str = "PROCESS_STATE_STARTING"
+           ) -> bytes:
+    payload = f"processname:{name} groupname:{group} from_state:{from_state} tries:0"
+    return (f"ver:3.0 server:supervisor serial:1 pool:l poolserial:1 eventname:{event} "
+            f"len:{len(payload)}\n{payload}").encode()
+
+
+def _listen(infos: dict, *events: bytes) -> tuple[FakeSupervisor, bytes, str]:
+    rpc = FakeSupervisor(infos)
+    args, _ = sup.parse_args(["eventlistener", "--name", "t-restarts", "--restart-with",
+                              "g:decode=g:prefill"])
+    out = io.BytesIO()
+    err = io.StringIO()
+    old, sys.stderr = sys.stderr, err
+    try:
+        assert sup.run_eventlistener(args, io.BytesIO(b"".join(events)), out, rpc) == 0
+    finally:
+        sys.stderr = old
+    return rpc, out.getvalue(), err.getvalue()
+
+
+def test_listener_restarts_an_older_decode_when_prefill_restarts():
+    infos = {"g:prefill": {"start": 1000, "statename": "STARTING", "pid": 2},
+             "g:decode": {"start": 900, "statename": "RUNNING", "pid": 3}}
+    rpc, out, err = _listen(infos, _event("prefill", "g", "EXITED"))
+    assert rpc.calls == [("stop", "g:decode", True), ("start", "g:decode", False)]
+    assert out == b"READY\nRESULT 2\nOKREADY\n"  # the protocol: READY, RESULT, READY again
+    assert "g:prefill (re)started (from EXITED): restarting g:decode" in err
+
+
+@pytest.mark.parametrize(("decode", "event"), [
+    ({"start": 1000, "statename": "STARTING", "pid": 3}, _event("prefill", "g", "STOPPED")),
+    ({"start": 1001, "statename": "RUNNING", "pid": 3}, _event("prefill", "g", "STOPPED")),
+    ({"start": 900, "statename": "STOPPED", "pid": 0}, _event("prefill", "g", "EXITED")),
+    ({"start": 900, "statename": "RUNNING", "pid": 3}, _event("decode", "g", "EXITED")),
+    ({"start": 900, "statename": "RUNNING", "pid": 3},
+     _event("prefill", "g", "STARTING", "PROCESS_STATE_RUNNING")),
+], ids=["started-together-at-boot", "younger", "stopped", "other-program", "other-event"])
+def test_listener_leaves_decode_alone(decode: dict, event: bytes):
+    infos = {"g:prefill": {"start": 1000, "statename": "STARTING", "pid": 2}, "g:decode": decode}
+    rpc, _, _ = _listen(infos, event)
+    assert rpc.calls == []
+
+
+def test_listener_survives_a_failed_call():
+    class Broken(FakeSupervisor):
+        def stopProcess(self, name, wait):  # noqa: N802
+            raise xmlrpc.client.Fault(10, "BAD_NAME")
+
+    infos = {"g:prefill": {"start": 1000, "statename": "STARTING", "pid": 2},
+             "g:decode": {"start": 900, "statename": "RUNNING", "pid": 3}}
+    rpc = Broken(infos)
+    args, _ = sup.parse_args(["eventlistener", "--name", "t", "--restart-with",
+                              "g:decode=g:prefill"])
+    err = io.StringIO()
+    old, sys.stderr = sys.stderr, err
+    try:
+        event = _event("prefill", "g", "EXITED")
+        assert sup.run_eventlistener(args, io.BytesIO(event * 2), io.BytesIO(), rpc) == 0
+    finally:
+        sys.stderr = old
+    assert err.getvalue().count("cannot restart g:decode after g:prefill started") == 2
+
+
+def test_eventlistener_usage():
+    def run(*args):
+        return subprocess.run([SUPERVISE_PYTHON, str(SUPERVISE), *args], capture_output=True,
+                              text=True, timeout=10, check=False, env={
+                                  k: v for k, v in os.environ.items()
+                                  if k != "SUPERVISOR_SERVER_URL"})
+
+    help_ = run("eventlistener", "--help")
+    assert help_.returncode == 0 and "--restart-with" in help_.stdout
+    assert "Exit status" in help_.stdout
+    for argv in (["eventlistener", "--name", "x"],
+                 ["eventlistener", "--name", "x", "--restart-with", "nodependent"],
+                 ["eventlistener", "--name", "x", "--restart-with", "a=b", "--", "cmd"]):
+        result = run(*argv)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, argv
+    no_server = run("eventlistener", "--name", "x", "--restart-with", "a=b")
+    assert no_server.returncode == 2 and "SUPERVISOR_SERVER_URL is unset" in no_server.stderr
+    for mode in ("engine", "router"):
+        text = run(mode, "--help").stdout
+        for name in ("--wait-for", "--watchdog-secs", "--kill-tree", "--stop-timeout"):
+            assert name in text, (mode, name)
