@@ -229,9 +229,9 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
     control socket path too long for a unix socket.
     """
     s = _settings(settings)
-    group = f"{plan.name}-pd"
+    group = group_name(plan)
     run_dir = s["run_dir"].rstrip("/")
-    socket = f"{run_dir}/{plan.name}-supervisord.sock"
+    socket = control_socket(plan, s)
     if len(socket.encode()) > MAX_SOCKET_PATH:
         raise ConfigError(
             f"{plan.config_source}: supervisord.run_dir: the control socket {socket} is longer "
@@ -299,9 +299,22 @@ def _union_cpus(engines: list[EnginePlan]) -> str:
     return format_cpulist(sorted({c for e in engines for c in e.pinning.cpus}))
 
 
+def group_name(plan: Plan) -> str:
+    """The supervisord group of the plan's programs (`supervisorctl restart GROUP:*`)."""
+    return f"{plan.name}-pd"
+
+
+def control_socket(plan: Plan, settings: Any = None) -> str:
+    """supervisord's control socket ([unix_http_server] file=), which supervisorctl, the
+    restart listener and `pdsvc status` talk to. ``settings`` as for render_supervisord; None
+    takes the plan's own (plan.supervisord)."""
+    s = _settings(settings if settings is not None else plan.supervisord or None)
+    return f"{s['run_dir'].rstrip('/')}/{plan.name}-supervisord.sock"
+
+
 def program_names(plan: Plan) -> Mapping[str, str]:
     """{role: supervisorctl name} of the bundle's programs (group:program)."""
-    group = f"{plan.name}-pd"
+    group = group_name(plan)
     names = {e.role: f"{group}:{e.name}" for e in plan.engines}
     names["router"] = f"{group}:{plan.router.name}"
     return names

@@ -1,10 +1,11 @@
 """`pdsvc status`: does the stack serve right now, and if not, why.
 
-Two layers, kept apart so that a supervisord backend (issue 5: `supervisorctl status` /
-XML-RPC) only adds a class:
+Two layers, kept apart so that a service manager is one class:
 
 * the query layer gathers facts and never formats: a service-manager backend answers
-  `state(unit) -> ServiceState` (`SystemdBackend` asks `systemctl show`), `http_get()` probes an
+  `state(unit) -> ServiceState` (`SystemdBackend` asks `systemctl show`; `SupervisordBackend`
+  asks the supervisord of `pdsvc render --format supervisord` over its control socket, by
+  XML-RPC — what `supervisorctl status` does), `http_get()` probes an
   engine's `/health`, the router's `/readiness` and `/workers`; `collect()` puts them into a
   `Report` and `judge()` decides whether the stack serves;
 * `format_text()` and `report_dict()` turn a Report into the table or the JSON.
@@ -13,6 +14,8 @@ Serving means: every service unit of the plan is active and the router's `/readi
 (sglang-router 0.3.2 answers 200 only with at least one healthy prefill and one healthy decode,
 router-lab §5). Nothing here raises when systemd or an endpoint cannot be reached: each such
 fact becomes a row that says why.
+
+`--backend auto` (the default) asks the manager the config's `format` renders for.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import xmlrpc.client
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -46,6 +50,7 @@ from .plan import Plan, RouterPlan
 
 HTTP_TIMEOUT = 2.0  # seconds per probe: a status command must answer quickly
 SYSTEMCTL_TIMEOUT = 5.0
+RPC_TIMEOUT = 5.0  # seconds per XML-RPC call to supervisord
 MAX_BODY = 1 << 20  # /workers of a big deployment stays far below this
 CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen
 
@@ -69,6 +74,8 @@ Exit codes: 0 serving (every unit active, router /readiness 200), 1 not serving,
             2 bad config or usage, 3 the plan does not fit the host.
 """
 
+BACKENDS = ("auto", "systemd", "supervisord")
+
 
 # --------------------------------------------------------------------------- service manager
 
@@ -77,8 +84,9 @@ Exit codes: 0 serving (every unit active, router /readiness 200), 1 not serving,
 class ServiceState:
     """One unit as its service manager sees it, in systemd's words.
 
-    A supervisord backend maps its states onto these: RUNNING -> active, STARTING ->
-    activating, STOPPING -> deactivating, STOPPED -> inactive, BACKOFF/FATAL/EXITED -> failed.
+    SupervisordBackend maps supervisord's states onto these: RUNNING -> active, STARTING ->
+    activating, STOPPING -> deactivating, STOPPED -> inactive, BACKOFF/FATAL -> failed, EXITED
+    -> inactive with exit status 0 (a clean stop), else failed; `sub` is supervisord's word.
     """
 
     unit: str
@@ -184,6 +192,194 @@ def state_from_show(unit: str, props: Mapping[str, str], *, now_monotonic: float
         status_text=props.get("StatusText", ""),
         loaded=props.get("LoadState", "loaded") != "not-found",
     )
+
+
+class SupervisordBackend:
+    """Asks the supervisord of the supervisord bundle over its control socket (XML-RPC on a
+    unix socket, as supervisorctl does): ``supervisor.getProcessInfo(group:program)`` per
+    program, one connection per call (a ServerProxy keeps its connection: not for threads).
+
+    The units of the plan map to programs of the bundle (``units``: {unit: group:program});
+    the plan's target has no counterpart in supervisord, so its row is the bundle's group and
+    the supervisord that runs it (``target``, ``group``). Never raises for a supervisord that
+    cannot be reached: the ServiceState carries the error instead.
+    """
+
+    name = "supervisord"
+
+    def __init__(
+        self,
+        socket_path: str,
+        units: Mapping[str, str],
+        *,
+        target: str = "",
+        group: str = "",
+        timeout: float = RPC_TIMEOUT,
+    ) -> None:
+        self.socket_path = socket_path
+        self.units = dict(units)
+        self.target = target
+        self.group = group
+        self.timeout = timeout
+
+    @classmethod
+    def for_plan(cls, plan: Plan, socket_path: str | None = None, *,
+                 timeout: float = RPC_TIMEOUT) -> SupervisordBackend:
+        """The bundle's socket ({supervisord.run_dir}/{name}-supervisord.sock) unless
+        ``socket_path`` is given, and the bundle's program names."""
+        # the renderer imports jinja2: only when this backend is used
+        from .render_supervisord import control_socket, group_name, program_names
+
+        names = program_names(plan)
+        units = {e.unit: names[e.role] for e in plan.engines}
+        units[plan.router.unit] = names["router"]
+        return cls(socket_path or control_socket(plan), units, target=plan.target,
+                   group=group_name(plan), timeout=timeout)
+
+    def _api(self) -> Any:
+        from .supervise import supervisor_rpc  # its AF_UNIX transport; stdlib only
+
+        return supervisor_rpc(f"unix://{self.socket_path}", self.timeout).supervisor
+
+    def state(self, unit: str) -> ServiceState:
+        if self.target and unit == self.target:
+            return self.group_state()
+        name = self.units.get(unit, unit)
+        try:
+            info = self._api().getProcessInfo(name)
+        except xmlrpc.client.Fault as e:
+            if e.faultCode == BAD_NAME:
+                return ServiceState(name, "inactive", loaded=False,
+                                    status_text="no such program in supervisord's config")
+            return ServiceState(name, "unknown", error=f"supervisord: {e.faultString}")
+        except Exception as e:  # a status command reports; it never crashes
+            return ServiceState(name, "unknown", error=self._why(e))
+        if not isinstance(info, dict):
+            return ServiceState(name, "unknown",
+                                error=f"supervisord: unexpected answer {info!r:.60}")
+        return state_from_process_info(name, info)
+
+    def group_state(self) -> ServiceState:
+        """The row in place of the target: supervisord itself (RUNNING -> active) and how many
+        of the group's programs run; not installed when supervisord has no such group."""
+        group = self.group
+        try:
+            api = self._api()
+            daemon = api.getState()
+            pid = api.getPID()
+            infos = api.getAllProcessInfo()
+        except xmlrpc.client.Fault as e:
+            return ServiceState(group, "unknown", error=f"supervisord: {e.faultString}")
+        except Exception as e:
+            return ServiceState(group, "unknown", error=self._why(e))
+        try:
+            statename = str(daemon["statename"])
+            mine = [i for i in infos if i.get("group") == group]
+        except (TypeError, KeyError, AttributeError) as e:
+            return ServiceState(group, "unknown", error=f"supervisord: unexpected answer ({e})")
+        state = SUPERVISORD_STATES.get(statename, "unknown")
+        if not mine:
+            return ServiceState(group, state, sub=statename.lower(), loaded=False,
+                                status_text=f"supervisord pid {pid} runs no group {group}")
+        running = sum(i.get("statename") == "RUNNING" for i in mine)
+        return ServiceState(
+            group, state, sub=statename.lower(),
+            status_text=f"supervisord pid {pid}: {running} of {len(mine)} programs running",
+        )
+
+    def _why(self, e: BaseException) -> str:
+        path = self.socket_path
+        if isinstance(e, FileNotFoundError):
+            why = f"{path}: no such socket — is supervisord running?"
+        elif isinstance(e, ConnectionRefusedError):
+            why = f"{path}: connection refused — supervisord is not running"
+        elif isinstance(e, PermissionError):
+            why = f"{path}: permission denied — ask as the user that runs supervisord"
+        elif isinstance(e, TimeoutError):
+            why = f"{path}: no answer within {self.timeout:g}s"
+        elif isinstance(e, xmlrpc.client.ProtocolError):
+            why = f"{path}: HTTP {e.errcode} {e.errmsg}"
+        elif isinstance(e, OSError) and e.strerror:
+            why = f"{path}: {e.strerror}"
+        else:
+            why = f"{path}: {e or type(e).__name__}"
+        return f"supervisord: {why}"
+
+
+#: supervisor.xmlrpc.Faults.BAD_NAME: no such process (or group).
+BAD_NAME = 10
+
+#: supervisord's process states (supervisor/states.py) in systemd's words; EXITED is decided by
+#: its exit status (state_from_process_info).
+SUPERVISOR_STATES = {
+    "RUNNING": "active",
+    "STARTING": "activating",
+    "STOPPING": "deactivating",
+    "STOPPED": "inactive",
+    "EXITED": "inactive",
+    "BACKOFF": "failed",
+    "FATAL": "failed",
+}
+#: supervisord's own states (getState) in systemd's words.
+SUPERVISORD_STATES = {
+    "RUNNING": "active",
+    "RESTARTING": "reloading",
+    "SHUTDOWN": "deactivating",
+    "FATAL": "failed",
+}
+
+
+def state_from_process_info(name: str, info: Mapping[str, Any]) -> ServiceState:
+    """A ServiceState from ``supervisor.getProcessInfo()``. The sub-state is supervisord's own
+    word (running, fatal, backoff, …); EXITED with exit status 0 is a clean stop (inactive:
+    the bundle's exitcodes=0, like Restart=on-failure), any other is failed (exit-code). The
+    age uses supervisord's own ``now``: no clock of ours is compared with its timestamps.
+    supervisord counts no restarts, so there are none to show."""
+    statename = str(info.get("statename") or "UNKNOWN")
+    state = SUPERVISOR_STATES.get(statename, "unknown")
+    exitstatus = _int(info.get("exitstatus"))
+    result = ""
+    text = str(info.get("description") or "")
+    if statename == "EXITED":
+        state, result = ("inactive", "success") if exitstatus == 0 else ("failed", "exit-code")
+        if exitstatus:
+            text = f"{text} (exit status {exitstatus})" if text else f"exit status {exitstatus}"
+    start, stop, now = _int(info.get("start")), _int(info.get("stop")), _int(info.get("now"))
+    # up: since the last spawn; down: since the last exit (a spawn that failed has none)
+    when = start if state in ("active", "activating", "deactivating") or stop < start else stop
+    since_secs = float(max(0, now - when)) if when > 0 and now > 0 else None
+    return ServiceState(
+        unit=name,
+        state=state,
+        sub=statename.lower(),
+        result=result,
+        since=time.strftime("%a %Y-%m-%d %H:%M:%S %Z", time.localtime(when))
+        if since_secs is not None else "",
+        since_secs=since_secs,
+        restarts=None,
+        status_text=text,
+    )
+
+
+def _int(value: object) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
+
+def make_backend(plan: Plan, backend: str = "auto", *, systemctl: str = "systemctl",
+                 socket_path: str | None = None) -> ServiceBackend:
+    """`--backend`: auto is the manager the config's `format` renders for — or supervisord
+    when a control socket is given (only supervisord has one)."""
+    if backend == "auto":
+        backend = "supervisord" if plan.format == "supervisord" or socket_path else "systemd"
+    if backend == "supervisord":
+        return SupervisordBackend.for_plan(plan, socket_path)
+    if socket_path:
+        raise click.UsageError("--socket is supervisord's control socket; systemd has none "
+                               "(use --backend supervisord, or drop --socket)")
+    return SystemdBackend(systemctl)
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -514,23 +710,33 @@ def watch(interval: float, frame: Callable[[], tuple[str, int]], *, clear: bool)
 @click.option("--watch", "watch_secs", type=click.FloatRange(min=0.1), is_flag=False,
               flag_value=2.0, default=None, metavar="[SECONDS]",
               help="Refresh every SECONDS (default 2) until Ctrl-C.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help="The service manager to ask: systemd (the units) or supervisord (the "
+              "supervisord bundle); auto: the one the config's `format` renders for.")
 @click.option("--systemctl", "systemctl", default="systemctl", show_default=True, metavar="PATH",
               help="The systemctl to ask.")
+@click.option("--socket", "socket_path", default=None, metavar="PATH",
+              help="supervisord's control socket (implies --backend supervisord under auto). "
+              "Default: {supervisord.run_dir}/{name}-supervisord.sock, as the bundle has it.")
 @handle_errors
 def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
-           as_json: bool, watch_secs: float | None, systemctl: str) -> None:
+           as_json: bool, watch_secs: float | None, backend: str, systemctl: str,
+           socket_path: str | None) -> None:
     """Show whether the stack serves: each unit's state, uptime and restarts, each engine's
     /health, the router's /readiness and its view of the workers, the URL to send requests to,
     and a verdict (`serving` / `not serving: why`).
 
     With --json the same facts as one JSON document (one line per frame with --watch).
+
+    Under supervisord the first row is the bundle's group and the supervisord that runs it
+    (there is no target), and RESTARTS is `-`: supervisord does not count restarts.
     """
     plan = load_plan(config_path, sysfs_root, topology_file)
-    backend = SystemdBackend(systemctl)
+    manager = make_backend(plan, backend, systemctl=systemctl, socket_path=socket_path)
     hostname = socket.gethostname()
 
     def frame() -> tuple[str, int]:
-        report = collect(plan, backend, hostname=hostname)
+        report = collect(plan, manager, hostname=hostname)
         code = 0 if report.serving else 1
         if as_json:
             doc = report_dict(report)
