@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -15,8 +17,10 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -30,6 +34,14 @@ EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 FlagName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")]
 ArgValue = str | int | float | bool | list[str | int | float]
 Seconds = Annotated[int, Field(ge=1)]
+
+#: Ports of instance i of a role, when the config does not give them (i = 0 is also the
+#: single-mapping default): HTTP ports interleave (prefill even, decode odd), each prefill gets
+#: its own bootstrap port (sglang #20952), and the dist-init bases step by 200 so that every
+#: base, prefill's and decode's, is 100 from the next and no other port falls in a base's span.
+PREFILL_PORT, DECODE_PORT, PORT_STEP = 30000, 30001, 2
+BOOTSTRAP_PORT = 8998
+PREFILL_DIST_INIT, DECODE_DIST_INIT, DIST_INIT_STEP = 30335, 30435, 2 * DIST_INIT_SPAN
 
 #: launch_server flags pdsvc derives from the plan; setting them in `args` would contradict it.
 OWNED_ENGINE_FLAGS = {
@@ -204,12 +216,13 @@ class PrefillConfig(RoleConfig):
     gpus: list[Annotated[int, Field(ge=0)]] = Field(
         [0, 1, 2, 3], min_length=1, description="GPU indices (nvidia-smi / PCI bus order)."
     )
-    port: Port = Field(30000, description="HTTP port (bound on 127.0.0.1).")
+    port: Port = Field(PREFILL_PORT, description="HTTP port (bound on 127.0.0.1).")
     dist_init_port: Port = Field(
-        30335, description="--dist-init-addr port; base+1…+99 stay free for SGLang."
+        PREFILL_DIST_INIT, description="--dist-init-addr port; base+1…+99 stay free for SGLang."
     )
     bootstrap_port: Port = Field(
-        8998, description="KV bootstrap server; the same value goes to decode and the router."
+        BOOTSTRAP_PORT,
+        description="KV bootstrap server; the same value goes to decode and the router.",
     )
 
 
@@ -217,12 +230,93 @@ class DecodeConfig(RoleConfig):
     gpus: list[Annotated[int, Field(ge=0)]] = Field(
         [4, 5, 6, 7], min_length=1, description="GPU indices (nvidia-smi / PCI bus order)."
     )
-    port: Port = Field(30001, description="HTTP port (bound on 127.0.0.1).")
-    dist_init_port: Port = Field(30435, description="≥100 from prefill's.")
+    port: Port = Field(DECODE_PORT, description="HTTP port (bound on 127.0.0.1).")
+    dist_init_port: Port = Field(DECODE_DIST_INIT, description="≥100 from prefill's.")
     restart_with_prefill: Literal["auto"] | bool = Field(
         "auto",
-        description="Restart decode whenever prefill restarts (auto: on for nixl, sglang #33789).",
+        description="Restart decode whenever prefill restarts — any prefill, when there are "
+        "several (auto: on for nixl, sglang #33789).",
     )
+
+
+# List form: `prefill: [{gpus: …}, {gpus: …}]` runs one engine per item (xPyD on one host). An
+# item takes the keys of the single mapping; it must name its GPUs, and the ports it leaves out
+# are allocated from its index. Each item has its own args/env (no role-level defaults), and a
+# decode item's restart_with_prefill couples it to *every* prefill: a decode holds transfer
+# state per prefill (sglang #33789).
+
+
+class PrefillInstance(PrefillConfig):
+    """One item of `prefill:` in list form."""
+
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(
+        min_length=1,
+        description="List form, `prefill: [{gpus: …}, …]`: one engine per item (units "
+        "NAME-prefill-0, NAME-prefill-1, … when several), each with its own GPUs (required, "
+        "disjoint), args and env; ports left out are allocated from the index i.",
+    )
+    port: Port | None = Field(None, description=f"Default: {PREFILL_PORT} + {PORT_STEP}×i.")
+    dist_init_port: Port | None = Field(
+        None, description=f"Default: {PREFILL_DIST_INIT} + {DIST_INIT_STEP}×i."
+    )
+    bootstrap_port: Port | None = Field(
+        None,
+        description=f"Default: {BOOTSTRAP_PORT} + i; one per prefill (sglang #20952). The router "
+        "gets each with its URL; every decode's --disaggregation-bootstrap-port is prefill[0]'s.",
+    )
+
+
+class DecodeInstance(DecodeConfig):
+    """One item of `decode:` in list form."""
+
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(
+        min_length=1,
+        description="List form, `decode: [{gpus: …}, …]`: one engine per item (units "
+        "NAME-decode-0, NAME-decode-1, … when several), each with its own GPUs (required, "
+        "disjoint), args and env; ports left out are allocated from the index i.",
+    )
+    port: Port | None = Field(None, description=f"Default: {DECODE_PORT} + {PORT_STEP}×i.")
+    dist_init_port: Port | None = Field(
+        None, description=f"Default: {DECODE_DIST_INIT} + {DIST_INIT_STEP}×i."
+    )
+    restart_with_prefill: Literal["auto"] | bool = Field(
+        "auto",
+        description="Per decode instance: restart it whenever ANY prefill (re)starts "
+        "(auto: on for nixl, sglang #33789).",
+    )
+
+
+def _form(value: Any) -> str:
+    return "list" if isinstance(value, list) else "mapping"
+
+
+#: A role is one mapping (one engine, units NAME-prefill / NAME-decode as before) or a list of
+#: instances (NAME-prefill-0, NAME-prefill-1, … when there are several).
+PrefillSpec = Annotated[
+    Annotated[PrefillConfig, Tag("mapping")]
+    | Annotated[list[PrefillInstance], Field(min_length=1), Tag("list")],
+    Discriminator(_form),
+]
+DecodeSpec = Annotated[
+    Annotated[DecodeConfig, Tag("mapping")]
+    | Annotated[list[DecodeInstance], Field(min_length=1), Tag("list")],
+    Discriminator(_form),
+]
+_FORM_TAGS = ("mapping", "list")
+
+
+def model_forms(annotation: Any) -> tuple[Any, Any]:
+    """(model of the mapping form, model of a list item) of a role field's annotation; either
+    is None when the field has no such form (the config reference and error hints use it)."""
+    mapping = item = None
+    for member in typing.get_args(annotation) or (annotation,):
+        while typing.get_origin(member) is Annotated:
+            member = typing.get_args(member)[0]
+        if typing.get_origin(member) is list:
+            item = typing.get_args(member)[0]
+        elif isinstance(member, type) and issubclass(member, BaseModel):
+            mapping = member
+    return mapping, item
 
 
 class HealthCheckConfig(Strict):
@@ -344,8 +438,8 @@ class Config(Strict):
     model: ModelConfig
     runtime: RuntimeConfig = RuntimeConfig()
     transfer: TransferConfig = TransferConfig()
-    prefill: PrefillConfig = PrefillConfig()
-    decode: DecodeConfig = DecodeConfig()
+    prefill: PrefillSpec = PrefillConfig()
+    decode: DecodeSpec = DecodeConfig()
     router: RouterConfig = RouterConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
     supervisord: SupervisordConfig = SupervisordConfig()
@@ -360,7 +454,54 @@ class Config(Strict):
             )
         return v
 
+    def instances(self, role: Literal["prefill", "decode"]) -> tuple[Instance, ...]:
+        """The role's engines, each with every port resolved (allocated from its index when
+        the list form leaves one out)."""
+        spec = self.prefill if role == "prefill" else self.decode
+        if not isinstance(spec, list):
+            return (Instance(role, None, (role,), spec),)
+        out = []
+        for i, item in enumerate(spec):
+            if role == "prefill":
+                wanted = {"port": PREFILL_PORT + PORT_STEP * i,
+                          "dist_init_port": PREFILL_DIST_INIT + DIST_INIT_STEP * i,
+                          "bootstrap_port": BOOTSTRAP_PORT + i}
+            else:
+                wanted = {"port": DECODE_PORT + PORT_STEP * i,
+                          "dist_init_port": DECODE_DIST_INIT + DIST_INIT_STEP * i}
+            allocated = {k: v for k, v in wanted.items() if getattr(item, k) is None}
+            out.append(Instance(role, i, (role, i), item.model_copy(update=allocated),
+                                frozenset(allocated)))
+        return tuple(out)
 
+    @property
+    def engines(self) -> tuple[Instance, ...]:
+        """Every engine instance: the prefills, then the decodes."""
+        return self.instances("prefill") + self.instances("decode")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One engine of the config: the role's single mapping, or item `index` of its list."""
+
+    role: Literal["prefill", "decode"]
+    index: int | None  # None: the role is one mapping
+    loc: tuple  # the key path of its settings: ("prefill",) or ("prefill", 1)
+    cfg: Any  # PrefillConfig | DecodeConfig with every port set
+    allocated: frozenset[str] = frozenset()  # port keys allocated, not given
+
+    @property
+    def key(self) -> str:
+        """How errors name it: `prefill` or `prefill[1]`."""
+        return dotted(self.loc)
+
+
+def dotted(loc: tuple) -> str:
+    """A key path as the user writes it: ('prefill', 1, 'gpus') -> 'prefill[1].gpus'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
 def _check_env(env: dict[str, Any]) -> dict[str, Any]:
@@ -417,56 +558,71 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     for loc, problem in cross_field_problems(config):
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
-        raise ConfigError(f"{where}: {'.'.join(map(str, loc))}: {problem}")
+        raise ConfigError(f"{where}: {dotted(loc)}: {problem}")
     return config
 
 
 def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:
     """Checks across sections, as (key path, problem) pairs; the first one is reported."""
     problems: list[tuple[tuple, str]] = []
-    shared = sorted(set(config.prefill.gpus) & set(config.decode.gpus))
-    if shared:
-        problems.append((
-            ("decode", "gpus"),
-            f"GPU {shared[0]} is also in prefill.gpus; give each role its own GPUs",
-        ))
+    engines = config.engines
+    for i, inst in enumerate(engines):
+        for other in engines[:i]:
+            shared = sorted(set(inst.cfg.gpus) & set(other.cfg.gpus))
+            if shared:
+                whom = "role" if inst.index is None and other.index is None else "engine"
+                problems.append((inst.loc + ("gpus",), (
+                    f"GPU {shared[0]} is also in {other.key}.gpus; give each {whom} its own GPUs"
+                )))
     problems += _port_problems(config)
     return problems
 
 
 def _port_problems(config: Config) -> list[tuple[tuple, str]]:
-    """Every port the plan opens is distinct, and dist-init bases keep their port span free."""
-    p, d, r = config.prefill, config.decode, config.router
-    ports: list[tuple[tuple, int]] = [
-        (("prefill", "port"), p.port),
-        (("prefill", "bootstrap_port"), p.bootstrap_port),
-        (("decode", "port"), d.port),
-        (("router", "port"), r.port),
-        (("router", "prometheus_port"), r.prometheus_port),
+    """Every port the plan opens is distinct, and dist-init bases keep their port span free.
+    A port allocated from an instance's index is named as such: giving it is the fix."""
+    ports: list[tuple[tuple, int, str]] = []
+    for inst in config.engines:
+        for key in ("port", "bootstrap_port") if inst.role == "prefill" else ("port",):
+            ports.append(_port_of(inst, key))
+    r = config.router
+    ports += [(("router", "port"), r.port, "router.port"),
+              (("router", "prometheus_port"), r.prometheus_port, "router.prometheus_port")]
+    spans: list[tuple[tuple, int, str]] = [
+        _port_of(inst, "dist_init_port") for inst in config.engines
     ]
-    spans = [(("prefill", "dist_init_port"), p.dist_init_port),
-             (("decode", "dist_init_port"), d.dist_init_port)]
     problems: list[tuple[tuple, str]] = []
     seen: dict[int, str] = {}
-    for key, port in ports:
+    for loc, port, name in ports:
         if port in seen:
-            problems.append((key, f"port {port} is also {seen[port]}; each service needs its own"))
-        seen.setdefault(port, ".".join(key))
-    for i, (key, base) in enumerate(spans):
-        for other_key, other in spans[:i]:
+            problems.append((loc, f"port {port} is also {seen[port]}; each service needs its own"
+                             + _allocated_hint(name)))
+        seen.setdefault(port, dotted(loc))
+    for i, (loc, base, name) in enumerate(spans):
+        for other_loc, other, _ in spans[:i]:
             if abs(base - other) < DIST_INIT_SPAN:
-                problems.append((key, (
-                    f"{base} is within {DIST_INIT_SPAN} of {'.'.join(other_key)} {other}; SGLang "
+                problems.append((loc, (
+                    f"{base} is within {DIST_INIT_SPAN} of {dotted(other_loc)} {other}; SGLang "
                     f"takes ports base+1…base+5+dp from each, keep them ≥{DIST_INIT_SPAN} apart "
-                    f"(e.g. {other + DIST_INIT_SPAN})"
+                    f"(e.g. {other + DIST_INIT_SPAN})" + _allocated_hint(name)
                 )))
-        for other_key, port in ports:
+        for other_loc, port, _ in ports:
             if base <= port < base + DIST_INIT_SPAN:
-                problems.append((key, (
+                problems.append((loc, (
                     f"{base}…{base + DIST_INIT_SPAN - 1} is kept for SGLang's ZMQ/NCCL ports but "
-                    f"{'.'.join(other_key)} is {port}; move one of them"
+                    f"{dotted(other_loc)} is {port}; move one of them" + _allocated_hint(name)
                 )))
     return problems
+
+
+def _port_of(inst: Instance, key: str) -> tuple[tuple, int, str]:
+    """(key path, port, its name in a hint: '' when given, the key when allocated)."""
+    loc = inst.loc + (key,)
+    return loc, getattr(inst.cfg, key), dotted(loc) if key in inst.allocated else ""
+
+
+def _allocated_hint(name: str) -> str:
+    return f" ({name} was allocated from the instance's index; set it)" if name else ""
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
@@ -492,7 +648,9 @@ def _line_index(node: yaml.Node | None, path: tuple = ()) -> dict[tuple, int]:
 
 def _describe(err: dict[str, Any], lines: dict[tuple, int], source: str) -> str:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
-    dotted = ".".join(str(p) for p in loc) or "(top level)"
+    if len(loc) > 1 and loc[0] in ("prefill", "decode") and loc[1] in _FORM_TAGS:
+        loc = loc[:1] + loc[2:]  # the role's form (one mapping or a list), not a key
+    shown_key = dotted(loc) or "(top level)"
     line = _nearest_line(loc, lines)
     where = f"{source}:{line}" if line else source
     kind = err["type"]
@@ -500,19 +658,24 @@ def _describe(err: dict[str, Any], lines: dict[tuple, int], source: str) -> str:
         parent, key = loc[:-1], str(loc[-1])
         valid = _valid_keys(parent)
         close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-        fix = f"did you mean '{'.'.join([*map(str, parent), close[0]])}'?" if close else (
+        fix = f"did you mean '{dotted((*parent, close[0]))}'?" if close else (
             f"valid keys here: {', '.join(valid)}"
         )
-        return f"{where}: unknown key '{dotted}'; {fix}"
+        return f"{where}: unknown key '{shown_key}'; {fix}"
     if kind == "missing":
-        return f"{where}: missing required key '{dotted}'; add it (see etc/pdsvc.yaml)"
+        return f"{where}: missing required key '{shown_key}'; add it (see etc/pdsvc.yaml)"
     msg = err["msg"]
     msg = re.sub(r"^Value error, ", "", msg)
+    if kind == "model_type":  # pydantic names the model class, which the user never wrote
+        msg = "must be a mapping of keys" + (
+            " (one engine) or a list of them (one engine each)"
+            if loc in (("prefill",), ("decode",)) else ""
+        )
     given = err.get("input")
     shown = "" if isinstance(given, (dict, list)) or kind.startswith("value_error") else (
         f" (got {given!r})"
     )
-    return f"{where}: {dotted}: {msg}{shown}"
+    return f"{where}: {shown_key}: {msg}{shown}"
 
 
 def _is_union_tag(part: str) -> bool:
@@ -530,9 +693,13 @@ def _nearest_line(loc: tuple, lines: dict[tuple, int]) -> int | None:
 
 def _valid_keys(parent: tuple) -> list[str]:
     model: Any = Config
-    for part in parent:
+    for i, part in enumerate(parent):
+        if isinstance(part, int):
+            continue  # the list item's model was chosen at its key
         field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
         if field is None:
             return []
-        model = field.annotation
+        listed = i + 1 < len(parent) and isinstance(parent[i + 1], int)
+        mapping, item = model_forms(field.annotation)
+        model = item if listed else mapping
     return list(model.model_fields) if hasattr(model, "model_fields") else []

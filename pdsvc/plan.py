@@ -1,8 +1,8 @@
 """Config + Topology -> Plan: every port, GPU, CPU, flag, path and env var, decided once.
 
 Renderers (systemd, supervisord, …) and install.sh only *read* the plan; nothing downstream
-derives a value of its own. The plan holds a tuple of engines (today one prefill and one decode)
-so that N prefill + M decode, and later several hosts, are generalisations of the same shape.
+derives a value of its own. The plan holds a tuple of engines — N prefill + M decode on one host
+(one of each by default); several hosts would be a generalisation of the same shape.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .errors import TopologyError
 from .topology import Topology, format_cpulist
 
 if TYPE_CHECKING:  # the plan only reads the validated config; importing it costs pydantic
-    from .config import Config, DecodeConfig, PrefillConfig, RoleConfig
+    from .config import Config, DecodeConfig, Instance, PrefillConfig, RoleConfig
 
 Role = Literal["prefill", "decode"]
 
@@ -211,22 +211,28 @@ def build_plan(
         cache_directory=jit.removeprefix("/var/cache/") if jit.startswith("/var/cache/") else None,
     )
     host = "127.0.0.1"  # one host: engines listen on loopback only; the router faces clients
-    prefill_name, decode_name = f"{name}-prefill", f"{name}-decode"
-    couple = config.decode.restart_with_prefill
-    if couple == "auto":
-        couple = config.transfer.backend == "nixl"
-    engines = tuple(
-        _engine(
-            config, topology, role, role_cfg, name=unit_name, host=host, paths=paths,
-            bootstrap_port=config.prefill.bootstrap_port, warnings=warnings,
-            restarts_with=(f"{prefill_name}.service",) if role == "decode" and couple else (),
-        )
-        for role, role_cfg, unit_name in (
-            ("prefill", config.prefill, prefill_name),
-            ("decode", config.decode, decode_name),
-        )
-    )
-    router = _router(config, engines, name=f"{name}-router")
+    prefills, decodes = config.instances("prefill"), config.instances("decode")
+    prefill_units = tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills)
+    # a decode that does not find bootstrap_port in a request falls back to its own flag:
+    # prefill[0]'s (the router sends each prefill's port with every request, sglang #5704)
+    bootstrap_port = prefills[0].cfg.bootstrap_port
+    engines = []
+    for count, insts in ((len(prefills), prefills), (len(decodes), decodes)):
+        for inst in insts:
+            couple = inst.role == "decode" and inst.cfg.restart_with_prefill
+            if couple == "auto":
+                couple = config.transfer.backend == "nixl"
+            engines.append(_engine(
+                config, topology, inst.role, inst.cfg, key=inst.key,
+                name=unit_name(name, inst, count), host=host, paths=paths,
+                bootstrap_port=inst.cfg.bootstrap_port if inst.role == "prefill"
+                else bootstrap_port,
+                warnings=warnings,
+                # NIXL: a decode holds transfer state per prefill (sglang #33789), so any
+                # prefill's (re)start restarts it
+                restarts_with=prefill_units if couple else (),
+            ))
+    router = _router(config, tuple(engines), name=f"{name}-router")
     under_home = [
         p for p in (config.runtime.python, config.model.path, jit, *config.runtime.read_write_paths)
         if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
@@ -243,7 +249,7 @@ def build_plan(
         group=config.runtime.group,
         transfer_backend=config.transfer.backend,
         paths=paths,
-        engines=engines,
+        engines=tuple(engines),
         router=router,
         lifecycle=config.lifecycle.model_dump(),
         protect_home="read-only" if under_home else "yes",
@@ -254,6 +260,12 @@ def build_plan(
         format=config.format,
         supervisord=config.supervisord.model_dump(),
     )
+
+
+def unit_name(name: str, inst: Instance, count: int) -> str:
+    """NAME-prefill for a role's only engine (a mapping or a one-item list), NAME-prefill-I for
+    item I of several: stable across renders, readable in journalctl."""
+    return f"{name}-{inst.role}" if count == 1 else f"{name}-{inst.role}-{inst.index}"
 
 
 def _pinning(
@@ -368,6 +380,7 @@ def _engine(
     role: Role,
     role_cfg: PrefillConfig | DecodeConfig,
     *,
+    key: str,
     name: str,
     host: str,
     paths: Paths,
@@ -375,7 +388,7 @@ def _engine(
     warnings: list[str],
     restarts_with: tuple[str, ...],
 ) -> EnginePlan:
-    pinning, bus_ids = _pinning(role, role_cfg, topology, config, warnings)
+    pinning, bus_ids = _pinning(key, role_cfg, topology, config, warnings)
     rt = config.runtime
     env: dict[str, str] = {
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",

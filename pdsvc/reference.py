@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from .config import Config
+from .config import Config, model_forms
 
 
 def _default(field: Any) -> str:
@@ -22,7 +22,7 @@ def _default(field: Any) -> str:
     return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
 
 
-def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+def _rows(model: type[BaseModel], prefix: str, differs_from: Any = None) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
@@ -30,9 +30,22 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows += _rows(ann, f"{key}.")
             continue
+        mapping, item = model_forms(ann)
+        if mapping is not None and item is not None:
+            # a role: its single mapping's keys, then what differs in the list form's items
+            rows += _rows(mapping, f"{key}.")
+            rows += _rows(item, f"{key}[i].", differs_from=mapping)
+            continue
+        if differs_from is not None and _same(field, differs_from.model_fields.get(name)):
+            continue
         desc = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{key}` | {_default(field)} | {desc} |")
     return rows
+
+
+def _same(a: Any, b: Any) -> bool:
+    return b is not None and all(getattr(a, k) == getattr(b, k) for k in (
+        "annotation", "default", "default_factory", "description"))
 
 
 def reference_markdown() -> str:

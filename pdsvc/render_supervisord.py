@@ -313,8 +313,9 @@ def control_socket(plan: Plan, settings: Any = None) -> str:
 
 
 def program_names(plan: Plan) -> Mapping[str, str]:
-    """{role: supervisorctl name} of the bundle's programs (group:program)."""
+    """{systemd unit: supervisorctl name (group:program)} of the bundle's programs — keyed by
+    unit, so N prefill + M decode engines each keep their own."""
     group = group_name(plan)
-    names = {e.role: f"{group}:{e.name}" for e in plan.engines}
-    names["router"] = f"{group}:{plan.router.name}"
+    names = {e.unit: f"{group}:{e.name}" for e in plan.engines}
+    names[plan.router.unit] = f"{group}:{plan.router.name}"
     return names

@@ -230,10 +230,7 @@ class SupervisordBackend:
         # the renderer imports jinja2: only when this backend is used
         from .render_supervisord import control_socket, group_name, program_names
 
-        names = program_names(plan)
-        units = {e.unit: names[e.role] for e in plan.engines}
-        units[plan.router.unit] = names["router"]
-        return cls(socket_path or control_socket(plan), units, target=plan.target,
+        return cls(socket_path or control_socket(plan), program_names(plan), target=plan.target,
                    group=group_name(plan), timeout=timeout)
 
     def _api(self) -> Any:

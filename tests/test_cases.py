@@ -1,7 +1,8 @@
 """Intent assertions, Quadlet style: each tests/cases/*.yaml is a config plus `## verb …` lines.
 
-Verbs (unit = prefill | decode | router | target):
+Verbs (unit = prefill | decode | router | target, or an instance: prefill-0, decode-1, …):
   host: NAME                         fixture host from tests/support/sysfs.py
+  assert-units U...                  exactly these services are rendered (besides the target)
   assert-key UNIT SECTION KEY V...   some KEY= line equals the words V... joined by spaces
   assert-no-key UNIT SECTION KEY [V] no KEY= line (with value V)
   assert-same-key U1 U2 SECTION KEY  both units set KEY identically
@@ -62,11 +63,10 @@ def test_case(case: Path, sysfs_hosts: dict[str, Path], runner, tmp_path: Path) 
         return
     assert result.exit_code == 0, result.output + result.stderr
     name = next(p.name for p in out.glob("*.target")).removesuffix("-pd.target")
-    files = {
-        "prefill": f"{name}-prefill.service", "decode": f"{name}-decode.service",
-        "router": f"{name}-router.service", "target": f"{name}-pd.target",
-    }
-    units = {k: parse_unit((out / v).read_text()) for k, v in files.items()}
+    files = {p.name.removeprefix(f"{name}-").removesuffix(".service"): p
+             for p in out.glob(f"{name}-*.service")}
+    files["target"] = out / f"{name}-pd.target"
+    units = {k: parse_unit(v.read_text()) for k, v in files.items()}
 
     def values(unit: str, section: str, key: str) -> list[str]:
         return units[unit].get(section, {}).get(key, [])
@@ -79,7 +79,9 @@ def test_case(case: Path, sysfs_hosts: dict[str, Path], runner, tmp_path: Path) 
         return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
     for verb, *args in directives:
-        if verb == "assert-key":
+        if verb == "assert-units":
+            assert sorted(files) == sorted([*args, "target"]), sorted(files)
+        elif verb == "assert-key":
             unit, section, key, *want = args
             got = values(unit, section, key)
             assert " ".join(want) in got, (unit, key, got)

@@ -11,6 +11,7 @@ from pdsvc.cli import main
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 BASE = "model: {path: /srv/m}\n"
+P2 = "prefill:\n  - gpus: [0, 1]\n  - gpus: [2, 3]\n"  # two prefills; item 1 starts on line 4
 
 CASES = [
     ("typo-top", BASE + "prefil:\n  port: 1\n",
@@ -50,6 +51,35 @@ CASES = [
     ("bad-backend", BASE + "transfer:\n  backend: rdma\n", "transfer.backend: Input should be"),
     ("bad-name", "name: My Stack\n" + BASE, "name: must be 2-32 lowercase letters, digits"),
     ("bad-flag-name", BASE + "decode:\n  args:\n    --cuda-graph-max-bs: 8\n", "decode.args"),
+    # xPyD: roles as lists of instances; keys are named with the list index, lines are exact
+    ("xpyd-dup-bootstrap", BASE + P2 + "    bootstrap_port: 8998\n",
+     ":5: prefill[1].bootstrap_port: port 8998 is also prefill[0].bootstrap_port; each service "
+     "needs its own"),
+    ("xpyd-allocated-clash", BASE + "prefill:\n  - {gpus: [0, 1], port: 30002}\n"
+     "  - {gpus: [2, 3]}\n",
+     ":4: prefill[1].port: port 30002 is also prefill[0].port; each service needs its own "
+     "(prefill[1].port was allocated from the instance's index; set it)"),
+    ("xpyd-bootstrap-vs-http", BASE + "prefill:\n  - {gpus: [0, 1], bootstrap_port: 30002}\n"
+     "  - {gpus: [2, 3]}\n",
+     ":4: prefill[1].port: port 30002 is also prefill[0].bootstrap_port"),
+    ("xpyd-shared-gpu", BASE + "prefill:\n  - gpus: [0, 1]\n  - gpus: [1, 2]\n",
+     ":4: prefill[1].gpus: GPU 1 is also in prefill[0].gpus; give each engine its own GPUs"),
+    ("xpyd-shared-gpu-across-roles", BASE + "decode:\n  - gpus: [4, 5]\n  - gpus: [3]\n",
+     ":4: decode[1].gpus: GPU 3 is also in prefill.gpus"),
+    ("xpyd-dist-init-close", BASE + "decode:\n  - gpus: [4, 5]\n  - gpus: [6, 7]\n"
+     "    dist_init_port: 30480\n",
+     ":5: decode[1].dist_init_port: 30480 is within 100 of decode[0].dist_init_port 30435"),
+    ("xpyd-missing-gpus", BASE + "prefill:\n  - port: 31000\n",
+     ":3: missing required key 'prefill[0].gpus'"),
+    ("xpyd-typo-in-item", BASE + P2 + "    prot: 31000\n",
+     ":5: unknown key 'prefill[1].prot'; did you mean 'prefill[1].port'?"),
+    ("xpyd-empty-list", BASE + "prefill: []\n", ":2: prefill: List should have at least 1 item"),
+    ("xpyd-tp-mismatch", BASE + P2 + "    tp: 4\n", ":4: prefill[1]: tp is 4 but 2 GPUs"),
+    ("xpyd-owned-flag", BASE + "decode:\n  - gpus: [4]\n    args: {dist-init-addr: x}\n",
+     "decode[0].args: --dist-init-addr is set by pdsvc from <role>.dist_init_port"),
+    ("xpyd-bad-item", BASE + "decode:\n  - 4\n", ":3: decode[0]: must be a mapping of keys"),
+    ("bad-role", BASE + "prefill: 5\n",
+     ":2: prefill: must be a mapping of keys (one engine) or a list of them (one engine each)"),
 ]
 
 

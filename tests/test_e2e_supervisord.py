@@ -125,7 +125,9 @@ class SupervisordStack:
         self.bundle = work / "units-supervisord"
         write_bundle(render_supervisord(self.plan, "test", config.supervisord), self.bundle)
         self.conf = self.bundle / "supervisord.conf"
-        self.names = program_names(self.plan)
+        by_unit = program_names(self.plan)
+        self.names = {e.role: by_unit[e.unit] for e in self.plan.engines}
+        self.names["router"] = by_unit[self.plan.router.unit]
         self.proc: subprocess.Popen | None = None
         self.rpc = supervise.supervisor_rpc(
             f"unix://{self.run_dir}/{NAME}-supervisord.sock", timeout=30)

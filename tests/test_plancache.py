@@ -45,3 +45,13 @@ def test_corrupt_entry_is_a_miss_and_the_cache_can_be_off(tmp_path: Path, monkey
     assert load_plan(cfg, None, SEED) == plan
     monkeypatch.setenv("PDSVC_NO_PLAN_CACHE", "1")
     assert plancache.get("anything") is None
+
+
+def test_round_trip_of_an_xpyd_plan() -> None:
+    """N prefill + M decode (list form) round-trips too: names, ports and couplings."""
+    text = (REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text()
+    plan = build_plan(parse_config(text), load_topology_file(SEED), config_source="x",
+                      config_text=text)
+    assert [e.name for e in plan.engines] == [
+        "dsv4-prefill-0", "dsv4-prefill-1", "dsv4-decode-0", "dsv4-decode-1"]
+    assert plan_from_dict(plan.to_dict()) == plan

@@ -380,9 +380,9 @@ def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> No
     assert copy.split("\n", 2)[2] == SUPERVISE.read_text().split("\n", 1)[1]  # verbatim
     write_bundle(files, tmp_path)
     assert {status for _, status in write_bundle(files, tmp_path)} == {"unchanged"}
-    assert program_names(plan) == {"prefill": "dsv4-pd:dsv4-prefill",
-                                   "decode": "dsv4-pd:dsv4-decode",
-                                   "router": "dsv4-pd:dsv4-router"}
+    assert program_names(plan) == {"dsv4-prefill.service": "dsv4-pd:dsv4-prefill",
+                                   "dsv4-decode.service": "dsv4-pd:dsv4-decode",
+                                   "dsv4-router.service": "dsv4-pd:dsv4-router"}
 
 
 # --------------------------------------------------------------------------- supervise.py
