@@ -75,18 +75,23 @@ def host_topology(sysfs_root: Path | None, topology_file: Path | None) -> Topolo
     return read_sysfs(sysfs_root or Path("/sys"))
 
 
+def read_config_text(path: Path) -> str:
+    """The config file's text, or a one-line ConfigError saying what is wrong with the path."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: config file not found", hint="pass --config PATH (see etc/pdsvc.yaml)"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+
+
 def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> Plan:
     """Config + host topology -> Plan. A plan already built from the same config text,
     topology and pdsvc code is read back from the plan cache instead (no pydantic import:
     that is most of a render's time); anything else goes through full validation."""
-    try:
-        text = config_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{config_path}: config file not found", hint="pass --config PATH (see etc/pdsvc.yaml)"
-        ) from None
-    except OSError as e:
-        raise ConfigError(f"{config_path}: cannot read config: {e.strerror}") from None
+    text = read_config_text(config_path)
     topology = host_topology(sysfs_root, topology_file)
     key = plancache.key(str(config_path), text, topology)
     plan = plancache.get(key)

@@ -10,7 +10,6 @@ import difflib
 import re
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -190,12 +189,7 @@ class RoleConfig(Strict):
     @field_validator("args")
     @classmethod
     def _not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for flag in v:
-            if flag in OWNED_ENGINE_FLAGS:
-                raise ValueError(
-                    f"--{flag} is set by pdsvc from {OWNED_ENGINE_FLAGS[flag]}; set that instead"
-                )
-        return v
+        return _check_flags(v, OWNED_ENGINE_FLAGS)
 
     @field_validator("env")
     @classmethod
@@ -349,12 +343,7 @@ class RouterConfig(Strict):
     @field_validator("args")
     @classmethod
     def _not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for flag in v:
-            if flag in OWNED_ROUTER_FLAGS:
-                raise ValueError(
-                    f"--{flag} is set by pdsvc from {OWNED_ROUTER_FLAGS[flag]}; set that instead"
-                )
-        return v
+        return _check_flags(v, OWNED_ROUTER_FLAGS)
 
     @field_validator("env")
     @classmethod
@@ -504,6 +493,14 @@ def dotted(loc: tuple) -> str:
     return out
 
 
+def _check_flags(args: dict[str, Any], owned: dict[str, str]) -> dict[str, Any]:
+    """Refuse a flag in `args` that the plan derives from a config key (naming that key)."""
+    for flag in args:
+        if flag in owned:
+            raise ValueError(f"--{flag} is set by pdsvc from {owned[flag]}; set that instead")
+    return args
+
+
 def _check_env(env: dict[str, Any]) -> dict[str, Any]:
     for key, value in env.items():
         if key in OWNED_ENV:
@@ -517,19 +514,6 @@ def _check_env(env: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- loading
-
-
-def load_config(path: Path) -> Config:
-    """Read and validate a config file; every failure is a one-line ConfigError with file:line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{path}: config file not found", hint="pass --config PATH (see etc/pdsvc.yaml)"
-        ) from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
-    return parse_config(text, str(path))
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:

@@ -34,7 +34,8 @@ import yaml
 from stack import e2e_config, host_topology
 
 from pdsvc import supervise
-from pdsvc.config import load_config
+from pdsvc.clikit import read_config_text
+from pdsvc.config import parse_config
 from pdsvc.plan import Plan, build_plan
 from pdsvc.render import write_bundle
 from pdsvc.render_supervisord import program_names, render_supervisord
@@ -116,7 +117,7 @@ class SupervisordStack:
         (work / "logs").mkdir(exist_ok=True)
         (work / "config.yaml").write_text(yaml.safe_dump(cfg))
         (work / "topology.json").write_text(json.dumps(host_topology()))
-        config = load_config(work / "config.yaml")
+        config = parse_config(read_config_text(work / "config.yaml"), str(work / "config.yaml"))
         self.plan: Plan = build_plan(
             config, load_topology_file(work / "topology.json"),
             config_source=str(work / "config.yaml"),
