@@ -14,6 +14,7 @@ Times come from systemd's own monotonic timestamps where it has them.
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,31 +42,59 @@ def now_in_container(stack: Stack) -> float:
     return float(stack.c.run(["cat", "/proc/uptime"]).stdout.split()[0])
 
 
-def main() -> None:
-    venv = REPO / ".venv-serve"
-    work = Path(tempfile.mkdtemp(prefix="pdsvc-bench-"))
-    stack = Stack.up(work, venv, start=False, **{
+ROUTER_VENV = REPO / ".venv-router"  # sglang-router alone, no sglang
+
+
+def router_only_venv() -> Path:
+    """A venv with sglang-router and not sglang: its launcher then skips importing sglang."""
+    if not (ROUTER_VENV / "bin" / "python").exists():
+        subprocess.run(["/usr/bin/python3", "-m", "venv", str(ROUTER_VENV)], check=True)
+        subprocess.run([str(ROUTER_VENV / "bin" / "pip"), "install", "-q",
+                        "sglang-router==0.3.2"], check=True)
+    return ROUTER_VENV / "bin" / "python"
+
+
+def up(work: Path, **extra: object) -> Stack:
+    return Stack.up(work, REPO / ".venv-serve", start=False, **{
         "runtime.env.FAKE_SGLANG_LOAD_SECS": LOAD,
         "runtime.env.FAKE_SGLANG_COMPILE_COLD_SECS": COLD,
         "runtime.env.FAKE_SGLANG_COMPILE_WARM_SECS": WARM,
+        **extra,
     })
+
+
+def readiness_rows(stack: Stack, label: str) -> list[tuple[str, float | None, str]]:
+    last_ready = max(ts(stack, stack.unit(r), "ActiveEnterTimestampMonotonic")
+                     for r in ("prefill", "decode"))
+    router_exec = ts(stack, stack.unit("router"), "ExecMainStartTimestampMonotonic")
+    router_ready = ts(stack, stack.unit("router"), "ActiveEnterTimestampMonotonic")
+    target_ready = ts(stack, stack.target, "ActiveEnterTimestampMonotonic")
+    return [
+        (f"readiness ({label}): last engine READY → target active",
+         target_ready - last_ready, "goal ≤ 1 s"),
+        ("  of which systemd dispatch (→ router exec)", router_exec - last_ready, ""),
+        ("  of which router boot + registration + 1 generation", router_ready - router_exec, ""),
+        ("  of which router READY → target active", target_ready - router_ready, ""),
+    ]
+
+
+def main() -> None:
+    rows: list[tuple[str, float | None, str]] = []
+    # the router from the engines' venv (sglang installed beside it)
+    shared = up(Path(tempfile.mkdtemp(prefix="pdsvc-bench-")))
     try:
-        rows = []
+        shared.start()
+        rows += readiness_rows(shared, "router in the sglang venv")
+    finally:
+        shared.down()
+    stack = up(Path(tempfile.mkdtemp(prefix="pdsvc-bench-")),
+               **{"router.python": str(router_only_venv())})
+    try:
         # cold: empty JIT cache, whole stack
         t0 = now_in_container(stack)
         cold_total = stack.start()
         cold_engines = engines_up(stack, t0)
-        last_ready = max(ts(stack, stack.unit(r), "ActiveEnterTimestampMonotonic")
-                         for r in ("prefill", "decode"))
-        router_exec = ts(stack, stack.unit("router"), "ExecMainStartTimestampMonotonic")
-        router_ready = ts(stack, stack.unit("router"), "ActiveEnterTimestampMonotonic")
-        target_ready = ts(stack, stack.target, "ActiveEnterTimestampMonotonic")
-        readiness = target_ready - last_ready
-        rows.append(("readiness: last engine READY → target active", readiness, "goal ≤ 1 s"))
-        rows.append(("  of which systemd dispatch (→ router exec)", router_exec - last_ready, ""))
-        rows.append(("  of which router boot + registration + 1 generation",
-                     router_ready - router_exec, ""))
-        rows.append(("  of which router READY → target active", target_ready - router_ready, ""))
+        rows += readiness_rows(stack, "router.python: a router-only venv")
 
         # recovery: decode kill -9 → first good request through the router
         recoveries = []

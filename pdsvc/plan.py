@@ -85,6 +85,7 @@ class EnginePlan:
 @dataclass(frozen=True)
 class RouterPlan:
     name: str
+    python: str  # router.python, else runtime.python
     host: str
     port: int
     prometheus_host: str
@@ -170,7 +171,8 @@ def plan_from_dict(d: dict) -> Plan:
 
     r = d["router"]
     router = RouterPlan(
-        name=r["name"], host=r["host"], port=r["port"], prometheus_host=r["prometheus_host"],
+        name=r["name"], python=r["python"], host=r["host"], port=r["port"],
+        prometheus_host=r["prometheus_host"],
         prometheus_port=r["prometheus_port"], env=tuple(r["env"].items()), argv=tuple(r["argv"]),
         url=r["url"], readiness_url=r["readiness_url"], generate_url=r["generate_url"],
         liveness_url=r["liveness_url"], after=tuple(r["after"]),
@@ -459,7 +461,8 @@ def flag_args(args: dict) -> list[str]:
 
 def _router(config: Config, engines: tuple[EnginePlan, ...], *, name: str) -> RouterPlan:
     rc, rt = config.router, config.runtime
-    argv: list[str] = [rt.python, "-m", rt.router_module, "--pd-disaggregation"]
+    python = rc.python or rt.python
+    argv: list[str] = [python, "-m", rt.router_module, "--pd-disaggregation"]
     for e in engines:
         if e.role == "prefill":
             # always with its port: a bare URL sends bootstrap_port=null (sglang-facts fact 4)
@@ -487,6 +490,7 @@ def _router(config: Config, engines: tuple[EnginePlan, ...], *, name: str) -> Ro
     env = {"PYTHONUNBUFFERED": "1", **{k: _env_str(v) for k, v in rc.env.items()}}
     return RouterPlan(
         name=name,
+        python=python,
         host=rc.host,
         port=rc.port,
         prometheus_host=rc.prometheus_host,

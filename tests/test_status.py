@@ -461,7 +461,8 @@ def test_human_age(secs: float | None, text: str) -> None:
 
 
 def _router(host: str, port: int = 8000) -> RouterPlan:
-    return RouterPlan(name="r", host=host, port=port, prometheus_host="127.0.0.1",
+    return RouterPlan(name="r", python="/usr/bin/python3", host=host, port=port,
+                      prometheus_host="127.0.0.1",
                       prometheus_port=29000, env=(), argv=(), url="", readiness_url="",
                       generate_url="", liveness_url="", after=())
 
