@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -281,7 +282,7 @@ def test_bundle_that_moved_a_file_leaves_no_stale_copy(stack: FreshStack) -> Non
     nxt.chmod(0o755)
     (nxt / "config.yaml").write_text(yaml.safe_dump(cfg))
     render = subprocess.run(
-        ["pdsvc", "render", "-c", str(nxt / "config.yaml"), "--topology",
+        [sys.executable, "-m", "pdsvc.cli", "render", "-c", str(nxt / "config.yaml"), "--topology",
          str(stack.work / "topology.json"), "-o", str(nxt / "units")],
         capture_output=True, text=True, cwd=REPO, timeout=60)
     assert render.returncode == 0, render.stderr
@@ -536,8 +537,8 @@ def test_refuses_where_systemd_is_not_pid_1(tmp_path: Path) -> None:
         yaml.safe_dump(e2e_config("e2e", Path("/opt/venv"), "/srv/e2e/model")))
     (tmp_path / "topology.json").write_text(json.dumps(host_topology()))
     render = subprocess.run(
-        ["pdsvc", "render", "-c", str(tmp_path / "config.yaml"), "--topology",
-         str(tmp_path / "topology.json"), "-o", str(tmp_path / "units")],
+        [sys.executable, "-m", "pdsvc.cli", "render", "-c", str(tmp_path / "config.yaml"),
+         "--topology", str(tmp_path / "topology.json"), "-o", str(tmp_path / "units")],
         capture_output=True, text=True, cwd=REPO, timeout=60)
     assert render.returncode == 0, render.stderr
     hide = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -101,14 +102,14 @@ class Stack:
             e2e_config(name, venv, "/srv/e2e/model", **overrides)))
         (work / "topology.json").write_text(json.dumps(host_topology()))
         render = subprocess.run(
-            ["pdsvc", "render", "-c", str(work / "config.yaml"), "--topology",
-             str(work / "topology.json"), "-o", str(work / "units")],
+            [sys.executable, "-m", "pdsvc.cli", "render", "-c", str(work / "config.yaml"),
+             "--topology", str(work / "topology.json"), "-o", str(work / "units")],
             capture_output=True, text=True, cwd=REPO, timeout=60,
         )
         assert render.returncode == 0, render.stderr
         plan = json.loads(subprocess.run(
-            ["pdsvc", "plan", "-c", str(work / "config.yaml"), "--topology",
-             str(work / "topology.json"), "--json"],
+            [sys.executable, "-m", "pdsvc.cli", "plan", "-c", str(work / "config.yaml"),
+             "--topology", str(work / "topology.json"), "--json"],
             capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout)
         work.chmod(0o755)
         c = SystemdContainer(bind_ro=[str(REPO), str(venv), (str(work), "/srv/e2e")],
