@@ -18,7 +18,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_ports
 from stack import e2e_config, host_topology
 
 from pdsvc import supervise
@@ -46,20 +46,6 @@ pytestmark = pytest.mark.e2e
 NAME = "sve2e"
 MARKER = "PDSVC_SV_E2E"  # env var carried by every process of one stack (value: its id)
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (kept bound until all are chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def dist_init_bases(taken: list[int]) -> tuple[int, int]:

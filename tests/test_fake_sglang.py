@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 SUPPORT = Path(__file__).resolve().parent / "support"
 FAKE = SUPPORT / "fake_sglang.py"
@@ -35,19 +36,6 @@ EXTRA_ARGS = [
     "--cuda-graph-max-bs", "32",
     "stray-token",
 ]  # fmt: skip
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def request(

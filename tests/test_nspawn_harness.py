@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import textwrap
 import uuid
@@ -16,19 +15,13 @@ from pathlib import Path
 import nspawn  # tests/support is on sys.path (conftest.py)
 import pytest
 from nspawn import ContainerCommandError, ContainerError, SystemdContainer, wait_for
+from ports import free_port
 
 systemd_container = nspawn.systemd_container  # the fixture (an import would trip ruff F811)
 
 pytestmark = pytest.mark.e2e
 
 PY = "/usr/bin/python3"  # the container has the host's /usr, not the pyenv Python
-
-
-def free_port() -> int:
-    # The container shares the host's network namespace: a port free here is free there.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get_inside(c: SystemdContainer, url: str) -> str:

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from conftest import REPO
+from ports import free_port
 
 import pdsvc.status as status_mod
 from pdsvc.plan import RouterPlan
@@ -101,13 +102,6 @@ class Endpoint:
         self.closed = True
         self.server.shutdown()
         self.server.server_close()
-
-
-def free_port() -> int:
-    """A port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workers_body(*workers: tuple[str, str, bool]) -> str:

@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 SUPERVISE = Path(__file__).resolve().parent.parent / "pdsvc" / "supervise.py"
 PROC_TIMEOUT = 20.0  # no single supervise run in this file should come near this
@@ -156,12 +157,6 @@ def write_nvidia_smi(directory: Path, apps: str = "", fail: bool = False) -> Pat
     path.write_text(FAKE_NVIDIA_SMI.format(python=sys.executable, apps=apps, fail=fail))
     path.chmod(0o755)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
