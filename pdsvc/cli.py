@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -24,8 +25,8 @@ from .clikit import (
     topology_option,
     warn_plan,
 )
-from .errors import TopologyError
-from .render import diff_bundle, render_systemd, write_bundle
+from .errors import ConfigError, TopologyError
+from .render import diff_bundle, hosts_index, render_systemd, write_bundle
 from .topology import format_cpulist, read_sysfs
 
 
@@ -89,9 +90,21 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     if fmt == "supervisord":
         from .render_supervisord import render_supervisord
 
+        if plan.hosts:
+            raise ConfigError(
+                f"{config_path}: hosts: the supervisord bundle is one host's; a deployment "
+                "over several hosts renders systemd units only (for now)",
+                hint="render --format systemd, or leave `hosts` out",
+            )
         command += " --format supervisord"
         files = render_supervisord(plan, command, plan.supervisord)
         output = output or Path(f"{DEFAULT_OUTPUT}-supervisord")
+    elif plan.hosts:  # one bundle per host, units/HOST/, each with its own target
+        files = [hosts_index(plan, command)]
+        for h in plan.hosts:
+            files += [replace(f, path=f"{h.name}/{f.path}")
+                      for f in render_systemd(plan.for_host(h.name), command)]
+        output = output or DEFAULT_OUTPUT
     else:
         files = render_systemd(plan, command)
         output = output or DEFAULT_OUTPUT
@@ -106,6 +119,9 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         click.echo(f"{status:>9}  {output / path}")
     if fmt == "supervisord":
         click.echo(f"next: supervisord -c {output / 'supervisord.conf'}   (see its header)")
+    elif plan.hosts:
+        click.echo(f"next, on each host: sudo ./install.sh --bundle {output}/HOST   "
+                   f"(then: systemctl start {plan.target}; engines first, the router waits)")
     else:
         click.echo(f"next: sudo ./install.sh   (then: systemctl start {plan.target})")
 
@@ -137,23 +153,36 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
         return
     warn_plan(plan)
     click.echo(f"{plan.target}  (config {plan.config_source}, topology {plan.topology_source})\n")
-    rows = [("UNIT", "ROLE", "GPUS", "NUMA", "CPUS", "PORTS")]
+    hosted = bool(plan.hosts)
+    rows = [("HOST",) * hosted + ("UNIT", "ROLE", "GPUS", "NUMA", "CPUS", "PORTS")]
     for e in plan.engines:
         numa = "-" if e.pinning.numa_node is None else str(e.pinning.numa_node)
         ports = f"http {e.port}, dist-init {e.dist_init_addr.rsplit(':', 1)[1]}"
         if e.role == "prefill":
             ports += f", bootstrap {e.bootstrap_port}"
-        rows.append((e.unit, e.role, format_cpulist(e.gpus), numa, e.pinning.cpulist or "-", ports))
+        if e.nnodes > 1:
+            ports += f" (node {e.node_rank} of {e.nnodes})"
+        where = (f"{e.machine} {e.host}",) * hosted
+        rows.append((*where, e.unit, e.role, format_cpulist(e.gpus), numa,
+                     e.pinning.cpulist or "-", ports))
     r = plan.router
-    rows.append((r.unit, "router", "-", "-", "-",
-                 f"http {r.port} on {r.host}, metrics {r.prometheus_port}"))
+    assert r is not None  # the whole plan always has its router
+    rows.append(((f"{r.machine} {plan.host(r.machine).address}",) if hosted else ())
+                 + (r.unit, "router", "-", "-", "-",
+                    f"http {r.port} on {r.host}, metrics {r.prometheus_port}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    click.echo(f"\nJIT cache (shared by the engines): {plan.paths.jit_cache}")
-    click.echo(f"Service user: {plan.user}:{plan.group}   Requests: {r.url}/v1/chat/completions")
+    click.echo(f"\nJIT cache (shared by the engines{' of a host' * hosted}): "
+               f"{plan.paths.jit_cache}")
+    requests = r.url
+    if hosted and r.host in ("0.0.0.0", "::"):
+        requests = f"http://{plan.host(r.machine).address}:{r.port}"
+    click.echo(f"Service user: {plan.user}:{plan.group}   "
+               f"Requests: {requests}/v1/chat/completions")
     for e in plan.engines:
-        click.echo(f"\n{e.unit}: pinned to {e.pinning.why}")
+        on = f" on {e.machine}" if hosted else ""
+        click.echo(f"\n{e.unit}{on}: pinned to {e.pinning.why}")
         click.echo("  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in e.env
                                    if k.startswith(("CUDA_VISIBLE", "SGLANG_DISAGG"))))
         click.echo("  " + shlex.join(e.argv))

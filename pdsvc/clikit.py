@@ -6,6 +6,7 @@ imports its options from here, so an option means the same thing everywhere.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -95,13 +96,30 @@ def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | 
     topology = host_topology(sysfs_root, topology_file)
     key = plancache.key(str(config_path), text, topology)
     plan = plancache.get(key)
-    if plan is None:
-        from .config import parse_config  # pydantic: only when the plan must be built
+    if plan is not None and all(
+        _sha256(Path(h.topology_source.removeprefix("file:"))) == h.topology_sha256
+        for h in plan.hosts if h.topology_sha256
+    ):
+        return plan
+    from .config import parse_config  # pydantic: only when the plan must be built
 
-        plan = build_plan(parse_config(text, str(config_path)), topology,
-                          config_source=str(config_path), config_text=text)
-        plancache.put(key, plan)
+    config = parse_config(text, str(config_path))
+    host_topologies = {}
+    for name, hc in (config.hosts or {}).items():
+        if hc.topology is not None:
+            path = config_path.parent / hc.topology
+            host_topologies[name] = (load_topology_file(path), _sha256(path))
+    plan = build_plan(config, topology, config_source=str(config_path), config_text=text,
+                      host_topologies=host_topologies)
+    plancache.put(key, plan)
     return plan
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""  # unreadable: never equal to a recorded checksum, so the plan is rebuilt
 
 
 def warn_plan(plan: Plan) -> None:

@@ -7,6 +7,7 @@ checks that need only the config live here; checks that need the host live in `p
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 import typing
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
 from .errors import ConfigError
@@ -48,7 +48,9 @@ OWNED_ENGINE_FLAGS = {
     "model": "model.path",
     "served-model-name": "model.served_name",
     "trust-remote-code": "model.trust_remote_code",
-    "host": "hosts (engines bind 127.0.0.1 on one host)",
+    "host": "hosts.NAME.address (engines bind 127.0.0.1 without hosts)",
+    "nnodes": "hosts (an engine listed on several hosts spans them)",
+    "node-rank": "hosts (the order of the hosts that run the engine)",
     "port": "<role>.port",
     "tp": "<role>.tp",
     "tp-size": "<role>.tp",
@@ -81,6 +83,7 @@ OWNED_ENV = {
     "CUDA_VISIBLE_DEVICES": "<role>.gpus",
     "CUDA_DEVICE_ORDER": "(always PCI_BUS_ID, so indices match nvidia-smi)",
     "SGLANG_DISAGGREGATION_NIXL_BACKEND": "transfer.nixl_backend",
+    "SGLANG_HOST_IP": "hosts.NAME.address",
 }
 
 
@@ -161,7 +164,9 @@ class RoleConfig(Strict):
         "auto", description="auto: the node of the role's GPUs, read from the host; or a node id."
     )
     port: Port
-    tp: Annotated[int, Field(ge=1)] | None = Field(None, description="Default: len(gpus).")
+    tp: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Default: len(gpus) × the number of hosts that run the engine."
+    )
     dist_init_port: Port
     args: dict[FlagName, ArgValue] = Field(
         default_factory=dict,
@@ -181,10 +186,7 @@ class RoleConfig(Strict):
     @field_validator("gpus")
     @classmethod
     def _distinct(cls, v: list[int]) -> list[int]:
-        dupes = sorted({g for g in v if v.count(g) > 1})
-        if dupes:
-            raise ValueError(f"GPU {dupes[0]} is listed twice")
-        return v
+        return _no_repeats(v, "GPU ")
 
     @field_validator("args")
     @classmethod
@@ -195,15 +197,6 @@ class RoleConfig(Strict):
     @classmethod
     def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _check_env(v)
-
-    @model_validator(mode="after")
-    def _tp_fits(self) -> RoleConfig:
-        if self.tp is not None and self.tp != len(self.gpus):
-            raise ValueError(
-                f"tp is {self.tp} but {len(self.gpus)} GPUs are listed; "
-                "one TP rank runs per GPU, so make them equal"
-            )
-        return self
 
 
 class PrefillConfig(RoleConfig):
@@ -430,6 +423,81 @@ class SupervisordConfig(Strict):
         return v.rstrip("/") or "/"
 
 
+
+#: What a host's `run` list may name: the router, a role (every engine of it), or one item of a
+#: role's list form.
+RUN_REF = re.compile(r"^(router|prefill|decode)(?:\[(\d+)\])?$")
+
+
+class HostConfig(Strict):
+    """One machine of a deployment over several hosts (`hosts:`)."""
+
+    address: str = Field(
+        description="The host's routable IP: engines bind it (--host, and the bootstrap server "
+        "with it), it is their SGLANG_HOST_IP, and the router and decode reach them there.",
+    )
+    run: list[str] = Field(
+        min_length=1,
+        description="What runs here: `router`, `prefill`/`decode` (every engine of the role), "
+        "`prefill[I]`/`decode[I]` (item I of the list form). An engine on several hosts spans "
+        "them: --nnodes, --node-rank in the order of `hosts`, --dist-init-addr on the first.",
+    )
+    topology: str | None = Field(
+        None,
+        description="The host's `pdsvc topology --json` file (relative to the config's "
+        "directory); default: the layout pdsvc reads where it runs (/sys or --topology).",
+    )
+    ucx_net_devices: str | None = Field(
+        None,
+        description="UCX_NET_DEVICES for this host's engines: the NIC NIXL moves KV over "
+        "(e.g. mlx5_0:1 or eth1). Unset across hosts: warned, UCX may pick the wrong NIC.",
+    )
+    env: dict[EnvName, str | int | float | bool] = Field(
+        default_factory=dict, description="Env for this host's engines."
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        try:
+            ip = ipaddress.IPv4Address(v)
+        except ValueError:
+            raise ValueError(
+                f"must be an IPv4 address, got {v!r} (SGLang binds it and advertises it as "
+                "SGLANG_HOST_IP, which a DNS name cannot be; IPv6 is not supported yet)"
+            ) from None
+        if ip.is_unspecified:
+            raise ValueError(f"must be the host's own IP, not {v} (decode and router dial it)")
+        return str(ip)
+
+    @field_validator("run")
+    @classmethod
+    def _refs(cls, v: list[str]) -> list[str]:
+        for ref in v:
+            m = RUN_REF.match(ref)
+            if not m or (m.group(1) == "router" and m.group(2) is not None):
+                raise ValueError(
+                    f"{ref!r} is not something to run; use router, prefill, decode, "
+                    "prefill[I] or decode[I]"
+                )
+        return _no_repeats(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_env(v)
+
+    @field_validator("topology", "ucx_net_devices", mode="before")
+    @classmethod
+    def _no_empty(cls, v: Any) -> Any:
+        if v == "":
+            raise ValueError("must not be empty; leave the key out instead")
+        return v
+
+
+HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+
+
 class Config(Strict):
     name: str = Field("dsv4", description="Prefix of every unit name.")
     format: Literal["systemd", "supervisord"] = Field(
@@ -445,6 +513,19 @@ class Config(Strict):
     router: RouterConfig = RouterConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
     supervisord: SupervisordConfig = SupervisordConfig()
+    hosts: dict[HostName, HostConfig] | None = Field(
+        None,
+        description="Several hosts: NAME → address, what runs there. `pdsvc render` then writes "
+        "one bundle per host (units/NAME/) with its own target. Absent: everything on this "
+        "host, engines on 127.0.0.1.",
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _some_hosts(cls, v: dict | None) -> dict | None:
+        if v is not None and not v:
+            raise ValueError("must list at least one host (or leave `hosts` out for one host)")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -481,6 +562,24 @@ class Config(Strict):
         """Every engine instance: the prefills, then the decodes."""
         return self.instances("prefill") + self.instances("decode")
 
+    def placement(self) -> dict[str, tuple[str, ...]]:
+        """Where each engine (by key: `prefill`, `decode[1]`) and the `router` run: host names
+        in the order of `hosts` (an engine's first host is its node-rank 0). Empty without
+        `hosts`. References that name nothing are left out (cross_field_problems reports them)."""
+        out: dict[str, list[str]] = {}
+        if not self.hosts:
+            return {}
+        by_role = {role: self.instances(role) for role in ("prefill", "decode")}
+        for host, hc in self.hosts.items():
+            for ref in hc.run:
+                for key in _expand_ref(ref, by_role):
+                    out.setdefault(key, []).append(host)
+        return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+    def nnodes(self, inst: Instance) -> int:
+        """How many hosts the engine spans (1 without `hosts`)."""
+        return max(1, len(self.placement().get(inst.key, ())))
+
 
 @dataclass(frozen=True)
 class Instance:
@@ -498,12 +597,33 @@ class Instance:
         return dotted(self.loc)
 
 
+def _expand_ref(ref: str, by_role: dict[str, tuple[Instance, ...]]) -> list[str]:
+    """The engine keys a `run` item names ([] when it names none)."""
+    m = RUN_REF.match(ref)
+    if not m:
+        return []
+    role, index = m.group(1), m.group(2)
+    if role == "router":
+        return ["router"]
+    insts = by_role[role]
+    if index is None:
+        return [i.key for i in insts]
+    return [i.key for i in insts if i.index == int(index)]
+
+
 def dotted(loc: tuple) -> str:
     """A key path as the user writes it: ('prefill', 1, 'gpus') -> 'prefill[1].gpus'."""
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def _no_repeats(items: list, what: str = "") -> list:
+    dupes = sorted({x for x in items if items.count(x) > 1})
+    if dupes:
+        raise ValueError(f"{what}{dupes[0]} is listed twice")
+    return items
 
 
 def _check_flags(args: dict[str, Any], owned: dict[str, str]) -> dict[str, Any]:
@@ -563,8 +683,21 @@ def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:
     """Checks across sections, as (key path, problem) pairs; the first one is reported."""
     problems: list[tuple[tuple, str]] = []
     engines = config.engines
+    problems += _host_problems(config)
+    placed = config.placement()
+    for inst in engines:
+        nodes = config.nnodes(inst)
+        want = len(inst.cfg.gpus) * nodes
+        if inst.cfg.tp is not None and inst.cfg.tp != want:
+            across = f" on each of its {nodes} hosts" if nodes > 1 else ""
+            problems.append((inst.loc + ("tp",), (
+                f"tp is {inst.cfg.tp} but {len(inst.cfg.gpus)} GPUs are listed{across}; one TP "
+                f"rank runs per GPU, so make it {want}"
+            )))
     for i, inst in enumerate(engines):
         for other in engines[:i]:
+            if placed and not set(placed.get(inst.key, ())) & set(placed.get(other.key, ())):
+                continue  # on different hosts: GPU 0 of one is not GPU 0 of the other
             shared = sorted(set(inst.cfg.gpus) & set(other.cfg.gpus))
             if shared:
                 whom = "role" if inst.index is None and other.index is None else "engine"
@@ -572,6 +705,48 @@ def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:
                     f"GPU {shared[0]} is also in {other.key}.gpus; give each {whom} its own GPUs"
                 )))
     problems += _port_problems(config)
+    return problems
+
+
+def _host_problems(config: Config) -> list[tuple[tuple, str]]:
+    """`hosts`: every run item names something, every engine runs somewhere, the router once."""
+    if not config.hosts:
+        return []
+    problems: list[tuple[tuple, str]] = []
+    by_role = {role: config.instances(role) for role in ("prefill", "decode")}
+    for host, hc in config.hosts.items():
+        for j, ref in enumerate(hc.run):
+            if _expand_ref(ref, by_role):
+                continue
+            m = RUN_REF.match(ref)
+            assert m is not None  # HostConfig checked the syntax
+            role = m.group(1)
+            spec = config.prefill if role == "prefill" else config.decode
+            have = (f"{role} is one mapping; write `{role}`" if not isinstance(spec, list)
+                    else f"{role} has items 0…{len(spec) - 1}")
+            problems.append((("hosts", host, "run", j), f"{ref} names no engine: {have}"))
+    placed = config.placement()
+    for inst in config.engines:
+        if inst.key not in placed:
+            problems.append((("hosts",), (
+                f"{inst.key} runs on no host; add `{inst.key}` (or `{inst.role}`) to a host's run"
+            )))
+    routers = placed.get("router", ())
+    if len(routers) != 1:
+        problems.append((("hosts",), (
+            "the router runs on no host; add `router` to one host's run" if not routers else
+            f"the router is on {len(routers)} hosts ({', '.join(routers)}); run it on one"
+        )))
+    for host, hc in config.hosts.items():
+        if hc.ucx_net_devices is None:
+            continue
+        for inst in config.engines:
+            if host in placed.get(inst.key, ()) and "UCX_NET_DEVICES" in (
+                {**config.runtime.env, **inst.cfg.env}
+            ):
+                problems.append((("hosts", host, "ucx_net_devices"), (
+                    f"{inst.key} also sets UCX_NET_DEVICES in env; set it in one place"
+                )))
     return problems
 
 

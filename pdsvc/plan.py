@@ -8,7 +8,7 @@ derives a value of its own. The plan holds a tuple of engines — N prefill + M 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from . import __version__
@@ -76,6 +76,9 @@ class EnginePlan:
     health_url: str
     url: str
     restarts_with: tuple[str, ...] = ()  # units whose (re)start restarts this one
+    machine: str = ""  # the inventory host it runs on ("": the one host, no inventory)
+    nnodes: int = 1  # hosts the engine spans (TP across nodes)
+    node_rank: int = 0  # this process's rank among them; rank 0 serves HTTP
 
     @property
     def unit(self) -> str:
@@ -97,10 +100,22 @@ class RouterPlan:
     generate_url: str
     liveness_url: str
     after: tuple[str, ...]
+    machine: str = ""
 
     @property
     def unit(self) -> str:
         return f"{self.name}.service"
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """One machine of a deployment over several hosts, and what of the plan runs there."""
+
+    name: str
+    address: str
+    topology_source: str
+    topology_sha256: str  # of the topology file, "" when read from /sys (cache validity)
+    units: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -126,17 +141,34 @@ class Plan:
     transfer_backend: str
     paths: Paths
     engines: tuple[EnginePlan, ...]
-    router: RouterPlan
+    router: RouterPlan | None  # None: a host's view without the router
     lifecycle: dict[str, int]
     protect_home: Literal["yes", "read-only"]
     read_write_paths: tuple[str, ...]
     warnings: tuple[str, ...] = field(default=())
     format: str = "systemd"  # the bundle `pdsvc render` writes by default
     supervisord: dict = field(default_factory=dict)  # config.supervisord, for that bundle
+    hosts: tuple[HostPlan, ...] = ()  # several hosts; () for one (engines on loopback)
 
     @property
     def units(self) -> tuple[str, ...]:
-        return (*(e.unit for e in self.engines), self.router.unit)
+        """Every unit once (an engine spanning hosts has one unit name on each of them)."""
+        router = (self.router.unit,) if self.router else ()
+        return tuple(dict.fromkeys((*(e.unit for e in self.engines), *router)))
+
+    def host(self, name: str) -> HostPlan:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        have = ", ".join(h.name for h in self.hosts) or "none: the config has no `hosts`"
+        raise KeyError(f"no host {name!r} in the plan (hosts: {have})")
+
+    def for_host(self, name: str) -> Plan:
+        """What runs on one host: its engines, the router if it is there, that host alone."""
+        h = self.host(name)
+        router = self.router if self.router and self.router.machine == name else None
+        return replace(self, engines=tuple(e for e in self.engines if e.machine == name),
+                       router=router, hosts=(h,), topology_source=h.topology_source)
 
     @property
     def watchdog_secs(self) -> int:
@@ -151,7 +183,8 @@ class Plan:
         for e in d["engines"]:
             e["pinning"]["cpulist"] = format_cpulist(e["pinning"]["cpus"])
             e["env"] = dict(e["env"])
-        d["router"]["env"] = dict(d["router"]["env"])
+        if d["router"]:
+            d["router"]["env"] = dict(d["router"]["env"])
         return d
 
 
@@ -166,16 +199,17 @@ def plan_from_dict(d: dict) -> Plan:
             pinning=Pinning(pin["mode"], pin["numa_node"], tuple(pin["cpus"]), pin["policy"],
                             pin["why"]),
             env=tuple(e["env"].items()), argv=tuple(e["argv"]), health_url=e["health_url"],
-            url=e["url"], restarts_with=tuple(e["restarts_with"]),
+            url=e["url"], restarts_with=tuple(e["restarts_with"]), machine=e["machine"],
+            nnodes=e["nnodes"], node_rank=e["node_rank"],
         )
 
     r = d["router"]
-    router = RouterPlan(
+    router = r and RouterPlan(
         name=r["name"], python=r["python"], host=r["host"], port=r["port"],
         prometheus_host=r["prometheus_host"],
         prometheus_port=r["prometheus_port"], env=tuple(r["env"].items()), argv=tuple(r["argv"]),
         url=r["url"], readiness_url=r["readiness_url"], generate_url=r["generate_url"],
-        liveness_url=r["liveness_url"], after=tuple(r["after"]),
+        liveness_url=r["liveness_url"], after=tuple(r["after"]), machine=r["machine"],
     )
     return Plan(
         name=d["name"], target=d["target"], version=d["version"],
@@ -186,6 +220,7 @@ def plan_from_dict(d: dict) -> Plan:
         lifecycle=dict(d["lifecycle"]), protect_home=d["protect_home"],
         read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
         format=d["format"], supervisord=dict(d["supervisord"]),
+        hosts=tuple(HostPlan(**{**h, "units": tuple(h["units"])}) for h in d["hosts"]),
     )
 
 
@@ -193,17 +228,17 @@ def plan_from_dict(d: dict) -> Plan:
 
 
 def build_plan(
-    config: Config, topology: Topology, *, config_source: str, config_text: str
+    config: Config, topology: Topology, *, config_source: str, config_text: str,
+    host_topologies: dict[str, tuple[Topology, str]] | None = None,
 ) -> Plan:
-    """Resolve every concrete value; raise TopologyError when the host cannot run the config."""
+    """Resolve every concrete value; raise TopologyError when a host cannot run the config.
+
+    ``topology`` is the layout pdsvc read where it runs; ``host_topologies`` maps an inventory
+    host to (its layout, the sha256 of its file) when the config names one for it.
+    """
     warnings: list[str] = []
     name = config.name
-    if not topology.gpus:
-        raise TopologyError(
-            f"no NVIDIA GPU found ({topology.source})",
-            hint="on a machine without the GPUs pass --topology FILE, written on the GPU host by "
-            "`pdsvc topology --json > host.json` (the seed host's is etc/seed-host.topology.json)",
-        )
+    host_topologies = host_topologies or {}
     jit = config.runtime.jit_cache
     paths = Paths(
         supervisor=f"{config.runtime.libexec_dir}/{name}/supervise.py",
@@ -212,9 +247,32 @@ def build_plan(
         jit_cache=jit,
         cache_directory=jit.removeprefix("/var/cache/") if jit.startswith("/var/cache/") else None,
     )
-    host = "127.0.0.1"  # one host: engines listen on loopback only; the router faces clients
+    placement = config.placement()  # {} on one host: engines listen on loopback only
+
+    def address(machine: str) -> str:
+        return config.hosts[machine].address if config.hosts and machine else "127.0.0.1"
+
+    def layout(machine: str) -> Topology:
+        topo = host_topologies[machine][0] if machine in host_topologies else topology
+        if not topo.gpus:
+            where = f"for host {machine} " if machine else ""
+            raise TopologyError(
+                f"no NVIDIA GPU found {where}({topo.source})",
+                hint=(f"set hosts.{machine}.topology to the file `pdsvc topology --json` "
+                      "writes on that host") if machine else (
+                    "on a machine without the GPUs pass --topology FILE, written on the GPU "
+                    "host by `pdsvc topology --json > host.json` (the seed host's is "
+                    "etc/seed-host.topology.json)"),
+            )
+        return topo
+
     prefills, decodes = config.instances("prefill"), config.instances("decode")
-    prefill_units = tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills)
+    machines = {i.key: placement.get(i.key, ("",)) for i in (*prefills, *decodes)}
+    prefill_units = {  # per host: the prefill units there (PartOf= reaches no further)
+        m: tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills
+                 if m in machines[p.key])
+        for m in {m for ms in machines.values() for m in ms}
+    }
     # a decode that does not find bootstrap_port in a request falls back to its own flag:
     # prefill[0]'s (the router sends each prefill's port with every request, sglang #5704)
     bootstrap_port = prefills[0].cfg.bootstrap_port
@@ -224,17 +282,43 @@ def build_plan(
             couple = inst.role == "decode" and inst.cfg.restart_with_prefill
             if couple == "auto":
                 couple = config.transfer.backend == "nixl"
-            engines.append(_engine(
-                config, topology, inst.role, inst.cfg, key=inst.key,
-                name=unit_name(name, inst, count), host=host, paths=paths,
-                bootstrap_port=inst.cfg.bootstrap_port if inst.role == "prefill"
-                else bootstrap_port,
-                warnings=warnings,
-                # NIXL: a decode holds transfer state per prefill (sglang #33789), so any
-                # prefill's (re)start restarts it
-                restarts_with=prefill_units if couple else (),
-            ))
-    router = _router(config, tuple(engines), name=f"{name}-router")
+            where = machines[inst.key]
+            for rank, machine in enumerate(where):
+                restarts_with = prefill_units[machine] if couple else ()
+                if couple and rank == 0 and len(restarts_with) < len(prefills):
+                    # NIXL: a decode holds transfer state per prefill (sglang #33789); across
+                    # hosts systemd cannot restart it with them
+                    warnings.append(
+                        f"{inst.key} on {machine}: a restart of a prefill on another host does "
+                        f"not restart it (PartOf= stops at the host); restart "
+                        f"{unit_name(name, inst, count)} there after one (sglang #33789)"
+                    )
+                engines.append(_engine(
+                    config, layout(machine), inst.role, inst.cfg, key=inst.key,
+                    name=unit_name(name, inst, count), host=address(machine),
+                    leader=address(where[0]), nnodes=len(where), node_rank=rank,
+                    machine=machine, paths=paths,
+                    bootstrap_port=inst.cfg.bootstrap_port if inst.role == "prefill"
+                    else bootstrap_port,
+                    warnings=warnings,
+                    # NIXL: any prefill's (re)start restarts the decode
+                    restarts_with=restarts_with,
+                ))
+    router_machine = placement.get("router", ("",))[0]
+    router = _router(config, tuple(engines), name=f"{name}-router", machine=router_machine)
+    hosts: list[HostPlan] = []
+    for hname, hc in (config.hosts or {}).items():
+        topo, sha = host_topologies.get(hname, (topology, ""))
+        units = [e.unit for e in engines if e.machine == hname]
+        units += [router.unit] if router.machine == hname else []
+        hosts.append(HostPlan(hname, hc.address, topo.source, sha, tuple(dict.fromkeys(units))))
+        if config.transfer.backend == "nixl" and hc.ucx_net_devices is None and any(
+            e.machine == hname for e in engines
+        ):
+            warnings.append(
+                f"hosts.{hname}.ucx_net_devices is not set: NIXL's UCX may move KV over the "
+                f"wrong NIC across hosts (sglang #28737); set it (e.g. mlx5_0:1 or eth1)"
+            )
     under_home = [
         p for p in (config.runtime.python, config.model.path, jit, *config.runtime.read_write_paths)
         if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
@@ -261,6 +345,7 @@ def build_plan(
         warnings=tuple(warnings),
         format=config.format,
         supervisord=config.supervisord.model_dump(),
+        hosts=tuple(hosts),
     )
 
 
@@ -271,7 +356,8 @@ def unit_name(name: str, inst: Instance, count: int) -> str:
 
 
 def _pinning(
-    key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str]
+    key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str],
+    where: str = "this host",
 ) -> tuple[Pinning, tuple[str, ...]]:
     """Resolve a role's NUMA node and CPUs from the GPUs it was given.
 
@@ -279,7 +365,7 @@ def _pinning(
     error even when nothing will be pinned.
     """
     noted: list[str] = []
-    pinning, bus_ids = _resolve_node(key, role, topology, config, noted)
+    pinning, bus_ids = _resolve_node(key, role, topology, config, noted, where)
     if config.runtime.pinning == "off":
         why = "pinning off (runtime.pinning: off)"
         return Pinning("off", None, (), pinning.policy, why), bus_ids
@@ -288,7 +374,8 @@ def _pinning(
 
 
 def _resolve_node(
-    key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str]
+    key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str],
+    where: str,
 ) -> tuple[Pinning, tuple[str, ...]]:
     mode, policy = config.runtime.pinning, config.runtime.numa_policy
     gpus = []
@@ -297,7 +384,7 @@ def _resolve_node(
         if gpu is None:
             have = format_cpulist([g.index for g in topology.gpus]) or "none"
             raise TopologyError(
-                f"{key}.gpus: GPU {index} does not exist on this host (it has GPUs {have})",
+                f"{key}.gpus: GPU {index} does not exist on {where} (it has GPUs {have})",
                 hint=f"pick GPUs from {have} ({topology.source})",
             )
         gpus.append(gpu)
@@ -316,7 +403,7 @@ def _resolve_node(
     wanted = role.numa_node
     if wanted != "auto" and topology.node(wanted) is None:
         raise TopologyError(
-            f"{key}.numa_node: node {wanted} does not exist on this host (it has nodes {existing})",
+            f"{key}.numa_node: node {wanted} does not exist on {where} (it has nodes {existing})",
             hint="set numa_node: auto",
         )
     gpu_list = format_cpulist(role.gpus)
@@ -330,7 +417,7 @@ def _resolve_node(
         node = topology.node(node_id)
         if node is None or not node.cpus:
             raise TopologyError(
-                f"{key}: GPUs {gpu_list} report NUMA node {node_id}, which has no CPUs on this host"
+                f"{key}: GPUs {gpu_list} report NUMA node {node_id}, which has no CPUs on {where}"
             )
         if len(node_ids) == 1 and any(g.numa_node is None for g in gpus):
             warnings.append(
@@ -385,12 +472,17 @@ def _engine(
     key: str,
     name: str,
     host: str,
+    leader: str,
+    nnodes: int,
+    node_rank: int,
+    machine: str,
     paths: Paths,
     bootstrap_port: int,
     warnings: list[str],
     restarts_with: tuple[str, ...],
 ) -> EnginePlan:
-    pinning, bus_ids = _pinning(key, role_cfg, topology, config, warnings)
+    where = f"host {machine}" if machine else "this host"
+    pinning, bus_ids = _pinning(key, role_cfg, topology, config, warnings, where)
     rt = config.runtime
     env: dict[str, str] = {
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -407,9 +499,16 @@ def _engine(
         env["HF_HUB_OFFLINE"] = "1"  # a local model: never reach for the hub at start
     env.update({k: _env_str(v) for k, v in rt.env.items()})
     env.update({k: _env_str(v) for k, v in role_cfg.env.items()})
+    if machine:
+        hc = config.hosts[machine]
+        env["SGLANG_HOST_IP"] = host  # what SGLang advertises to its peers (multi-homed hosts)
+        if hc.ucx_net_devices:
+            env["UCX_NET_DEVICES"] = hc.ucx_net_devices
+        env.update({k: _env_str(v) for k, v in hc.env.items()})
 
-    tp = role_cfg.tp or len(role_cfg.gpus)
-    dist_init_addr = f"{host}:{role_cfg.dist_init_port}"
+    tp = role_cfg.tp or len(role_cfg.gpus) * nnodes
+    # one role's rank 0 is every rank's rendezvous (sglang-facts §6.1: per role, not shared)
+    dist_init_addr = f"{leader}:{role_cfg.dist_init_port}"
     argv: list[str] = [rt.python, "-m", rt.engine_module, "--model-path", config.model.path]
     if config.model.served_name:
         argv += ["--served-model-name", config.model.served_name]
@@ -420,13 +519,15 @@ def _engine(
         "--port", str(role_cfg.port),
         "--tp-size", str(tp),
         "--dist-init-addr", dist_init_addr,
+        *(("--nnodes", str(nnodes), "--node-rank", str(node_rank)) if nnodes > 1 else ()),
         "--disaggregation-mode", role,
         "--disaggregation-transfer-backend", config.transfer.backend,
         # prefill binds it; decode uses it for requests that carry bootstrap_port=null (fact 4)
         "--disaggregation-bootstrap-port", str(bootstrap_port),
     ]
     argv += flag_args(role_cfg.args)
-    url = f"http://{host}:{role_cfg.port}"
+    # only rank 0 serves HTTP: the others are ready when it is (and it is not before they join)
+    url = f"http://{leader}:{role_cfg.port}"
     return EnginePlan(
         role=role,
         name=name,
@@ -443,6 +544,9 @@ def _engine(
         health_url=f"{url}/health",
         url=url,
         restarts_with=restarts_with,
+        machine=machine,
+        nnodes=nnodes,
+        node_rank=node_rank,
     )
 
 
@@ -459,10 +563,13 @@ def flag_args(args: dict) -> list[str]:
     return out
 
 
-def _router(config: Config, engines: tuple[EnginePlan, ...], *, name: str) -> RouterPlan:
+def _router(
+    config: Config, engines: tuple[EnginePlan, ...], *, name: str, machine: str
+) -> RouterPlan:
     rc, rt = config.router, config.runtime
     python = rc.python or rt.python
     argv: list[str] = [python, "-m", rt.router_module, "--pd-disaggregation"]
+    engines = tuple(e for e in engines if e.node_rank == 0)  # the ones serving HTTP
     for e in engines:
         if e.role == "prefill":
             # always with its port: a bare URL sends bootstrap_port=null (sglang-facts fact 4)
@@ -501,6 +608,9 @@ def _router(config: Config, engines: tuple[EnginePlan, ...], *, name: str) -> Ro
         readiness_url=f"{base}/readiness",
         generate_url=f"{base}/generate",
         liveness_url=f"{base}/liveness",
-        after=tuple(e.unit for e in engines),
+        # systemd orders units of one host only; remote engines are waited for by the router's
+        # own readiness gate (a ready prefill/decode pair, then one generation)
+        after=tuple(e.unit for e in engines if e.machine == machine),
+        machine=machine,
     )
 

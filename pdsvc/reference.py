@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -30,6 +31,12 @@ def _rows(model: type[BaseModel], prefix: str, differs_from: Any = None) -> list
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows += _rows(ann, f"{key}.")
             continue
+        named = _named_sections(ann)
+        if named is not None:
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{key}` | {_default(field)} | {desc} |")
+            rows += _rows(named, f"{key}.NAME.")
+            continue
         mapping, item = model_forms(ann)
         if mapping is not None and item is not None:
             # a role: its single mapping's keys, then what differs in the list form's items
@@ -41,6 +48,16 @@ def _rows(model: type[BaseModel], prefix: str, differs_from: Any = None) -> list
         desc = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{key}` | {_default(field)} | {desc} |")
     return rows
+
+
+def _named_sections(annotation: Any) -> type[BaseModel] | None:
+    """The model of a `NAME: section` mapping field (e.g. hosts), else None."""
+    for member in typing.get_args(annotation) or (annotation,):
+        if typing.get_origin(member) is dict:
+            value = typing.get_args(member)[1]
+            if isinstance(value, type) and issubclass(value, BaseModel):
+                return value
+    return None
 
 
 def _same(a: Any, b: Any) -> bool:

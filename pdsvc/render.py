@@ -7,6 +7,7 @@ quotes with C-style backslash escapes.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -117,9 +118,10 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
         files.append(
             File(engine.unit, env.get_template("systemd/engine.service.j2").render(e=engine, **ctx))
         )
-    files.append(
-        File(plan.router.unit, env.get_template("systemd/router.service.j2").render(**ctx))
-    )
+    if plan.router:
+        files.append(
+            File(plan.router.unit, env.get_template("systemd/router.service.j2").render(**ctx))
+        )
     files.append(File("supervise.py", supervisor_bundle_copy(plan), 0o755))
     files.append(File("install.list", env.get_template("systemd/install.list.j2").render(**ctx)))
     return files
@@ -146,10 +148,14 @@ def supervisor_bundle_copy(plan: Plan, where: str | None = None) -> str:
 # --------------------------------------------------------------------------- writing
 
 
+#: In a bundle of several hosts (units/HOST/…), the file that lists them: it is how a later
+#: render knows which subdirectories are its own to clean up, and nothing else is ever scanned.
+HOSTS_INDEX = "hosts.list"
+
+
 def diff_bundle(files: list[File], outdir: Path) -> str:
     """A unified diff of what writing `files` into `outdir` would change ('' when nothing)."""
     chunks: list[str] = []
-    wanted = {f.path for f in files}
     for f in files:
         target = outdir / f.path
         old = target.read_text(encoding="utf-8") if target.is_file() else ""
@@ -160,11 +166,37 @@ def diff_bundle(files: list[File], outdir: Path) -> str:
                 fromfile=f"a/{f.path}" if old else "/dev/null",
                 tofile=f"b/{f.path}",
             )
-    if outdir.is_dir():
-        for stale in sorted(p.name for p in outdir.iterdir() if p.is_file()):
-            if stale not in wanted and _ours(outdir / stale):
-                chunks.append(f"--- a/{stale}\n+++ /dev/null\n@@ stale file, would be removed @@\n")
+    for stale in _stale(files, outdir):
+        rel = stale.relative_to(outdir)
+        chunks.append(f"--- a/{rel}\n+++ /dev/null\n@@ stale file, would be removed @@\n")
     return "".join(chunks)
+
+
+def _stale(files: list[File], outdir: Path) -> list[Path]:
+    """Files an older render left in `outdir` (or in the host directories its hosts.list
+    named, or that this render writes) that this render does not write: pdsvc's, so removable.
+    Files without pdsvc's header are the user's and are never listed."""
+    wanted = {outdir / f.path for f in files}
+    dirs = {outdir} | {p.parent for p in wanted}
+    index = outdir / HOSTS_INDEX
+    if index.is_file() and _ours(index):
+        for line in index.read_text(encoding="utf-8").splitlines():
+            if line and not line.startswith("#") and "/" not in line and line not in (".", ".."):
+                dirs.add(outdir / line.split()[0])
+    return [
+        p for d in sorted(dirs) if d.is_dir()
+        for p in sorted(d.iterdir()) if p.is_file() and p not in wanted and _ours(p)
+    ]
+
+
+def hosts_index(plan: Plan, command: str) -> File:
+    """hosts.list: which subdirectory holds which host's bundle (and what a later render may
+    clean up)."""
+    lines = [f"# {line}" for line in header_lines(plan, command)]
+    lines.append("# host\taddress\tunits — install each on its host: "
+                 "sudo ./install.sh --bundle units/HOST")
+    lines += [f"{h.name}\t{h.address}\t{' '.join(h.units)}" for h in plan.hosts]
+    return File(HOSTS_INDEX, "\n".join(lines) + "\n")
 
 
 def _ours(path: Path) -> bool:
@@ -199,13 +231,13 @@ def write_bundle(files: list[File], outdir: Path) -> list[tuple[str, str]]:
             )
         same = old.read_bytes() == f.content.encode() and (old.stat().st_mode & 0o777) == f.mode
         report.append((f.path, "unchanged" if same else "updated"))
-    wanted = {f.path for f in files}
-    stale = [
-        p for p in sorted(outdir.iterdir()) if p.is_file() and p.name not in wanted and _ours(p)
-    ] if outdir.is_dir() else []
+    stale = _stale(files, outdir)
     staged: list[tuple[Path, Path]] = []
+    made = [d for d in sorted({outdir, *((outdir / f.path).parent for f in files)})
+            if not d.exists()]
     try:
-        outdir.mkdir(parents=True, exist_ok=True)
+        for d in made:
+            d.mkdir(parents=True, exist_ok=True)
         for f in files:
             dest = outdir / f.path
             fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
@@ -216,10 +248,15 @@ def write_bundle(files: list[File], outdir: Path) -> list[tuple[str, str]]:
     except OSError as e:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
         raise OutputError(f"{outdir}: cannot write the bundle: {e.strerror}") from None
     for tmp, dest in staged:
         os.replace(tmp, dest)
     for p in stale:
         p.unlink()
-        report.append((p.name, "removed"))
+        report.append((str(p.relative_to(outdir)), "removed"))
+        if p.parent != outdir and not any(p.parent.iterdir()):
+            p.parent.rmdir()  # a host that left the inventory: its emptied directory too
     return report

@@ -1,0 +1,212 @@
+"""Several hosts: the inventory (`hosts:`), per-host plans and bundles, TP across nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from pdsvc.cli import main
+from pdsvc.config import parse_config
+from pdsvc.errors import ConfigError, TopologyError
+from pdsvc.plan import build_plan
+from pdsvc.topology import load_topology_file
+
+SEED_TOPOLOGY = REPO / "etc/seed-host.topology.json"
+SEED = ["--topology", str(SEED_TOPOLOGY)]
+THREE = REPO / "etc/examples/three-hosts.yaml"
+
+
+def plan_of(text: str, host_topologies: dict | None = None):
+    config = parse_config(text, "c.yaml")
+    return build_plan(config, load_topology_file(SEED_TOPOLOGY), config_source="c.yaml",
+                      config_text=text, host_topologies=host_topologies)
+
+
+def three_hosts(**changes) -> dict:
+    cfg = yaml.safe_load(THREE.read_text())
+    cfg.update(changes)
+    return cfg
+
+
+def test_three_hosts_plan_routes_over_the_hosts_addresses() -> None:
+    plan = plan_of(THREE.read_text())
+    prefill, decode = plan.engines
+    assert (prefill.machine, prefill.host, decode.machine, decode.host) == (
+        "gpu-a", "10.0.0.2", "gpu-b", "10.0.0.3")
+    # the bootstrap server binds --host: a loopback bind would be unreachable from gpu-b
+    argv = list(prefill.argv)
+    assert argv[argv.index("--host") + 1] == "10.0.0.2"
+    assert argv[argv.index("--dist-init-addr") + 1] == "10.0.0.2:30335"
+    env = dict(decode.env)
+    assert env["SGLANG_HOST_IP"] == "10.0.0.3" and env["UCX_NET_DEVICES"] == "mlx5_0:1"
+    r = plan.router
+    assert r.machine == "lb" and r.after == ()  # remote engines: no systemd ordering
+    ra = list(r.argv)
+    assert ra[ra.index("--prefill") + 1: ra.index("--prefill") + 3] == [
+        "http://10.0.0.2:30000", "8998"]
+    assert ra[ra.index("--decode") + 1] == "http://10.0.0.3:30001"
+    # NIXL coupling cannot cross hosts: said, not silently dropped
+    assert decode.restarts_with == ()
+    assert any("does not restart it" in w for w in plan.warnings)
+    assert [(h.name, h.units) for h in plan.hosts] == [
+        ("lb", ("dsv4-router.service",)), ("gpu-a", ("dsv4-prefill.service",)),
+        ("gpu-b", ("dsv4-decode.service",))]
+
+
+def test_for_host_is_what_runs_there() -> None:
+    plan = plan_of(THREE.read_text())
+    lb, a = plan.for_host("lb"), plan.for_host("gpu-a")
+    assert lb.engines == () and lb.router is not None and lb.units == ("dsv4-router.service",)
+    assert a.router is None and [e.name for e in a.engines] == ["dsv4-prefill"]
+    with pytest.raises(KeyError, match="no host 'nope'"):
+        plan.for_host("nope")
+
+
+def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
+    out = tmp_path / "units"
+    result = runner.invoke(main, ["render", "-c", str(THREE), *SEED, "-o", str(out)])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-a", "gpu-b", "hosts.list", "lb"]
+    assert sorted(p.name for p in (out / "lb").iterdir()) == [
+        "dsv4-pd.target", "dsv4-router.service", "install.list", "supervise.py"]
+    assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
+    router = (out / "lb/dsv4-router.service").read_text()
+    assert "Wants=dsv4" not in router and "After=network-online.target" in router
+    lst = (out / "lb/install.list").read_text()
+    assert "dsv4-router.env" in lst and "dsv4-prefill" not in lst
+    assert "dsv4-router" not in (out / "gpu-b/install.list").read_text()
+    index = (out / "hosts.list").read_text()
+    assert "gpu-a\t10.0.0.2\tdsv4-prefill.service" in index
+    assert "sudo ./install.sh --bundle" in result.output
+
+
+def test_a_host_leaving_the_inventory_takes_its_bundle_but_not_user_files(
+    runner, tmp_path: Path
+) -> None:
+    out = tmp_path / "units"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(THREE.read_text())
+    assert runner.invoke(main, ["render", "-c", str(cfg), *SEED, "-o", str(out)]).exit_code == 0
+    (out / "gpu-b" / "notes.txt").write_text("mine")
+    two = three_hosts()
+    two["hosts"]["gpu-a"]["run"] = ["prefill", "decode"]
+    two["decode"]["gpus"] = [4, 5, 6, 7]
+    del two["hosts"]["gpu-b"]
+    cfg.write_text(yaml.safe_dump(two))
+    result = runner.invoke(main, ["render", "-c", str(cfg), *SEED, "-o", str(out)])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "removed  " in result.output and "gpu-b/dsv4-decode.service" in result.output
+    assert sorted(p.name for p in (out / "gpu-b").iterdir()) == ["notes.txt"]
+    # back to one host: the host directories go, the flat bundle comes back
+    cfg.write_text(yaml.safe_dump({k: v for k, v in two.items() if k != "hosts"}))
+    result = runner.invoke(main, ["render", "-c", str(cfg), *SEED, "-o", str(out)])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert not (out / "gpu-a").exists() and not (out / "lb").exists()
+    assert (out / "dsv4-decode.service").is_file() and (out / "gpu-b/notes.txt").is_file()
+
+
+def test_an_engine_listed_on_two_hosts_spans_them() -> None:
+    cfg = three_hosts()
+    cfg["hosts"]["gpu-c"] = {"address": "10.0.0.4", "run": ["prefill"]}
+    cfg["prefill"] = {"gpus": [0, 1, 2, 3]}  # per host: TP8 over two hosts
+    plan = plan_of(yaml.safe_dump(cfg))
+    ranks = [e for e in plan.engines if e.role == "prefill"]
+    assert [(e.machine, e.node_rank, e.nnodes, e.tp) for e in ranks] == [
+        ("gpu-a", 0, 2, 8), ("gpu-c", 1, 2, 8)]
+    for e in ranks:
+        argv = list(e.argv)
+        assert argv[argv.index("--dist-init-addr") + 1] == "10.0.0.2:30335"  # rank 0's
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--node-rank") + 1] == str(e.node_rank)
+        assert argv[argv.index("--host") + 1] == dict(e.env)["SGLANG_HOST_IP"]
+        assert e.health_url == "http://10.0.0.2:30000/health"  # only rank 0 serves HTTP
+    assert plan.units.count("dsv4-prefill.service") == 1
+    ra = list(plan.router.argv)
+    assert ra.count("--prefill") == 1  # the router knows rank 0 only
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"gpu-a": {"address": "gpu-a.example", "run": ["prefill"]}},
+     "hosts.gpu-a.address: must be an IPv4 address"),
+    ({"gpu-a": {"address": "0.0.0.0", "run": ["prefill"]}}, "must be the host's own IP"),
+    ({"gpu-a": {"address": "10.0.0.2", "run": ["prefil"]}},
+     "'prefil' is not something to run"),
+    ({"gpu-a": {"address": "10.0.0.2", "run": ["prefill[1]"]}},
+     "hosts.gpu-a.run[0]: prefill[1] names no engine: prefill is one mapping; write `prefill`"),
+    ({"gpu-a": {"address": "10.0.0.2", "run": ["decode"]}},
+     "prefill runs on no host; add `prefill`"),
+    ({"gpu-a": {"address": "10.0.0.2", "run": ["prefill", "router"]}},
+     "the router is on 2 hosts (lb, gpu-a); run it on one"),
+    ({"gpu-a": {"address": "10.0.0.2", "run": ["prefill"], "ucx_net_devices": "eth1",
+                "env": {"SGLANG_HOST_IP": "1.2.3.4"}}},
+     "SGLANG_HOST_IP is set by pdsvc from hosts.NAME.address"),
+])
+def test_inventory_errors_name_the_key(change: dict, message: str) -> None:
+    cfg = three_hosts()
+    cfg["hosts"].update(change)
+    with pytest.raises(ConfigError, match=None) as err:
+        plan_of(yaml.safe_dump(cfg, sort_keys=False))
+    assert message in str(err.value)
+
+
+def test_gpus_are_per_host_but_shared_on_one() -> None:
+    cfg = three_hosts()
+    plan_of(yaml.safe_dump(cfg))  # prefill and decode both on GPUs 0-3, on different hosts
+    cfg["hosts"]["gpu-a"]["run"] = ["prefill", "decode"]
+    del cfg["hosts"]["gpu-b"]
+    with pytest.raises(ConfigError, match="decode.gpus: GPU 0 is also in prefill.gpus"):
+        plan_of(yaml.safe_dump(cfg))
+
+
+def test_spanning_tp_must_count_every_hosts_gpus() -> None:
+    cfg = three_hosts()
+    cfg["hosts"]["gpu-c"] = {"address": "10.0.0.4", "run": ["decode"]}
+    cfg["decode"]["tp"] = 4
+    with pytest.raises(ConfigError, match=r"decode.tp: tp is 4 but 4 GPUs are listed on each "
+                       r"of its 2 hosts; .* make it 8"):
+        plan_of(yaml.safe_dump(cfg))
+
+
+def test_ucx_net_devices_in_one_place_only() -> None:
+    cfg = three_hosts()
+    cfg["decode"]["env"] = {"UCX_NET_DEVICES": "eth0"}
+    with pytest.raises(ConfigError, match="hosts.gpu-b.ucx_net_devices: decode also sets"):
+        plan_of(yaml.safe_dump(cfg))
+
+
+def test_a_hosts_own_topology_file_is_used_and_named(tmp_path: Path) -> None:
+    small = json.loads(SEED_TOPOLOGY.read_text())
+    small["gpus"] = small["gpus"][:2]
+    (tmp_path / "gpu-b.json").write_text(json.dumps(small))
+    cfg = three_hosts()
+    cfg["hosts"]["gpu-b"]["topology"] = "gpu-b.json"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    from pdsvc.clikit import load_plan
+
+    with pytest.raises(TopologyError, match="decode.gpus: GPU 2 does not exist on host gpu-b"):
+        load_plan(path, None, SEED_TOPOLOGY)
+    small["gpus"] = json.loads(SEED_TOPOLOGY.read_text())["gpus"][:4]
+    (tmp_path / "gpu-b.json").write_text(json.dumps(small))  # the cache must see the change
+    plan = load_plan(path, None, SEED_TOPOLOGY)
+    assert plan.host("gpu-b").topology_source == f"file:{tmp_path / 'gpu-b.json'}"
+
+
+def test_no_unused_ucx_warning_on_the_router_host() -> None:
+    cfg = three_hosts()
+    del cfg["hosts"]["gpu-a"]["ucx_net_devices"]
+    warnings = plan_of(yaml.safe_dump(cfg)).warnings
+    assert [w for w in warnings if "ucx_net_devices" in w] == [
+        "hosts.gpu-a.ucx_net_devices is not set: NIXL's UCX may move KV over the wrong NIC "
+        "across hosts (sglang #28737); set it (e.g. mlx5_0:1 or eth1)"]
+
+
+def test_supervisord_bundle_refuses_several_hosts(runner, tmp_path: Path) -> None:
+    result = runner.invoke(main, ["render", "-c", str(THREE), *SEED, "-o", str(tmp_path / "s"),
+                                  "--format", "supervisord"])
+    assert result.exit_code == 2 and "supervisord bundle is one host's" in result.stderr
+    assert not (tmp_path / "s").exists()
