@@ -495,15 +495,44 @@ class HostConfig(Strict):
         return v
 
 
+class K8sConfig(Strict):
+    """Kubernetes manifests of the same deployment (`pdsvc render --format k8s`): one
+    Deployment per engine (a LeaderWorkerSet when it spans hosts), a Service for each, the
+    router's Deployment and Service. Pinning is the kubelet's (topology manager) there."""
+
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                           description="Namespace of every object; part of the URLs the router "
+                           "and decode dial (SERVICE.NAMESPACE.svc).")
+    image: str = Field("lmsysorg/sglang:latest",
+                       description="Engine image with sglang and nixl; pin a tag or digest.")
+    router_image: str | None = Field(None, description="Router image (default: image).")
+    python: str = Field("python3", description="The interpreter inside the images.")
+    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource of one GPU.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="nodeSelector of the engine pods (e.g. GPU type)."
+    )
+    jit_cache_claim: str | None = Field(
+        None,
+        description="A ReadWriteMany PVC for the JIT cache (shared by every engine pod); "
+        "default: a hostPath at runtime.jit_cache, shared by the pods of a node.",
+    )
+    router_service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", description="How clients reach the router's Service."
+    )
+    host_network: bool = Field(
+        False, description="hostNetwork for engine pods (RDMA NICs without a CNI for them)."
+    )
+
+
 HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 
 
 class Config(Strict):
     name: str = Field("dsv4", description="Prefix of every unit name.")
-    format: Literal["systemd", "supervisord"] = Field(
+    format: Literal["systemd", "supervisord", "k8s"] = Field(
         "systemd",
         description="What `pdsvc render` writes by default (--format overrides): systemd units, "
-        "or a supervisord config for hosts and containers without systemd.",
+        "a supervisord config for hosts and containers without systemd, or k8s manifests.",
     )
     model: ModelConfig
     runtime: RuntimeConfig = RuntimeConfig()
@@ -513,6 +542,7 @@ class Config(Strict):
     router: RouterConfig = RouterConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
     supervisord: SupervisordConfig = SupervisordConfig()
+    k8s: K8sConfig = K8sConfig()
     hosts: dict[HostName, HostConfig] | None = Field(
         None,
         description="Several hosts: NAME → address, what runs there. `pdsvc render` then writes "

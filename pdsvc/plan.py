@@ -79,6 +79,11 @@ class EnginePlan:
     machine: str = ""  # the inventory host it runs on ("": the one host, no inventory)
     nnodes: int = 1  # hosts the engine spans (TP across nodes)
     node_rank: int = 0  # this process's rank among them; rank 0 serves HTTP
+    # the pieces argv is composed of (engine_argv), for renderers that place it elsewhere
+    launcher: tuple[str, ...] = ()  # python -m module
+    model_args: tuple[str, ...] = ()
+    transfer_backend: str = ""
+    extra_args: tuple[str, ...] = ()  # the role's `args`
 
     @property
     def unit(self) -> str:
@@ -101,6 +106,11 @@ class RouterPlan:
     liveness_url: str
     after: tuple[str, ...]
     machine: str = ""
+    # the pieces argv is composed of (router_argv)
+    launcher: tuple[str, ...] = ()
+    prefills: tuple[tuple[str, int], ...] = ()  # (URL, bootstrap port)
+    decodes: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()  # every flag after the workers
 
     @property
     def unit(self) -> str:
@@ -149,6 +159,7 @@ class Plan:
     format: str = "systemd"  # the bundle `pdsvc render` writes by default
     supervisord: dict = field(default_factory=dict)  # config.supervisord, for that bundle
     hosts: tuple[HostPlan, ...] = ()  # several hosts; () for one (engines on loopback)
+    k8s: dict = field(default_factory=dict)  # config.k8s, for the manifests
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -200,7 +211,9 @@ def plan_from_dict(d: dict) -> Plan:
                             pin["why"]),
             env=tuple(e["env"].items()), argv=tuple(e["argv"]), health_url=e["health_url"],
             url=e["url"], restarts_with=tuple(e["restarts_with"]), machine=e["machine"],
-            nnodes=e["nnodes"], node_rank=e["node_rank"],
+            nnodes=e["nnodes"], node_rank=e["node_rank"], launcher=tuple(e["launcher"]),
+            model_args=tuple(e["model_args"]), transfer_backend=e["transfer_backend"],
+            extra_args=tuple(e["extra_args"]),
         )
 
     r = d["router"]
@@ -210,6 +223,8 @@ def plan_from_dict(d: dict) -> Plan:
         prometheus_port=r["prometheus_port"], env=tuple(r["env"].items()), argv=tuple(r["argv"]),
         url=r["url"], readiness_url=r["readiness_url"], generate_url=r["generate_url"],
         liveness_url=r["liveness_url"], after=tuple(r["after"]), machine=r["machine"],
+        launcher=tuple(r["launcher"]), prefills=tuple((u, p) for u, p in r["prefills"]),
+        decodes=tuple(r["decodes"]), options=tuple(r["options"]),
     )
     return Plan(
         name=d["name"], target=d["target"], version=d["version"],
@@ -221,6 +236,7 @@ def plan_from_dict(d: dict) -> Plan:
         read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
         format=d["format"], supervisord=dict(d["supervisord"]),
         hosts=tuple(HostPlan(**{**h, "units": tuple(h["units"])}) for h in d["hosts"]),
+        k8s=dict(d["k8s"]),
     )
 
 
@@ -346,6 +362,7 @@ def build_plan(
         format=config.format,
         supervisord=config.supervisord.model_dump(),
         hosts=tuple(hosts),
+        k8s=config.k8s.model_dump(),
     )
 
 
@@ -509,26 +526,14 @@ def _engine(
     tp = role_cfg.tp or len(role_cfg.gpus) * nnodes
     # one role's rank 0 is every rank's rendezvous (sglang-facts §6.1: per role, not shared)
     dist_init_addr = f"{leader}:{role_cfg.dist_init_port}"
-    argv: list[str] = [rt.python, "-m", rt.engine_module, "--model-path", config.model.path]
+    model_args = ["--model-path", config.model.path]
     if config.model.served_name:
-        argv += ["--served-model-name", config.model.served_name]
+        model_args += ["--served-model-name", config.model.served_name]
     if config.model.trust_remote_code:
-        argv.append("--trust-remote-code")
-    argv += [
-        "--host", host,
-        "--port", str(role_cfg.port),
-        "--tp-size", str(tp),
-        "--dist-init-addr", dist_init_addr,
-        *(("--nnodes", str(nnodes), "--node-rank", str(node_rank)) if nnodes > 1 else ()),
-        "--disaggregation-mode", role,
-        "--disaggregation-transfer-backend", config.transfer.backend,
-        # prefill binds it; decode uses it for requests that carry bootstrap_port=null (fact 4)
-        "--disaggregation-bootstrap-port", str(bootstrap_port),
-    ]
-    argv += flag_args(role_cfg.args)
+        model_args.append("--trust-remote-code")
     # only rank 0 serves HTTP: the others are ready when it is (and it is not before they join)
     url = f"http://{leader}:{role_cfg.port}"
-    return EnginePlan(
+    plan = EnginePlan(
         role=role,
         name=name,
         gpus=tuple(role_cfg.gpus),
@@ -540,13 +545,41 @@ def _engine(
         dist_init_addr=dist_init_addr,
         pinning=pinning,
         env=tuple(env.items()),
-        argv=tuple(argv),
+        argv=(),
         health_url=f"{url}/health",
         url=url,
         restarts_with=restarts_with,
         machine=machine,
         nnodes=nnodes,
         node_rank=node_rank,
+        launcher=(rt.python, "-m", rt.engine_module),
+        model_args=tuple(model_args),
+        transfer_backend=config.transfer.backend,
+        extra_args=tuple(flag_args(role_cfg.args)),
+    )
+    return replace(plan, argv=engine_argv(plan))
+
+
+def engine_argv(
+    e: EnginePlan, *, python: str | None = None, host: str | None = None,
+    dist_init_addr: str | None = None, node_rank: str | None = None,
+) -> tuple[str, ...]:
+    """The engine's launch_server command line, composed from the plan's fields; a renderer
+    that runs it elsewhere (a pod) overrides where it listens and meets its peers."""
+    python = python or e.launcher[0]
+    multi = ("--nnodes", str(e.nnodes), "--node-rank", node_rank or str(e.node_rank))
+    return (
+        python, *e.launcher[1:], *e.model_args,
+        "--host", host or e.host,
+        "--port", str(e.port),
+        "--tp-size", str(e.tp),
+        "--dist-init-addr", dist_init_addr or e.dist_init_addr,
+        *(multi if e.nnodes > 1 else ()),
+        "--disaggregation-mode", e.role,
+        "--disaggregation-transfer-backend", e.transfer_backend,
+        # prefill binds it; decode uses it for requests that carry bootstrap_port=null (fact 4)
+        "--disaggregation-bootstrap-port", str(e.bootstrap_port),
+        *e.extra_args,
     )
 
 
@@ -568,17 +601,9 @@ def _router(
 ) -> RouterPlan:
     rc, rt = config.router, config.runtime
     python = rc.python or rt.python
-    argv: list[str] = [python, "-m", rt.router_module, "--pd-disaggregation"]
     engines = tuple(e for e in engines if e.node_rank == 0)  # the ones serving HTTP
-    for e in engines:
-        if e.role == "prefill":
-            # always with its port: a bare URL sends bootstrap_port=null (sglang-facts fact 4)
-            argv += ["--prefill", e.url, str(e.bootstrap_port)]
-    for e in engines:
-        if e.role == "decode":
-            argv += ["--decode", e.url]
     hc = rc.health_check
-    argv += [
+    options = [
         "--host", rc.host,
         "--port", str(rc.port),
         "--policy", rc.policy,
@@ -591,11 +616,11 @@ def _router(
         # the router starts after the engines are healthy; this only bounds a re-registration
         "--worker-startup-timeout-secs", str(config.lifecycle.start_timeout_secs),
     ]
-    argv += flag_args(rc.args)
+    options += flag_args(rc.args)
     local = "127.0.0.1" if rc.host in ("0.0.0.0", "::") else rc.host
     base = f"http://{local}:{rc.port}"
     env = {"PYTHONUNBUFFERED": "1", **{k: _env_str(v) for k, v in rc.env.items()}}
-    return RouterPlan(
+    router = RouterPlan(
         name=name,
         python=python,
         host=rc.host,
@@ -603,7 +628,7 @@ def _router(
         prometheus_host=rc.prometheus_host,
         prometheus_port=rc.prometheus_port,
         env=tuple(env.items()),
-        argv=tuple(argv),
+        argv=(),
         url=base,
         readiness_url=f"{base}/readiness",
         generate_url=f"{base}/generate",
@@ -612,5 +637,25 @@ def _router(
         # own readiness gate (a ready prefill/decode pair, then one generation)
         after=tuple(e.unit for e in engines if e.machine == machine),
         machine=machine,
+        launcher=(python, "-m", rt.router_module),
+        # always with its port: a bare URL sends bootstrap_port=null (sglang-facts fact 4)
+        prefills=tuple((e.url, e.bootstrap_port) for e in engines if e.role == "prefill"),
+        decodes=tuple(e.url for e in engines if e.role == "decode"),
+        options=tuple(options),
     )
+    return replace(router, argv=router_argv(router))
+
+
+def router_argv(
+    r: RouterPlan, *, python: str | None = None,
+    prefills: tuple[tuple[str, int], ...] | None = None, decodes: tuple[str, ...] | None = None,
+) -> tuple[str, ...]:
+    """The router's command line from the plan's fields; a renderer that places the workers
+    elsewhere (Services) gives their URLs."""
+    argv = [python or r.launcher[0], *r.launcher[1:], "--pd-disaggregation"]
+    for url, port in r.prefills if prefills is None else prefills:
+        argv += ["--prefill", url, str(port)]
+    for url in r.decodes if decodes is None else decodes:
+        argv += ["--decode", url]
+    return (*argv, *r.options)
 
