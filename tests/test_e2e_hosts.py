@@ -1,0 +1,113 @@
+"""Several hosts, each a real systemd container in its own network namespace (a NetLab the
+test creates), with the per-host bundles of one config installed by the real install.sh, the
+real sglang-router 0.3.2 on the router's host and the stand-in engines on the GPU hosts.
+
+The stand-in decode dials the bootstrap host the router hands it (the prefill URL's host,
+verbatim) and fails the request if it cannot reach it: a loopback address anywhere in the
+chain would break these tests, as it would break a real deployment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import require
+from fleet import Fleet
+from netlab import netlab_available
+from nspawn import nspawn_available
+
+pytestmark = pytest.mark.e2e
+
+
+def _fleet(serve_python: Path, tmp: Path, run: dict[str, list[str]], **kw) -> Fleet:
+    require(nspawn_available())
+    require(netlab_available())
+    fleet = Fleet.up(tmp, serve_python.parent.parent, run, **kw)
+    try:
+        fleet.start()
+    except BaseException:
+        fleet.down()
+        raise
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def three(serve_python: Path, tmp_path_factory) -> Iterator[Fleet]:
+    fleet = _fleet(serve_python, tmp_path_factory.mktemp("e2e-3hosts"),
+                   {"lb": ["router"], "gpu-a": ["prefill"], "gpu-b": ["decode"]})
+    yield fleet
+    fleet.down()
+
+
+def test_three_hosts_install_start_and_serve_across_the_network(three: Fleet) -> None:
+    a, b = three.lab.address("gpu-a"), three.lab.address("gpu-b")
+    for host in three.hosts:  # each host runs its own units, all active, under its own target
+        for unit in [three.target, *three.units_on(host)]:
+            assert three.state(host, unit) == "active", (host, unit)
+    assert three.units_on("lb") == ["e2e-router.service"]
+    assert three.hosts["lb"].run(["systemctl", "cat", "e2e-prefill.service"],
+                                 check=False).returncode != 0
+    assert three.workers() == [("decode", f"http://{b}:30001", None, True),
+                               ("prefill", f"http://{a}:30000", 8998, True)]
+    ok, meta = three.generate()
+    assert ok, meta
+    # decode reached the prefill's bootstrap server on gpu-a's address, through the lab
+    assert (meta["bootstrap_host_seen"], meta["bootstrap_port_seen"]) == (a, 8998), meta
+    listening = three.hosts["gpu-a"].run(["ss", "-Hltn"]).stdout
+    assert f"{a}:8998" in listening and f"{a}:30000" in listening, listening
+    env = three.hosts["gpu-b"].show("e2e-decode.service", "Environment")["Environment"]
+    assert f"SGLANG_HOST_IP={b}" in env and "UCX_NET_DEVICES=eth0" in env, env
+
+
+@pytest.fixture(scope="module")
+def four(serve_python: Path, tmp_path_factory) -> Iterator[Fleet]:
+    fleet = _fleet(serve_python, tmp_path_factory.mktemp("e2e-4hosts"),
+                   {"lb": ["router"], "gpu-a": ["prefill[0]"], "gpu-b": ["prefill[1]"],
+                    "gpu-c": ["decode"]},
+                   prefill=[{"gpus": [0], "env": {"FAKE_SGLANG_LOAD_SECS": 10}},
+                            {"gpus": [0]}],
+                   **{"router.policy": "random"})
+    yield fleet
+    fleet.down()
+
+
+def _engine_pid(fleet: Fleet, host: str, unit: str) -> int:
+    c = fleet.hosts[host]
+    main = c.show(unit, "MainPID")["MainPID"]
+    out = c.run(["pgrep", "-P", main], check=False).stdout.split()
+    assert out, f"{host} {unit}: supervisor {main} has no child"
+    return int(out[0])
+
+
+def test_killing_one_prefill_hosts_engine_serves_through_the_other(four: Fleet) -> None:
+    a, b = four.lab.address("gpu-a"), four.lab.address("gpu-b")
+    # Across hosts systemd cannot order the router after the engines: it went ready with the
+    # first ready pair (gpu-b + gpu-c) and takes gpu-a's slow prefill once that is up.
+    assert four.state("gpu-a", "e2e-prefill-0.service") == "activating"
+    four.hosts["lb"].wait_for(lambda: [w[3] for w in four.workers()] == [True] * 3, 60,
+                              interval=0.5, what="the router lists all three workers healthy")
+    # random policy: 16 requests miss one of two prefills with p = 2^-15
+    seen = {four.generate(f"hello {i}")[1]["bootstrap_host_seen"] for i in range(16)}
+    assert seen == {a, b}
+    unit = "e2e-prefill-0.service"
+    four.hosts["gpu-a"].run(["kill", "-9", str(_engine_pid(four, "gpu-a", unit))])
+    t0, streak, results = time.monotonic(), 0, []
+    while streak < 5:  # once the router's 1 s health check dropped gpu-a: all through gpu-b
+        assert time.monotonic() - t0 < 12, f"no streak of 5 while gpu-a was down: {results}"
+        ok, meta = four.generate(timeout=3)
+        results.append((round(time.monotonic() - t0, 1), ok))
+        if ok:
+            assert meta["bootstrap_host_seen"] == b, meta
+        streak = streak + 1 if ok else 0
+    assert four.state("gpu-a", unit) != "active"  # it served without gpu-a's prefill
+    # gpu-a's systemd brings it back on its own; the router takes it back
+    four.hosts["gpu-a"].wait_for(lambda: four.state("gpu-a", unit) == "active", 60,
+                                 interval=0.5, what="prefill-0 restarted on gpu-a")
+    four.hosts["lb"].wait_for(lambda: [w[3] for w in four.workers()] == [True] * 3, 30,
+                              interval=0.5, what="the router lists every worker healthy again")
+    assert four.hosts["gpu-a"].show(unit, "NRestarts")["NRestarts"] == "1"
+    assert four.hosts["lb"].show("e2e-router.service", "NRestarts")["NRestarts"] == "0"
+    assert {four.generate(f"again {i}")[1]["bootstrap_host_seen"] for i in range(16)} == {a, b}
