@@ -71,6 +71,13 @@ install on a host booted with systemd (without one: pdsvc's supervisord bundle),
 the files for a package with DESTDIR=DIR"
     fi
     LIST="$bundle/install.list"
+    if [ ! -f "$LIST" ] && [ -f "$bundle/hosts.list" ]; then
+        # a bundle for several hosts (config with `hosts:`): one subdirectory per host
+        local hosts
+        hosts="$(awk -F'\t' '!/^#/ && NF { printf "%s%s", sep, $1; sep=", " }' "$bundle/hosts.list")"
+        die "$bundle holds one bundle per host ($hosts): on each host run \
+install.sh --bundle $bundle/HOST"
+    fi
     [ -f "$LIST" ] || die "$LIST not found: run \`pdsvc render\` first (or pass --bundle DIR)"
     [ -r "$LIST" ] || die "cannot read $LIST"
     read_list

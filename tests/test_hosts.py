@@ -210,3 +210,29 @@ def test_supervisord_bundle_refuses_several_hosts(runner, tmp_path: Path) -> Non
                                   "--format", "supervisord"])
     assert result.exit_code == 2 and "supervisord bundle is one host's" in result.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_install_sh_takes_one_hosts_bundle_and_explains_the_layout(
+    runner, tmp_path: Path
+) -> None:
+    import subprocess
+
+    out = tmp_path / "units"
+    assert runner.invoke(main, ["render", "-c", str(THREE), *SEED, "-o", str(out)]).exit_code == 0
+    dest = tmp_path / "dest"
+
+    def install(bundle: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(REPO / "install.sh"), "--bundle", str(bundle),
+                               "--config", str(THREE)], env={"DESTDIR": str(dest),
+                              "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                              capture_output=True, text=True, timeout=60)
+
+    whole = install(out)
+    assert whole.returncode == 1
+    assert f"{out} holds one bundle per host (lb, gpu-a, gpu-b): on each host run install.sh " \
+           f"--bundle {out}/HOST" in whole.stderr
+    one = install(out / "gpu-a")
+    assert one.returncode == 0, one.stderr
+    units = dest / "etc/systemd/system"
+    assert sorted(p.name for p in units.iterdir() if p.is_file()) == [
+        "dsv4-pd.target", "dsv4-prefill.service"]
