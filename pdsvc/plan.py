@@ -76,6 +76,7 @@ class EnginePlan:
     health_url: str
     url: str
     restarts_with: tuple[str, ...] = ()  # units whose (re)start restarts this one
+    peer_health: tuple[str, ...] = ()  # the same across hosts: their /health, watched
     machine: str = ""  # the inventory host it runs on ("": the one host, no inventory)
     nnodes: int = 1  # hosts the engine spans (TP across nodes)
     node_rank: int = 0  # this process's rank among them; rank 0 serves HTTP
@@ -210,7 +211,8 @@ def plan_from_dict(d: dict) -> Plan:
             pinning=Pinning(pin["mode"], pin["numa_node"], tuple(pin["cpus"]), pin["policy"],
                             pin["why"]),
             env=tuple(e["env"].items()), argv=tuple(e["argv"]), health_url=e["health_url"],
-            url=e["url"], restarts_with=tuple(e["restarts_with"]), machine=e["machine"],
+            url=e["url"], restarts_with=tuple(e["restarts_with"]),
+            peer_health=tuple(e["peer_health"]), machine=e["machine"],
             nnodes=e["nnodes"], node_rank=e["node_rank"], launcher=tuple(e["launcher"]),
             model_args=tuple(e["model_args"]), transfer_backend=e["transfer_backend"],
             extra_args=tuple(e["extra_args"]),
@@ -301,14 +303,11 @@ def build_plan(
             where = machines[inst.key]
             for rank, machine in enumerate(where):
                 restarts_with = prefill_units[machine] if couple else ()
-                if couple and rank == 0 and len(restarts_with) < len(prefills):
-                    # NIXL: a decode holds transfer state per prefill (sglang #33789); across
-                    # hosts systemd cannot restart it with them
-                    warnings.append(
-                        f"{inst.key} on {machine}: a restart of a prefill on another host does "
-                        f"not restart it (PartOf= stops at the host); restart "
-                        f"{unit_name(name, inst, count)} there after one (sglang #33789)"
-                    )
+                # PartOf= stops at the host: a prefill elsewhere is watched by supervise.py
+                remote = () if not couple else tuple(
+                    f"http://{address(machines[p.key][0])}:{p.cfg.port}/health"
+                    for p in prefills if machine not in machines[p.key]
+                )
                 engines.append(_engine(
                     config, layout(machine), inst.role, inst.cfg, key=inst.key,
                     name=unit_name(name, inst, count), host=address(machine),
@@ -319,6 +318,7 @@ def build_plan(
                     warnings=warnings,
                     # NIXL: any prefill's (re)start restarts the decode
                     restarts_with=restarts_with,
+                    peer_health=remote,
                 ))
     router_machine = placement.get("router", ("",))[0]
     router = _router(config, tuple(engines), name=f"{name}-router", machine=router_machine)
@@ -497,6 +497,7 @@ def _engine(
     bootstrap_port: int,
     warnings: list[str],
     restarts_with: tuple[str, ...],
+    peer_health: tuple[str, ...] = (),
 ) -> EnginePlan:
     where = f"host {machine}" if machine else "this host"
     pinning, bus_ids = _pinning(key, role_cfg, topology, config, warnings, where)
@@ -549,6 +550,7 @@ def _engine(
         health_url=f"{url}/health",
         url=url,
         restarts_with=restarts_with,
+        peer_health=peer_health,
         machine=machine,
         nnodes=nnodes,
         node_rank=node_rank,

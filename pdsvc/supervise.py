@@ -60,6 +60,7 @@ from typing import IO, TYPE_CHECKING, NamedTuple
 
 EXIT_REFUSED = 1  # GPU busy, nvidia-smi broken, cache dir unusable: Restart= retries later
 EXIT_USAGE = 2  # argparse's own exit status for usage errors
+EXIT_PEER = 75  # a --restart-with peer restarted: stopped the engine to be restarted with it
 EXIT_HUNG = 124  # --watchdog-secs ran out: killed a hung child (timeout(1)'s convention)
 EXIT_CANNOT_EXEC = 126  # the shell's convention for "found but could not run"
 EXIT_NOT_FOUND = 127  # the shell's convention for "command not found"
@@ -511,9 +512,49 @@ def router_start_probe(
 
 
 class Outcome(NamedTuple):
-    kind: str  # "healthy", "exited" (returncode set), "stop" (a stop signal arrived), "hung"
+    kind: str  # "healthy", "exited" (returncode set), "stop" (a stop signal arrived), "hung",
+    # "peer" (a --restart-with peer restarted; detail says which)
     returncode: int | None = None
     elapsed: float = 0.0
+    detail: str = ""
+
+
+class PeerWatch:
+    """``--restart-with``: restart this engine when a peer on another host restarts.
+
+    systemd's PartOf= couples units of one host only. A NIXL decode cannot serve a prefill
+    that restarted under it (sglang #33789), so a decode whose prefill runs elsewhere watches
+    that prefill's /health: seen healthy, then failing ``down_after`` probes in a row (dead by
+    the same measure as the watchdog's) of which at least one was refused (its port closed:
+    the process was gone, not merely slow or unreachable), then healthy again = it restarted.
+    A peer never seen healthy (still loading when this engine came up) is not a restart.
+    """
+
+    def __init__(self, urls: Sequence[str], down_after: int, timeout: float,
+                 probe: Callable[[str, float], ProbeResult] | None = None) -> None:
+        self.urls = list(urls)
+        self.down_after = down_after
+        self.timeout = timeout
+        self.probe = probe or http_probe
+        self.seen_up = dict.fromkeys(self.urls, False)
+        self.failures = dict.fromkeys(self.urls, 0)
+        self.refused = dict.fromkeys(self.urls, False)
+
+    def check(self) -> str | None:
+        """Probe every peer once; the reason to restart, or None."""
+        for url in self.urls:
+            result = self.probe(url, self.timeout)
+            if not result.ok:
+                self.failures[url] += 1
+                self.refused[url] |= result.detail == "connection refused"
+                continue
+            down, refused = self.failures[url], self.refused[url]
+            self.failures[url], self.refused[url] = 0, False
+            if self.seen_up[url] and down >= self.down_after and refused:
+                return (f"{url} is back after {down} failed probes (its port was closed): it "
+                        f"restarted, and a NIXL decode must restart with it (sglang #33789)")
+            self.seen_up[url] = True
+        return None
 
 
 def wait_until_healthy(
@@ -568,8 +609,10 @@ def liveness_loop(
     should_stop: Callable[[], bool],
     clock: Clock = time.monotonic,
     hang_after: float | None = None,
+    peers: PeerWatch | None = None,
 ) -> Outcome:
-    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200.
+    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``peers``: checked once
+    per interval too; a restarted peer ends the loop as ``"peer"``.
 
     A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
     systemd kills and restarts the unit. Returns when the child exits or a stop arrives.
@@ -615,6 +658,9 @@ def liveness_loop(
             notify(
                 f"STATUS=liveness probe failing ({failures}x, no watchdog ping): {result.detail}"
             )
+        restarted = peers.check() if peers is not None else None
+        if restarted:
+            return Outcome("peer", detail=restarted)
 
 
 def wait_for_urls(
@@ -1140,6 +1186,7 @@ Exit status:
   1        refused to start: a GPU of the unit is busy, nvidia-smi failed, or the JIT cache
            directory cannot be used (Restart= retries after RestartSec=)
   2        usage error
+  75       a --restart-with peer restarted: the engine was stopped to be restarted with it
   124      --watchdog-secs ran out without a good liveness probe: the child was killed
   126/127  the command could not be executed / was not found
 """
@@ -1262,6 +1309,24 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         metavar="S",
         help="timeout of one liveness probe; SGLang's /health runs a 1-token generation and "
         "gives up after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) (default: %(default)g)",
+    )
+    engine.add_argument(
+        "--restart-with",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="/health of a peer on another host this engine must restart with (a NIXL "
+        "decode's prefill, sglang #33789; on one host systemd's PartOf= does it): once the "
+        "peer is back after --peer-down-probes failed probes in a row, stop the engine and "
+        f"exit {EXIT_PEER} so that Restart=on-failure starts it afresh; repeatable",
+    )
+    engine.add_argument(
+        "--peer-down-probes",
+        type=int,
+        default=3,
+        metavar="N",
+        help="failed probes in a row that make a --restart-with peer's recovery a restart "
+        "(default: %(default)s; the units pass the liveness failure count)",
     )
     engine.add_argument(
         "--gpus",
@@ -1569,14 +1634,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             serving_status=serving,
             should_stop=child.stopping,
             hang_after=args.watchdog_secs,
+            # a peer probe must not hold up this engine's own probes (and its watchdog)
+            peers=PeerWatch(args.restart_with, args.peer_down_probes,
+                            min(args.liveness_timeout, args.liveness_interval))
+            if getattr(args, "restart_with", None) else None,
         )
     hung = outcome.kind == "hung"
+    if outcome.kind == "peer":
+        assert child.process is not None
+        log(f"{outcome.detail}; stopping the {role} (SIGTERM) and exiting {EXIT_PEER} so that "
+            f"the process manager restarts it")
+        notifier.status(f"restarting with its peer: {outcome.detail}")
+        child.stop_time = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            child.process.send_signal(signal.SIGTERM)
     if hung:
         child.kill_now(
             f"no successful liveness probe for {outcome.elapsed:.0f} s "
             f"(--watchdog-secs {args.watchdog_secs:g}): the {role} is hung"
         )
-    if outcome.kind == "stop":
+    if outcome.kind in ("stop", "peer"):
         returncode = child.wait_after_stop(args.progress_every, args.stop_timeout)
     elif hung:
         returncode = child.wait(KILL_WAIT_S)
@@ -1597,6 +1674,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hung and child.stop_signal is None:
         log(f"exiting {EXIT_HUNG} so that the process manager restarts the {role}")
         return EXIT_HUNG
+    if outcome.kind == "peer" and child.stop_signal is None:
+        return EXIT_PEER
     if child.stop_signal is not None:
         stop_name = signal.Signals(child.stop_signal).name
         verdict = "a clean stop" if code == 0 else "a failed stop"

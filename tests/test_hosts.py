@@ -49,9 +49,9 @@ def test_three_hosts_plan_routes_over_the_hosts_addresses() -> None:
     assert ra[ra.index("--prefill") + 1: ra.index("--prefill") + 3] == [
         "http://10.0.0.2:30000", "8998"]
     assert ra[ra.index("--decode") + 1] == "http://10.0.0.3:30001"
-    # NIXL coupling cannot cross hosts: said, not silently dropped
-    assert decode.restarts_with == ()
-    assert any("does not restart it" in w for w in plan.warnings)
+    # NIXL coupling across hosts: not PartOf= (one host only) but a watch of prefill's /health
+    assert decode.restarts_with == () and decode.peer_health == ("http://10.0.0.2:30000/health",)
+    assert prefill.peer_health == ()
     assert [(h.name, h.units) for h in plan.hosts] == [
         ("lb", ("dsv4-router.service",)), ("gpu-a", ("dsv4-prefill.service",)),
         ("gpu-b", ("dsv4-decode.service",))]
@@ -74,6 +74,8 @@ def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
     assert sorted(p.name for p in (out / "lb").iterdir()) == [
         "dsv4-pd.target", "dsv4-router.service", "install.list", "supervise.py"]
     assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
+    decode = (out / "gpu-b/dsv4-decode.service").read_text()
+    assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3 --" in decode
     router = (out / "lb/dsv4-router.service").read_text()
     assert "Wants=dsv4" not in router and "After=network-online.target" in router
     lst = (out / "lb/install.list").read_text()
@@ -236,3 +238,18 @@ def test_install_sh_takes_one_hosts_bundle_and_explains_the_layout(
     units = dest / "etc/systemd/system"
     assert sorted(p.name for p in units.iterdir() if p.is_file()) == [
         "dsv4-pd.target", "dsv4-prefill.service"]
+
+
+def test_coupling_is_per_host_partof_plus_a_watch_of_the_remote_prefills() -> None:
+    cfg = three_hosts()
+    cfg["prefill"] = [{"gpus": [0, 1]}, {"gpus": [2, 3]}]
+    cfg["hosts"]["gpu-a"]["run"] = ["prefill[0]"]
+    cfg["hosts"]["gpu-b"]["run"] = ["prefill[1]", "decode"]
+    cfg["decode"]["gpus"] = [4, 5, 6, 7]
+    plan = plan_of(yaml.safe_dump(cfg))
+    decode = next(e for e in plan.engines if e.role == "decode")
+    assert decode.restarts_with == ("dsv4-prefill-1.service",)  # same host: PartOf=
+    assert decode.peer_health == ("http://10.0.0.2:30000/health",)  # gpu-a's: watched
+    cfg["decode"]["restart_with_prefill"] = False
+    decode = next(e for e in plan_of(yaml.safe_dump(cfg)).engines if e.role == "decode")
+    assert decode.restarts_with == () and decode.peer_health == ()

@@ -853,3 +853,79 @@ def test_engine_error_line_is_repeated_at_its_exit(procs, notify_socket, tmp_pat
     assert ("dsv4-decode: engine exited with status 1; its last error: "
             "OSError: Incorrect path_or_model_id: '/srv/x'") in log
     assert any("Incorrect path_or_model_id" in s for s in notify_socket.statuses())
+
+
+# ---------------------------------------------------------------------------------------------
+# --restart-with: a peer on another host restarted
+
+
+def _peer(results: list[str]):
+    """A probe answering from a script: 'ok', 'refused' or 'timeout' per call."""
+    it = iter(results)
+
+    def probe(url: str, timeout: float):
+        r = next(it)
+        return (sup.ProbeResult(True, "HTTP 200") if r == "ok" else
+                sup.ProbeResult(False, "connection refused") if r == "refused" else
+                sup.ProbeResult(False, f"timed out after {timeout:g} s"))
+    return probe
+
+
+@pytest.mark.parametrize("script, restarts_at", [
+    (["ok", "refused", "refused", "refused", "ok"], 5),  # down 3x, port closed, back
+    (["ok", "timeout", "timeout", "timeout", "ok", "ok"], None),  # slow or partitioned: not
+    (["ok", "refused", "refused", "ok", "ok"], None),  # fewer than down_after failures
+    (["refused", "refused", "refused", "ok", "ok"], None),  # never seen up: still loading
+    (["ok", "timeout", "refused", "timeout", "ok"], 5),  # one refusal in the run is enough
+])
+def test_peer_watch_tells_a_restart_from_slowness(script, restarts_at) -> None:
+    watch = sup.PeerWatch(["http://10.0.0.2:30000/health"], down_after=3, timeout=1,
+                          probe=_peer(script))
+    said = [watch.check() for _ in script]
+    at = next((i + 1 for i, s in enumerate(said) if s), None)
+    assert at == restarts_at, said
+    if at:
+        assert "http://10.0.0.2:30000/health is back after 3 failed probes" in said[at - 1]
+
+
+def test_liveness_loop_ends_when_a_peer_restarted() -> None:
+    clock = FakeClock()
+
+    def child_wait(timeout: float):
+        clock.now += timeout
+        return None
+
+    watch = sup.PeerWatch(["http://p/health"], down_after=1, timeout=1,
+                          probe=_peer(["ok", "refused", "ok"]))
+    outcome = sup.liveness_loop(
+        lambda: sup.ProbeResult(True, "HTTP 200"), child_wait, interval=1.0, log=lambda m: None,
+        notify=lambda *f: None, serving_status="serving", should_stop=lambda: False,
+        clock=clock, peers=watch,
+    )
+    assert outcome.kind == "peer" and "http://p/health is back" in outcome.detail
+
+
+def test_engine_exits_75_after_draining_when_its_peer_restarts(procs, notify_socket, tmp_path):
+    port, peer_port = free_port(), free_port()
+    events, peer_events = tmp_path / "child.jsonl", tmp_path / "peer.jsonl"
+    peer = subprocess.Popen(procs.child(peer_port, peer_events))  # the other host's prefill
+    try:
+        proc = procs.start(
+            engine_args(port, "dsv4-decode", "--restart-with",
+                        f"http://127.0.0.1:{peer_port}/health", "--peer-down-probes", "2",
+                        "--", *procs.child(port, events)),
+            notify=notify_socket,
+        )
+        wait_for(lambda: len(notify_socket.times("WATCHDOG=1")) >= 2, what="serving")
+        peer.kill()  # the peer host's engine dies: its port closes
+        peer.wait(5)
+        time.sleep(1.0)  # several refused probes (every 0.2 s)
+        peer = subprocess.Popen(procs.child(peer_port, peer_events))  # and comes back
+        assert procs.wait(proc) == 75
+    finally:
+        peer.kill()
+        peer.wait(5)
+    assert [e for e in read_events(events) if e["event"] == "sigterm"]  # drained, not killed
+    log = procs.log(proc)
+    assert f"http://127.0.0.1:{peer_port}/health is back after" in log
+    assert "exiting 75 so that the process manager restarts it" in log
