@@ -7,6 +7,7 @@ imports its options from here, so an option means the same thing everywhere.
 from __future__ import annotations
 
 import hashlib
+import socket
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -66,6 +67,11 @@ topology_option = click.option(
     "(render on a laptop for the GPU host). etc/seed-host.topology.json is the seed host's.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+host_option = click.option(
+    "--host", "host_name", metavar="NAME", default=None,
+    help="With `hosts:` in the config: which host this is, so only its units are checked. "
+    "Default: the host whose address is on this machine.",
+)
 
 
 def host_topology(sysfs_root: Path | None, topology_file: Path | None) -> Topology:
@@ -120,6 +126,38 @@ def _sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return ""  # unreadable: never equal to a recorded checksum, so the plan is rebuilt
+
+
+def select_host(plan: Plan, host_name: str | None) -> Plan:
+    """What runs on this host: the whole plan without `hosts`; else the named host's part,
+    or the part of the one host whose address this machine has."""
+    if not plan.hosts:
+        if host_name:
+            raise ConfigError(f"--host {host_name}: {plan.config_source} has no `hosts`",
+                              hint="leave --host out")
+        return plan
+    names = ", ".join(h.name for h in plan.hosts)
+    if host_name is None:
+        local = [h.name for h in plan.hosts if _is_local(h.address)]
+        if len(local) != 1:
+            why = (f"several hosts' addresses are on this machine ({', '.join(local)})" if local
+                   else "no host of `hosts` has an address on this machine")
+            raise ConfigError(f"{plan.config_source}: {why}", hint=f"pass --host NAME ({names})")
+        host_name = local[0]
+    if host_name not in {h.name for h in plan.hosts}:
+        raise ConfigError(f"--host {host_name}: no such host in {plan.config_source}",
+                          hint=f"one of {names}")
+    return plan.for_host(host_name)
+
+
+def _is_local(address: str) -> bool:
+    """Whether this machine has `address` (binding to it works only then)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
 
 
 def warn_plan(plan: Plan) -> None:

@@ -744,6 +744,13 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
         return []
     problems: list[tuple[tuple, str]] = []
     by_role = {role: config.instances(role) for role in ("prefill", "decode")}
+    seen: dict[str, str] = {}
+    for host, hc in config.hosts.items():
+        if hc.address in seen:
+            problems.append((("hosts", host, "address"), (
+                f"{hc.address} is also hosts.{seen[hc.address]}.address; one address per host"
+            )))
+        seen.setdefault(hc.address, host)
     for host, hc in config.hosts.items():
         for j, ref in enumerate(hc.run):
             if _expand_ref(ref, by_role):

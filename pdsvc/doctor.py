@@ -42,8 +42,10 @@ from .clikit import (
     EPILOG,
     config_option,
     handle_errors,
+    host_option,
     json_option,
     load_plan,
+    select_host,
     sysfs_option,
     topology_option,
 )
@@ -573,11 +575,13 @@ def planned_ports(plan: Plan) -> list[PlannedPort]:
         ports.append(PlannedPort(e.host, e.port, f"{e.name} HTTP"))
         if e.role == "prefill":
             ports.append(PlannedPort(e.host, e.bootstrap_port, f"{e.name} KV bootstrap"))
-        dist_host, dist_port = e.dist_init_addr.rsplit(":", 1)
-        ports.append(PlannedPort(dist_host, int(dist_port), f"{e.name} dist-init"))
+        if e.node_rank == 0:  # the other ranks of an engine spanning hosts dial rank 0's
+            dist_host, dist_port = e.dist_init_addr.rsplit(":", 1)
+            ports.append(PlannedPort(dist_host, int(dist_port), f"{e.name} dist-init"))
     r = plan.router
-    ports.append(PlannedPort(r.host, r.port, f"{r.name} HTTP"))
-    ports.append(PlannedPort(r.prometheus_host, r.prometheus_port, f"{r.name} Prometheus"))
+    if r is not None:  # None: one host of several, without the router
+        ports.append(PlannedPort(r.host, r.port, f"{r.name} HTTP"))
+        ports.append(PlannedPort(r.prometheus_host, r.prometheus_port, f"{r.name} Prometheus"))
     return ports
 
 
@@ -711,12 +715,14 @@ def check_ports(plan: Plan, host: Host) -> list[Row]:
             by_host.setdefault(p.host, []).append(str(p.port))
         listed = "  ".join(f"{h}:{','.join(ps)}" for h, ps in by_host.items())
         spans = ", ".join(f"{b + 1}…{b + DIST_INIT_SPAN - 1}" for _, b in _dist_bases(plan))
-        rows.append(_ok("ports", f"{len(free)} free: {listed} (and {spans} kept for SGLang)"))
+        kept = f" (and {spans} kept for SGLang)" if spans else ""
+        rows.append(_ok("ports", f"{len(free)} free: {listed}{kept}"))
     return rows
 
 
 def _dist_bases(plan: Plan) -> list[tuple[EnginePlan, int]]:
-    return [(e, int(e.dist_init_addr.rsplit(":", 1)[1])) for e in plan.engines]
+    return [(e, int(e.dist_init_addr.rsplit(":", 1)[1])) for e in plan.engines
+            if e.node_rank == 0]
 
 
 def _span_rows(plan: Plan, proc_root: Path) -> list[Row]:
@@ -992,7 +998,9 @@ def parse_jobs(plan: Plan) -> list[ParseJob]:
     jobs = [ParseJob(f"flags {e.role}", e.name, "sglang", f"{e.role}.args", e.argv,
                      _probe_env(e.env)) for e in plan.engines]
     r = plan.router
-    jobs.append(ParseJob("flags router", r.name, "router", "router.args", r.argv, dict(r.env)))
+    if r is not None:
+        jobs.append(ParseJob("flags router", r.name, "router", "router.args", r.argv,
+                             dict(r.env)))
     return jobs
 
 
@@ -1231,20 +1239,23 @@ def host_rows(host: Host, plan: Plan | None) -> list[Row]:
 def run_checks(plan: Plan, host: Host) -> list[Row]:
     """Every check of the plan against the host, in report order."""
     rows: list[Row] = []
-    want_driver = proc_driver_version(host.proc_root) is None
-    facts = gpu_facts(host, want_driver)
-    rows += _guarded("driver", lambda: check_driver(host, facts))
-    rows += _guarded("gpus", lambda: check_gpus(plan, host, facts))
-    rows += _guarded("gpus idle", lambda: nvidia_smi_guard_row(host, facts))
-    try:
-        topo: Topology | None = read_sysfs(host.sysfs_root)
-    except TopologyError as exc:
-        rows.append(_fail("topology", f"cannot read {host.sysfs_root}: {exc}",
-                          "pass --sysfs-root or run on the GPU host"))
-        topo = None
-    if topo is not None:
-        rows += _guarded("topology", lambda: check_topology(plan, topo))
-        rows += _guarded("numa", lambda: check_numa(plan, topo))
+    if plan.engines:
+        want_driver = proc_driver_version(host.proc_root) is None
+        facts = gpu_facts(host, want_driver)
+        rows += _guarded("driver", lambda: check_driver(host, facts))
+        rows += _guarded("gpus", lambda: check_gpus(plan, host, facts))
+        rows += _guarded("gpus idle", lambda: nvidia_smi_guard_row(host, facts))
+        try:
+            topo: Topology | None = read_sysfs(host.sysfs_root)
+        except TopologyError as exc:
+            rows.append(_fail("topology", f"cannot read {host.sysfs_root}: {exc}",
+                              "pass --sysfs-root or run on the GPU host"))
+            topo = None
+        if topo is not None:
+            rows += _guarded("topology", lambda: check_topology(plan, topo))
+            rows += _guarded("numa", lambda: check_numa(plan, topo))
+    else:  # one host of several that runs only the router: no GPU, no JIT cache
+        rows.append(_ok("gpus", f"none planned here ({', '.join(plan.units)} only)"))
     rows += _guarded("ports", lambda: check_ports(plan, host))
     versions: dict[str, str | None] | None = None
 
@@ -1255,7 +1266,8 @@ def run_checks(plan: Plan, host: Host) -> list[Row]:
 
     rows += _guarded("python", python_rows)
     rows += _guarded("flags", lambda: check_flags(plan, versions))
-    rows += _guarded("jit cache", lambda: check_jit_cache(plan))
+    if plan.engines:
+        rows += _guarded("jit cache", lambda: check_jit_cache(plan))
     rows += host_rows(host, plan)
     return rows
 
@@ -1318,10 +1330,11 @@ def report_json(rows: Sequence[Row], *, config: Path, plan: Plan | None) -> dict
               default=Path("/run/systemd/system"), show_default=True,
               help="Exists iff systemd is PID 1 (sd_booted(3)).")
 @json_option
+@host_option
 @handle_errors
 def doctor(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
            nvidia_smi: str | None, proc_root: Path, shm_path: Path, systemctl: str | None,
-           systemd_run_dir: Path, as_json: bool) -> None:
+           systemd_run_dir: Path, as_json: bool, host_name: str | None) -> None:
     """Check that this host fits the plan: driver, GPUs idle, topology, ports, python, limits.
 
     \b
@@ -1335,7 +1348,9 @@ def doctor(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
                 systemd_run_dir=systemd_run_dir)
     plan: Plan | None = None
     try:
-        plan = load_plan(config_path, None if topology_file else sysfs_root, topology_file)
+        plan = select_host(
+            load_plan(config_path, None if topology_file else sysfs_root, topology_file),
+            host_name)
     except TopologyError as err:  # the plan cannot be made for this host: say why, check the rest
         rows = [_fail("plan", err.message, err.hint or "see `pdsvc topology` and the config"),
                 *_guarded("driver", lambda: check_driver(
@@ -1346,7 +1361,8 @@ def doctor(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
     if as_json:
         click.echo(json.dumps(report_json(rows, config=config_path, plan=plan), indent=2))
     else:
-        what = f"{plan.target} on this host" if plan else "this host"
+        here = f"host {plan.hosts[0].name}" if plan and plan.hosts else "this host"
+        what = f"{plan.target} on {here}" if plan else "this host"
         click.echo(f"pdsvc doctor — {what} (config {config_path})")
         for line in format_rows(rows):
             click.echo(line)

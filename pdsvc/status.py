@@ -31,7 +31,7 @@ import urllib.request
 import xmlrpc.client
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from time import sleep
 from typing import Any, Protocol
@@ -41,8 +41,10 @@ import click
 from .clikit import (
     config_option,
     handle_errors,
+    host_option,
     json_option,
     load_plan,
+    select_host,
     sysfs_option,
     topology_option,
 )
@@ -515,6 +517,18 @@ def client_url(router: RouterPlan, hostname: str) -> str:
     return f"http://{host}:{router.port}/v1/chat/completions"
 
 
+def remote_router(plan: Plan) -> RouterPlan:
+    """The router of a deployment over several hosts, as another host reaches it: at its
+    host's address when it listens on every address."""
+    r = plan.router
+    assert r is not None  # the whole plan has its router
+    if r.host not in ("0.0.0.0", "::", ""):
+        return r
+    base = f"http://{plan.host(r.machine).address}:{r.port}"
+    return replace(r, url=base, readiness_url=f"{base}/readiness",
+                   generate_url=f"{base}/generate", liveness_url=f"{base}/liveness")
+
+
 def router_headers(router: RouterPlan) -> dict[str, str]:
     """`--api-key` in router.args guards /workers (router-lab §4.4): send it."""
     argv = list(router.argv)
@@ -529,13 +543,19 @@ def collect(
     *,
     hostname: str,
     http_timeout: float = HTTP_TIMEOUT,
+    whole: Plan | None = None,
 ) -> Report:
     """Ask the service manager about every unit and probe every endpoint, all at once (a
-    hung endpoint costs one timeout, not one per probe)."""
-    router = plan.router
+    hung endpoint costs one timeout, not one per probe).
+
+    ``plan`` is what runs here; ``whole``, for one host of several (Plan.for_host), the whole
+    deployment: the router is then probed where it runs, and every engine is expected in its
+    view of the workers."""
+    whole = whole or plan
+    router = plan.router or remote_router(whole)
     headers = router_headers(router)
-    units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines),
-             ("router", router.unit)]
+    units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
+    units += [("router", router.unit)] if plan.router else []
     urls = [(e.health_url, {}) for e in plan.engines]
     urls += [(router.readiness_url, {}), (f"{router.url}/workers", headers)]
     with ThreadPoolExecutor(max_workers=len(units) + len(urls)) as pool:
@@ -543,11 +563,11 @@ def collect(
         probes = [pool.submit(http_get, u, timeout=http_timeout, headers=h) for u, h in urls]
         state_of = [f.result() for f in states]
         *health, readiness, workers_probe = (f.result() for f in probes)
-    engines = zip(plan.engines, state_of[1:-1], health, strict=True)
+    engines = zip(plan.engines, state_of[1:1 + len(plan.engines)], health, strict=True)
     views = (
         UnitView("target", state_of[0], None),
         *(UnitView(e.role, s, p) for e, s, p in engines),
-        UnitView("router", state_of[-1], readiness),
+        *((UnitView("router", state_of[-1], readiness),) if plan.router else ()),
     )
     workers: tuple[Worker, ...] | None = None
     workers_error = None
@@ -559,8 +579,9 @@ def collect(
     else:
         workers_error = (f"HTTP {workers_probe.code}" if workers_probe.code is not None
                          else workers_probe.error)
-    expected = tuple((e.role, e.url) for e in plan.engines)
-    serving, problems = judge(views, workers, workers_error, expected)
+    expected = tuple(dict.fromkeys((e.role, e.url) for e in whole.engines))
+    serving, problems = judge(views, workers, workers_error, expected,
+                              None if plan.router else readiness)
     return Report(
         name=plan.name, backend=backend.name, units=views, workers=workers,
         workers_probe=workers_probe, workers_error=workers_error,
@@ -573,9 +594,11 @@ def judge(
     workers: tuple[Worker, ...] | None,
     workers_error: str | None,
     expected: tuple[tuple[str, str], ...],
+    remote_readiness: Probe | None = None,
 ) -> tuple[bool, list[str]]:
     """(serving, problems): serving = every service unit active and /readiness 200; the
-    problems name what is wrong either way (a probe of a unit that is down is not repeated)."""
+    problems name what is wrong either way (a probe of a unit that is down is not repeated).
+    ``remote_readiness``: the router's /readiness when it runs on another host."""
     problems: list[str] = []
     services = [u for u in units if u.role != "target"]
     errors = {u.state.error for u in services if u.state.error}
@@ -598,7 +621,9 @@ def judge(
             what = "router not ready" if u.role == "router" else u.role
             problems.append(f"{what}: {where} {u.probe.summary()}"
                             + (f" — {reason}" if reason else ""))
-    readiness = next((u.probe for u in services if u.role == "router"), None)
+    readiness = next((u.probe for u in services if u.role == "router"), remote_readiness)
+    if remote_readiness is not None and not remote_readiness.ok:
+        problems.append(f"router (another host) not ready: /readiness {remote_readiness.summary()}")
     if workers is not None:
         for w in workers:
             if not w.healthy:
@@ -715,10 +740,11 @@ def watch(interval: float, frame: Callable[[], tuple[str, int]], *, clear: bool)
 @click.option("--socket", "socket_path", default=None, metavar="PATH",
               help="supervisord's control socket (implies --backend supervisord under auto). "
               "Default: {supervisord.run_dir}/{name}-supervisord.sock, as the bundle has it.")
+@host_option
 @handle_errors
 def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
            as_json: bool, watch_secs: float | None, backend: str, systemctl: str,
-           socket_path: str | None) -> None:
+           socket_path: str | None, host_name: str | None) -> None:
     """Show whether the stack serves: each unit's state, uptime and restarts, each engine's
     /health, the router's /readiness and its view of the workers, the URL to send requests to,
     and a verdict (`serving` / `not serving: why`).
@@ -728,12 +754,13 @@ def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
     Under supervisord the first row is the bundle's group and the supervisord that runs it
     (there is no target), and RESTARTS is `-`: supervisord does not count restarts.
     """
-    plan = load_plan(config_path, sysfs_root, topology_file)
+    whole = load_plan(config_path, sysfs_root, topology_file)
+    plan = select_host(whole, host_name)
     manager = make_backend(plan, backend, systemctl=systemctl, socket_path=socket_path)
     hostname = socket.gethostname()
 
     def frame() -> tuple[str, int]:
-        report = collect(plan, manager, hostname=hostname)
+        report = collect(plan, manager, hostname=hostname, whole=whole)
         code = 0 if report.serving else 1
         if as_json:
             doc = report_dict(report)

@@ -596,3 +596,36 @@ def test_parsers_of_tool_output(tmp_path: Path) -> None:
     assert dr.mem_fraction(["--port", "1"]) is None
     assert dr.proc_driver_version(write_proc(tmp_path / "proc")) == "580.159.04"
     assert dr.proc_driver_version(tmp_path / "none") is None
+
+
+# --------------------------------------------------------------------------------------------
+# One host of several
+
+
+def test_each_host_of_several_is_checked_for_what_runs_there(runner, box: Box) -> None:
+    config = write_config(box.tmp / "pdsvc.yaml", box.python)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["hosts"] = {"lb": {"address": "127.0.0.3", "run": ["router"]},
+                    "gpu-a": {"address": "127.0.0.1", "run": ["prefill", "decode"]}}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    lb = runner.invoke(doctor, box.args(config, "--host", "lb"))
+    assert lb.exit_code == 0, lb.output
+    lines = lb.output.splitlines()
+    assert lines[0] == f"pdsvc doctor — dsv4-pd.target on host lb (config {config})"
+    assert any(line.startswith(" ✓ gpus") and "none planned here (dsv4-router.service only)"
+               in line for line in lines), lb.output
+    # a router host needs no driver, GPU or JIT cache; its router's flags are still checked
+    assert not any(line.startswith((" ✓ driver", " ✓ jit cache", " ✓ flags prefill"))
+                   for line in lines), lb.output
+    assert any(line.startswith(" ✓ flags router") for line in lines), lb.output
+    gpu = runner.invoke(doctor, box.args(config, "--host", "gpu-a", "--json"))
+    assert gpu.exit_code == 0, gpu.output
+    checks = {r["check"] for r in rows(gpu)}
+    assert {"driver", "gpus", "flags prefill", "flags decode", "jit cache"} <= checks
+    assert "flags router" not in checks
+
+
+def test_host_option_without_hosts_is_a_usage_error(runner, box: Box) -> None:
+    config = write_config(box.tmp / "pdsvc.yaml", box.python)
+    result = runner.invoke(doctor, box.args(config, "--host", "lb"))
+    assert result.exit_code == 2 and "has no `hosts`; leave --host out" in result.output

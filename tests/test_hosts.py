@@ -135,6 +135,8 @@ def test_an_engine_listed_on_two_hosts_spans_them() -> None:
     ({"gpu-a": {"address": "gpu-a.example", "run": ["prefill"]}},
      "hosts.gpu-a.address: must be an IPv4 address"),
     ({"gpu-a": {"address": "0.0.0.0", "run": ["prefill"]}}, "must be the host's own IP"),
+    ({"gpu-b": {"address": "10.0.0.2", "run": ["decode"]}},
+     "hosts.gpu-b.address: 10.0.0.2 is also hosts.gpu-a.address; one address per host"),
     ({"gpu-a": {"address": "10.0.0.2", "run": ["prefil"]}},
      "'prefil' is not something to run"),
     ({"gpu-a": {"address": "10.0.0.2", "run": ["prefill[1]"]}},

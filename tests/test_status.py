@@ -59,7 +59,8 @@ class Endpoint:
     """A stand-in HTTP server on a free 127.0.0.1 port: `routes[path] = (code, body)`;
     `delay` seconds before each answer; the headers of every request are kept in `seen`."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.routes: dict[str, tuple[int, str]] = {}
         self.delay = 0.0
         self.seen: list[dict[str, str]] = []
@@ -80,7 +81,7 @@ class Endpoint:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.server.handle_error = lambda *a: None  # a client that gave up is no news
         self.closed = False
@@ -94,7 +95,7 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def close(self) -> None:
         if self.closed:
@@ -777,3 +778,54 @@ def test_state_from_process_info(info: dict[str, Any], want: tuple) -> None:
     assert (s.state, s.sub, s.result, s.since_secs, s.status_text) == want
     assert s.restarts is None and s.unit == "g:p" and s.error is None
     assert bool(s.since) == (s.since_secs is not None)
+
+
+# --------------------------------------------------------------------------- several hosts
+
+
+@pytest.fixture
+def hosts_dep(dep: Deployment) -> Iterator[Deployment]:
+    """The same deployment over three hosts (loopback addresses stand in for them): the
+    router on 127.0.0.3, prefill on 127.0.0.1, decode on 127.0.0.2."""
+    decode, router = Endpoint("127.0.0.2"), Endpoint("127.0.0.3")
+    cfg = yaml.safe_load(dep.config.read_text())
+    cfg["decode"]["port"], cfg["router"]["port"] = decode.port, router.port
+    cfg["decode"]["gpus"] = [0, 1, 2, 3]
+    cfg["hosts"] = {"lb": {"address": "127.0.0.3", "run": ["router"]},
+                    "gpu-a": {"address": "127.0.0.1", "run": ["prefill"]},
+                    "gpu-b": {"address": "127.0.0.2", "run": ["decode"]}}
+    dep.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    old = dep.decode, dep.router
+    dep.decode, dep.router = decode, router
+    dep.all_serving()
+    yield dep
+    decode.close()
+    router.close()
+    dep.decode, dep.router = old
+
+
+def test_one_host_of_several_shows_its_units_and_the_remote_routers_view(
+    hosts_dep: Deployment
+) -> None:
+    result = hosts_dep.invoke("--host", "gpu-a")
+    out = result.output
+    assert result.exit_code == 0, out
+    units = [line.split()[0] for line in out.splitlines() if line.startswith("dsv4-")]
+    assert units == ["dsv4-pd.target", "dsv4-prefill.service"]  # only what runs here
+    assert f"GET http://127.0.0.3:{hosts_dep.router.port}/workers" in out  # where it runs
+    assert verdict(out) == "serving"
+    hosts_dep.router.routes["/workers"] = (200, workers_body(
+        ("prefill", hosts_dep.prefill.url, True)))
+    hosts_dep.router.routes["/readiness"] = NOT_READY
+    out = hosts_dep.invoke("--host", "gpu-a").output
+    assert "router (another host) not ready: /readiness 503" in verdict(out)
+    assert f"the router does not list the decode worker {hosts_dep.decode.url}" in verdict(out)
+
+
+def test_host_must_be_named_when_it_cannot_be_told(hosts_dep: Deployment) -> None:
+    result = hosts_dep.invoke()  # every 127.x address is this machine's
+    assert result.exit_code == 2
+    assert "several hosts' addresses are on this machine (lb, gpu-a, gpu-b); pass --host NAME" \
+        in result.output
+    result = hosts_dep.invoke("--host", "gpu-z")
+    assert result.exit_code == 2 and "--host gpu-z: no such host" in result.output
