@@ -61,12 +61,14 @@ def main() -> None:
 
 @main.command(epilog=EPILOG)
 @config_option
-@click.option("--format", "fmt", type=click.Choice(["systemd", "supervisord"]), default=None,
-              help="systemd units (default), or a supervisord config for hosts and containers "
-              "without systemd. Default: the config's `format` key.")
+@click.option("--format", "fmt", type=click.Choice(["systemd", "supervisord", "k8s"]),
+              default=None,
+              help="systemd units (default; one bundle per host with `hosts:`), a supervisord "
+              "config for hosts and containers without systemd, or Kubernetes manifests "
+              "(kubectl apply -k). Default: the config's `format` key.")
 @click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
               help=f"Directory to write the bundle to [default: {DEFAULT_OUTPUT}/ for systemd, "
-              f"{DEFAULT_OUTPUT}-supervisord/ for supervisord].")
+              f"{DEFAULT_OUTPUT}-supervisord/, {DEFAULT_OUTPUT}-k8s/].")
 @sysfs_option
 @topology_option
 @click.option("--dry-run", is_flag=True,
@@ -77,7 +79,8 @@ def main() -> None:
 @handle_errors
 def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: Path | None,
            topology_file: Path | None, dry_run: bool, show_diff: bool) -> None:
-    """Render the systemd bundle (units, supervisor, install list) into --output.
+    """Render the deployment into --output: systemd units (one bundle per host when the
+    config has `hosts:`), a supervisord config, or Kubernetes manifests.
 
     Nothing is half-written: all files are staged first and renamed into place together; a
     bad config or a plan that does not fit the host writes nothing. Files in --output that
@@ -99,6 +102,12 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         command += " --format supervisord"
         files = render_supervisord(plan, command, plan.supervisord)
         output = output or Path(f"{DEFAULT_OUTPUT}-supervisord")
+    elif fmt == "k8s":
+        from .render_k8s import render_k8s
+
+        command += " --format k8s"
+        files = render_k8s(plan, command)
+        output = output or Path(f"{DEFAULT_OUTPUT}-k8s")
     elif plan.hosts:  # one bundle per host, units/HOST/, each with its own target
         files = [hosts_index(plan, command)]
         for h in plan.hosts:
@@ -119,6 +128,9 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         click.echo(f"{status:>9}  {output / path}")
     if fmt == "supervisord":
         click.echo(f"next: supervisord -c {output / 'supervisord.conf'}   (see its header)")
+    elif fmt == "k8s":
+        click.echo(f"next: kubectl apply -k {output}   (an engine on several hosts needs the "
+                   "LeaderWorkerSet controller)")
     elif plan.hosts:
         click.echo(f"next, on each host: sudo ./install.sh --bundle {output}/HOST   "
                    f"(then: systemctl start {plan.target}; engines first, the router waits)")
