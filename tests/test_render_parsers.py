@@ -72,3 +72,54 @@ def test_the_check_rejects_a_typo(serve_python: Path) -> None:
     (res,) = argv_check.run_checks(serve_python, [("sglang", ["--model-path", "/m",
                                                               "--disaggregation-mode", "prefil"])])
     assert not res["ok"] and "invalid choice: 'prefil'" in res["error"]
+
+
+def test_several_hosts_and_k8s_command_lines_parse(serve_python: Path, tmp_path: Path) -> None:
+    """The per-host units of an engine spanning two hosts, and the k8s containers' commands
+    (as Kubernetes expands them), through the same parsers."""
+    import yaml
+
+    from pdsvc.render_k8s import render_k8s
+
+    cfg = yaml.safe_load((REPO / "etc/examples/three-hosts.yaml").read_text())
+    cfg["hosts"]["gpu-c"] = {"address": "10.0.0.4", "run": ["prefill"]}  # prefill: TP8 on 2
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    plan = load_plan(path, None, REPO / "etc/seed-host.topology.json")
+    items: list[tuple[str, str, list[str]]] = []
+    for h in plan.hosts:
+        for f in render_systemd(plan.for_host(h.name), "test"):
+            if f.path.endswith(".service"):
+                words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
+                kind = "router" if f.path.endswith("-router.service") else "sglang"
+                items.append((f"{h.name}/{f.path}", kind, words[words.index("--") + 1:]))
+    for f in render_k8s(plan, "test"):
+        for doc in yaml.safe_load_all(f.content):
+            spec = doc.get("spec", {})
+            pods = [spec.get("template", {}).get("spec")] + [
+                spec.get("leaderWorkerTemplate", {}).get(t, {}).get("spec")
+                for t in ("leaderTemplate", "workerTemplate")]
+            for i, pod in enumerate(p for p in pods if p):
+                for c in pod["containers"]:
+                    words = [w.replace("$(LWS_LEADER_ADDRESS)", "10.9.9.9")
+                             .replace("$(LWS_WORKER_INDEX)", str(i)).replace("$$", "$")
+                             for w in c["command"]]
+                    items.append((f"k8s/{f.path}/{c['name']}/{i}",
+                                  "router" if c["name"] == "router" else "sglang", words))
+    results = argv_check.run_checks(serve_python, [(k, argv[3:]) for _, k, argv in items])
+    bad = [(name, r["error"]) for (name, *_), r in zip(items, results, strict=True)
+           if not r["ok"] or r.get("abbreviated")]
+    assert not bad, bad
+    parsed = {name: r["record"] for (name, *_), r in zip(items, results, strict=True)}
+    a, c = parsed["gpu-a/dsv4-prefill.service"], parsed["gpu-c/dsv4-prefill.service"]
+    assert (a["nnodes"], a["node_rank"], c["nnodes"], c["node_rank"]) == (2, 0, 2, 1)
+    assert a["dist_init_addr"] == c["dist_init_addr"] == "10.0.0.2:30335"
+    assert (a["host"], c["host"], a["tp_size"]) == ("10.0.0.2", "10.0.0.4", 8)
+    router = parsed["lb/dsv4-router.service"]
+    assert router["prefill_urls"] == [["http://10.0.0.2:30000", 8998]]
+    assert router["decode_urls"] == ["http://10.0.0.3:30001"]
+    lws = parsed["k8s/dsv4-prefill.yaml/prefill/1"]  # the worker template, rank 1
+    assert (lws["dist_init_addr"], lws["node_rank"], lws["host"]) == ("10.9.9.9:30335", 1,
+                                                                     "0.0.0.0")
+    assert parsed["k8s/dsv4-router.yaml/router/0"]["prefill_urls"] == [
+        ["http://dsv4-prefill.default.svc:30000", 8998]]
