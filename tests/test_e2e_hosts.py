@@ -122,3 +122,38 @@ def test_killing_one_prefill_hosts_engine_serves_through_the_other(four: Fleet) 
     assert four.hosts["gpu-b"].show("e2e-prefill-1.service", "NRestarts")["NRestarts"] == "0"
     assert four.hosts["lb"].show("e2e-router.service", "NRestarts")["NRestarts"] == "0"
     assert {four.generate(f"again {i}")[1]["bootstrap_host_seen"] for i in range(16)} == {a, b}
+
+
+@pytest.fixture(scope="module")
+def spanning(serve_python: Path, tmp_path_factory) -> Iterator[Fleet]:
+    fleet = _fleet(serve_python, tmp_path_factory.mktemp("e2e-span"),
+                   {"lb": ["router"], "gpu-a": ["prefill"], "gpu-c": ["prefill"],
+                    "gpu-b": ["decode"]})
+    yield fleet
+    fleet.down()
+
+
+def test_an_engine_spanning_two_hosts_serves_and_restarts_as_one(spanning: Fleet) -> None:
+    a, c = spanning.lab.address("gpu-a"), spanning.lab.address("gpu-c")
+    unit = "e2e-prefill.service"
+    for host in ("gpu-a", "gpu-c"):  # one unit name on both hosts, each active
+        assert spanning.state(host, unit) == "active", host
+    # the stand-in's rendezvous: rank 1 on gpu-c dialled rank 0's --dist-init-addr on gpu-a
+    assert f"node rank 1 joined from {c}" in spanning.hosts["gpu-a"].journal(unit)
+    assert spanning.workers() == [("decode", f"http://{spanning.lab.address('gpu-b')}:30001",
+                                   None, True), ("prefill", f"http://{a}:30000", 8998, True)]
+    ok, meta = spanning.generate()
+    assert ok and meta["bootstrap_host_seen"] == a, meta
+    # rank 1 dies: rank 0 loses its NCCL peer and exits too; each host's systemd restarts its
+    # rank, they meet again, and the stack serves without anyone touching it
+    gpu_c = spanning.hosts["gpu-c"]
+    gpu_c.run(["kill", "-9", str(_engine_pid(spanning, "gpu-c", unit))])
+    gpu_a = spanning.hosts["gpu-a"]
+    gpu_a.wait_for(lambda: gpu_a.show(unit, "NRestarts")["NRestarts"] == "1", 30,
+                   interval=0.5, what="rank 0 on gpu-a restarted after losing rank 1")
+    assert "NCCL error: connection to node rank 1 lost" in gpu_a.journal(unit)
+    for host in ("gpu-a", "gpu-c"):
+        spanning.hosts[host].wait_for(lambda h=host: spanning.state(h, unit) == "active", 60,
+                                      interval=0.5, what=f"{unit} active again on {host}")
+    spanning.hosts["lb"].wait_for(lambda: spanning.generate()[0], 60, interval=0.5,
+                                  what="the stack serves again through the restarted group")

@@ -562,3 +562,35 @@ def test_max_lifetime_safety_net(engines):
     eng = engines("decode", env={"FAKE_SGLANG_MAX_LIFETIME": "1"})
     assert eng.wait_exit(timeout=5) == 0
     assert "FAKE_SGLANG_MAX_LIFETIME" in eng.stderr
+
+
+def test_nnodes_rank0_waits_for_the_others_and_a_lost_rank_is_fatal(engines):
+    (dist,) = free_ports(1)
+    multi = ["--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}"]
+    leader = engines("prefill", args=[*multi, "--node-rank", "0"])
+    assert wait_until(lambda: status_or_none(leader.port), 3.0, "rank 0's HTTP") == 503
+    time.sleep(1.0)  # loaded long ago, were it alone: it waits for node rank 1
+    assert status_or_none(leader.port) == 503 and leader.proc.poll() is None
+    worker = engines("prefill", args=[*multi, "--node-rank", "1"])
+    leader.wait_healthy(timeout=8)
+    assert "node rank 1 joined from 127.0.0.1" in leader.stderr
+    assert status_or_none(worker.port) is None  # ranks > 0 serve no HTTP
+    assert "no HTTP server (rank 0 serves" in worker.stderr
+    worker.proc.kill()
+    assert leader.wait_exit(timeout=8) == 1
+    assert "NCCL error: connection to node rank 1 lost" in leader.stderr
+
+
+def test_nnodes_worker_exits_when_rank0_goes_and_times_out_alone(engines):
+    (dist,) = free_ports(1)
+    multi = ["--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}"]
+    alone = engines("decode", args=[*multi, "--node-rank", "1"],
+                    env={"FAKE_SGLANG_RENDEZVOUS_TIMEOUT": "1"})
+    assert alone.wait_exit(timeout=8) == 1
+    assert "DistNetworkError: cannot connect to 127.0.0.1" in alone.stderr
+    leader = engines("decode", args=[*multi, "--node-rank", "0"])
+    worker = engines("decode", args=[*multi, "--node-rank", "1"])
+    leader.wait_healthy(timeout=8)
+    leader.proc.kill()
+    assert worker.wait_exit(timeout=8) == 1
+    assert "connection to node rank 0 lost" in worker.stderr

@@ -15,7 +15,9 @@ Flags it reads (every other ``--flag [value]`` and any stray token is accepted a
 ``--disaggregation-mode {null,prefill,decode}``, ``--disaggregation-bootstrap-port`` (8998),
 ``--disaggregation-transfer-backend``, ``--tp/--tp-size``, ``--dp/--dp-size``, ``--dist-init-addr``,
 ``--api-key``, ``--max-running-requests``, ``--enable-metrics`` (``/metrics`` is 404 without it,
-as in SGLang).
+as in SGLang), ``--nnodes``/``--node-rank`` (one engine over several hosts: rank 0 listens at
+``--dist-init-addr`` and waits for the other ranks, which connect and serve no HTTP; a lost
+peer is fatal on both sides, like an NCCL error).
 
 Behaviour, in the order it happens:
 
@@ -177,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
     p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--enable-metrics", action="store_true")
@@ -251,9 +255,19 @@ class Engine:
         if _env_flag("FAKE_SGLANG_SPAWN_ORPHAN"):
             self._spawn_orphan()
 
-        rc = self._bind()
-        if rc:
-            return rc
+        if a.nnodes > 1 and not a.dist_init_addr:
+            _emit("ValueError: --dist-init-addr is required when --nnodes > 1")
+            return 1
+        if a.node_rank == 0:
+            rc = self._bind()
+            if rc:
+                return rc
+        else:  # SGLang: ranks > 0 run no tokenizer/detokenizer, hence no HTTP server
+            log(f"node_rank={a.node_rank}: no HTTP server (rank 0 serves {a.port})", tag="TP0")
+        if a.nnodes > 1:
+            rc = _Rendezvous(self).join()
+            if rc:
+                return rc
 
         # Loading: weights, then JIT kernels (warmup). /health stays 503 meanwhile.
         log(f"Load weight begin. role={self.role}", tag="TP0")
@@ -617,6 +631,93 @@ def _kill_quietly(pid: int) -> None:
 
 
 # ------------------------------------------------------------------------------------ HTTP layer
+
+
+class _Rendezvous:
+    """``--nnodes N > 1``: torch.distributed's rendezvous at ``--dist-init-addr`` (a TCP store
+    on rank 0's host) and the NCCL group it stands for. Rank 0 listens there and waits for
+    ranks 1…N-1 (each says ``rank R``); the others connect, retrying, and stay connected. A
+    lost peer afterwards is fatal on both sides, as an NCCL communicator error is (exit 1).
+    ``FAKE_SGLANG_RENDEZVOUS_TIMEOUT`` (600 s) bounds the wait, as SGLang's dist timeout does."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        a = engine.args
+        host, _, port = a.dist_init_addr.rpartition(":")
+        self.addr = (host.strip("[]"), int(port))
+        self.rank, self.nnodes = a.node_rank, a.nnodes
+        self.timeout = _env_float("FAKE_SGLANG_RENDEZVOUS_TIMEOUT", 600.0)
+
+    def join(self) -> int:
+        log(f"Init torch distributed begin. rank={self.rank} nnodes={self.nnodes} "
+            f"dist_init_addr={self.addr[0]}:{self.addr[1]}", tag="TP0")
+        peers = self._lead() if self.rank == 0 else self._follow()
+        if peers is None:
+            return 1
+        for rank, conn in peers:
+            threading.Thread(target=self._watch, args=(rank, conn), daemon=True).start()
+        log(f"Init torch distributed ends. {self.nnodes} nodes joined", tag="TP0")
+        return 0
+
+    def _lead(self) -> list[tuple[int, socket.socket]] | None:
+        try:
+            srv = socket.create_server(self.addr, reuse_port=False)
+        except OSError as e:
+            _emit(f"RuntimeError: The server socket has failed to listen on any local network "
+                  f"address. port: {self.addr[1]}, useIpv6: 0, code: -{e.errno}, name: "
+                  f"EADDRINUSE, message: {(e.strerror or str(e)).lower()}")
+            return None
+        srv.settimeout(0.2)
+        peers: list[tuple[int, socket.socket]] = []
+        deadline = time.monotonic() + self.timeout
+        while len(peers) < self.nnodes - 1:
+            self.engine._sleep(0)  # SIGTERM and the lifetime limit still apply
+            if time.monotonic() > deadline:
+                _emit(f"torch.distributed.DistStoreError: Timed out after {self.timeout:g} s "
+                      f"waiting for {self.nnodes - 1 - len(peers)} node(s) to join")
+                return None
+            try:
+                conn, (ip, _) = srv.accept()
+            except OSError:
+                continue
+            conn.settimeout(5)
+            try:
+                rank = int(conn.recv(64).decode().split()[1])
+            except (OSError, ValueError, IndexError):
+                conn.close()
+                continue
+            conn.settimeout(None)
+            log(f"node rank {rank} joined from {ip}", tag="TP0")
+            peers.append((rank, conn))
+        srv.close()
+        return peers
+
+    def _follow(self) -> list[tuple[int, socket.socket]] | None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self.engine._sleep(0)
+            try:
+                conn = socket.create_connection(self.addr, timeout=2)
+                conn.sendall(f"rank {self.rank}\n".encode())
+                conn.settimeout(None)
+                log(f"connected to rank 0 at {self.addr[0]}:{self.addr[1]}", tag="TP0")
+                return [(0, conn)]
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    _emit(f"torch.distributed.DistNetworkError: cannot connect to "
+                          f"{self.addr[0]}:{self.addr[1]} after {self.timeout:g} s: {e}")
+                    return None
+                time.sleep(0.2)
+
+    def _watch(self, rank: int, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while conn.recv(64):
+                pass
+        if self.engine.term_requested:
+            return  # our own shutdown closed it
+        _emit(f"[rank{self.rank}] NCCL error: connection to node rank {rank} lost "
+              f"(remote process exited or there was a network error); exiting with status 1")
+        os._exit(1)
 
 
 class _Server(ThreadingHTTPServer):
