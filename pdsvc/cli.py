@@ -17,6 +17,7 @@ from . import __version__
 from .clikit import (
     DEFAULT_OUTPUT,
     EPILOG,
+    config_format,
     config_option,
     handle_errors,
     json_option,
@@ -86,7 +87,10 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     bad config or a plan that does not fit the host writes nothing. Files in --output that
     pdsvc did not write are never overwritten.
     """
-    plan = load_plan(config_path, sysfs_root, topology_file)
+    fmt = fmt or config_format(config_path)
+    # Kubernetes places the engines itself: without --topology/--sysfs-root no host is read
+    scheduled = fmt == "k8s" and not (sysfs_root or topology_file)
+    plan = load_plan(config_path, sysfs_root, topology_file, scheduled=scheduled)
     warn_plan(plan)
     fmt = fmt or plan.format
     command = _canonical_command(config_path, sysfs_root, topology_file)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from . import plancache
 from .errors import ConfigError, PdsvcError
@@ -94,12 +95,14 @@ def read_config_text(path: Path) -> str:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
 
 
-def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> Plan:
+def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
+              *, scheduled: bool = False) -> Plan:
     """Config + host topology -> Plan. A plan already built from the same config text,
     topology and pdsvc code is read back from the plan cache instead (no pydantic import:
-    that is most of a render's time); anything else goes through full validation."""
+    that is most of a render's time); anything else goes through full validation.
+    ``scheduled``: no host is read (Kubernetes places the engines; nothing is pinned)."""
     text = read_config_text(config_path)
-    topology = host_topology(sysfs_root, topology_file)
+    topology = None if scheduled else host_topology(sysfs_root, topology_file)
     key = plancache.key(str(config_path), text, topology)
     plan = plancache.get(key)
     if plan is not None and all(
@@ -112,13 +115,23 @@ def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | 
     config = parse_config(text, str(config_path))
     host_topologies = {}
     for name, hc in (config.hosts or {}).items():
-        if hc.topology is not None:
+        if hc.topology is not None and not scheduled:
             path = config_path.parent / hc.topology
             host_topologies[name] = (load_topology_file(path), _sha256(path))
     plan = build_plan(config, topology, config_source=str(config_path), config_text=text,
                       host_topologies=host_topologies)
     plancache.put(key, plan)
     return plan
+
+
+def config_format(path: Path) -> str | None:
+    """The config's `format` key, read cheaply before the plan is built (None: not set, or
+    the file does not parse; building the plan then says what is wrong)."""
+    try:
+        data = yaml.safe_load(read_config_text(path))
+    except (ConfigError, yaml.YAMLError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None
 
 
 def _sha256(path: Path) -> str:

@@ -24,6 +24,8 @@ Role = Literal["prefill", "decode"]
 DIST_INIT_SPAN = 100
 #: The oldest systemd that knows every directive the units use: ProtectClock= (245).
 SYSTEMD_MIN = 245
+#: The topology of a plan without a host: a scheduler (Kubernetes) places the engines.
+UNPLACED = "none: placed by the scheduler"
 
 #: Every JIT/compile cache the engines use, as (env var, subdirectory of runtime.jit_cache).
 #: sglang-facts.md §2.4. SGLANG_DG_CACHE_DIR is mirrored into DG_JIT_CACHE_DIR by SGLang at
@@ -246,13 +248,15 @@ def plan_from_dict(d: dict) -> Plan:
 
 
 def build_plan(
-    config: Config, topology: Topology, *, config_source: str, config_text: str,
+    config: Config, topology: Topology | None, *, config_source: str, config_text: str,
     host_topologies: dict[str, tuple[Topology, str]] | None = None,
 ) -> Plan:
     """Resolve every concrete value; raise TopologyError when a host cannot run the config.
 
     ``topology`` is the layout pdsvc read where it runs; ``host_topologies`` maps an inventory
-    host to (its layout, the sha256 of its file) when the config names one for it.
+    host to (its layout, the sha256 of its file) when the config names one for it. None: no
+    host at all — a scheduler (Kubernetes) places the engines, so nothing is pinned and GPU
+    numbers are only counts.
     """
     warnings: list[str] = []
     name = config.name
@@ -270,7 +274,9 @@ def build_plan(
     def address(machine: str) -> str:
         return config.hosts[machine].address if config.hosts and machine else "127.0.0.1"
 
-    def layout(machine: str) -> Topology:
+    def layout(machine: str) -> Topology | None:
+        if topology is None:
+            return None
         topo = host_topologies[machine][0] if machine in host_topologies else topology
         if not topo.gpus:
             where = f"for host {machine} " if machine else ""
@@ -327,7 +333,8 @@ def build_plan(
         topo, sha = host_topologies.get(hname, (topology, ""))
         units = [e.unit for e in engines if e.machine == hname]
         units += [router.unit] if router.machine == hname else []
-        hosts.append(HostPlan(hname, hc.address, topo.source, sha, tuple(dict.fromkeys(units))))
+        hosts.append(HostPlan(hname, hc.address, topo.source if topo else UNPLACED, sha,
+                              tuple(dict.fromkeys(units))))
         if config.transfer.backend == "nixl" and hc.ucx_net_devices is None and any(
             e.machine == hname for e in engines
         ):
@@ -345,7 +352,7 @@ def build_plan(
         version=__version__,
         config_source=config_source,
         config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
-        topology_source=topology.source,
+        topology_source=topology.source if topology else UNPLACED,
         python=config.runtime.python,
         user=config.runtime.user,
         group=config.runtime.group,
@@ -373,7 +380,7 @@ def unit_name(name: str, inst: Instance, count: int) -> str:
 
 
 def _pinning(
-    key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str],
+    key: str, role: RoleConfig, topology: Topology | None, config: Config, warnings: list[str],
     where: str = "this host",
 ) -> tuple[Pinning, tuple[str, ...]]:
     """Resolve a role's NUMA node and CPUs from the GPUs it was given.
@@ -381,6 +388,8 @@ def _pinning(
     The GPU/node checks run whatever runtime.pinning says: a contradiction in the config is an
     error even when nothing will be pinned.
     """
+    if topology is None:
+        return Pinning("off", None, (), config.runtime.numa_policy, UNPLACED), ()
     noted: list[str] = []
     pinning, bus_ids = _resolve_node(key, role, topology, config, noted, where)
     if config.runtime.pinning == "off":
@@ -482,7 +491,7 @@ def _env_str(value: object) -> str:
 
 def _engine(
     config: Config,
-    topology: Topology,
+    topology: Topology | None,
     role: Role,
     role_cfg: PrefillConfig | DecodeConfig,
     *,

@@ -38,10 +38,10 @@ def _code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def key(config_source: str, config_text: str, topology: Topology) -> str:
+def key(config_source: str, config_text: str, topology: Topology | None) -> str:
     h = hashlib.sha256()
-    for part in (config_source, config_text, topology.to_json(), topology.source,
-                 _code_fingerprint()):
+    layout = (topology.to_json(), topology.source) if topology else ("", "no host")
+    for part in (config_source, config_text, *layout, _code_fingerprint()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

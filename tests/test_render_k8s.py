@@ -505,3 +505,29 @@ def test_cli_renders_the_manifests_and_says_how_to_apply_them(tmp_path: Path) ->
     for name in files[:-1]:
         for doc in yaml.safe_load_all((out / name).read_text()):
             assert validate(doc, "1.30") == [], (name, doc["kind"])
+
+
+def test_k8s_needs_no_host_topology_and_reads_none(tmp_path: Path, monkeypatch) -> None:
+    """Kubernetes places the engines: without --topology nothing of this machine is read
+    (read_sysfs would raise here), and the manifests equal those rendered with a topology."""
+    from click.testing import CliRunner
+
+    import pdsvc.clikit
+    from pdsvc.cli import main
+
+    def no_sysfs(*a, **k):
+        raise AssertionError("read /sys for a k8s render")
+
+    config = str(REPO / "etc/examples/2p1d.yaml")
+    with_topology = CliRunner().invoke(main, [
+        "render", "-c", config, "--topology", str(REPO / "etc/seed-host.topology.json"),
+        "--format", "k8s", "-o", str(tmp_path / "a")])
+    assert with_topology.exit_code == 0, with_topology.stderr
+    monkeypatch.setattr(pdsvc.clikit, "read_sysfs", no_sysfs)
+    bare = CliRunner().invoke(main, ["render", "-c", config, "--format", "k8s",
+                                     "-o", str(tmp_path / "b")])
+    assert bare.exit_code == 0, bare.output + bare.stderr
+    for f in sorted((tmp_path / "a").iterdir()):
+        a, b = f.read_text(), (tmp_path / "b" / f.name).read_text()
+        assert "topology none: placed by the scheduler" in b.splitlines()[1]
+        assert a.split("\n", 4)[4] == b.split("\n", 4)[4], f.name  # same but the header
