@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,8 +27,9 @@ from .clikit import (
     topology_option,
     warn_plan,
 )
-from .errors import ConfigError, TopologyError
-from .render import diff_bundle, hosts_index, render_systemd, write_bundle
+from .errors import TopologyError
+from .plan import Plan
+from .render import File, diff_bundle, hosts_index, render_systemd, write_bundle
 from .topology import format_cpulist, read_sysfs
 
 
@@ -97,14 +99,8 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     if fmt == "supervisord":
         from .render_supervisord import render_supervisord
 
-        if plan.hosts:
-            raise ConfigError(
-                f"{config_path}: hosts: the supervisord bundle is one host's; a deployment "
-                "over several hosts renders systemd units only (for now)",
-                hint="render --format systemd, or leave `hosts` out",
-            )
         command += " --format supervisord"
-        files = render_supervisord(plan, command, plan.supervisord)
+        files = per_host(plan, command, lambda p: render_supervisord(p, command, p.supervisord))
         output = output or Path(f"{DEFAULT_OUTPUT}-supervisord")
     elif fmt == "k8s":
         from .render_k8s import render_k8s
@@ -112,14 +108,8 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         command += " --format k8s"
         files = render_k8s(plan, command)
         output = output or Path(f"{DEFAULT_OUTPUT}-k8s")
-    elif plan.hosts:  # one bundle per host, units/HOST/, each with its own target
-        files = [hosts_index(plan, command)]
-        for h in plan.hosts:
-            files += [replace(f, path=f"{h.name}/{f.path}")
-                      for f in render_systemd(plan.for_host(h.name), command)]
-        output = output or DEFAULT_OUTPUT
     else:
-        files = render_systemd(plan, command)
+        files = per_host(plan, command, lambda p: render_systemd(p, command))
         output = output or DEFAULT_OUTPUT
     if show_diff:
         click.echo(diff_bundle(files, output) or f"{output}: up to date", nl=False)
@@ -131,7 +121,9 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     for path, status in write_bundle(files, output):
         click.echo(f"{status:>9}  {output / path}")
     if fmt == "supervisord":
-        click.echo(f"next: supervisord -c {output / 'supervisord.conf'}   (see its header)")
+        conf = output / ("HOST" if plan.hosts else "") / "supervisord.conf"
+        on = "on each host: " if plan.hosts else ""
+        click.echo(f"next, {on}supervisord -c {conf}   (see its header)")
     elif fmt == "k8s":
         click.echo(f"next: kubectl apply -k {output}   (an engine on several hosts needs the "
                    "LeaderWorkerSet controller)")
@@ -140,6 +132,16 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
                    f"(then: systemctl start {plan.target}; engines first, the router waits)")
     else:
         click.echo(f"next: sudo ./install.sh   (then: systemctl start {plan.target})")
+
+
+def per_host(plan: Plan, command: str, render_one: Callable[[Plan], list[File]]) -> list[File]:
+    """One bundle, or with `hosts:` one per host (HOST/…, each its own) plus hosts.list."""
+    if not plan.hosts:
+        return render_one(plan)
+    files = [hosts_index(plan, command)]
+    for h in plan.hosts:
+        files += [replace(f, path=f"{h.name}/{f.path}") for f in render_one(plan.for_host(h.name))]
+    return files
 
 
 @main.command(epilog=EPILOG)

@@ -182,6 +182,10 @@ def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
         "--jit-cache", plan.paths.jit_cache, "--jit-key", e.name,
         *_common_flags(plan, prefix),
     ]
+    for url in e.peer_health:  # NIXL: a prefill on another host (the listener is per host)
+        flags += ["--restart-with", url]
+    if e.peer_health:
+        flags += ["--peer-down-probes", str(plan.lifecycle["liveness_failures"])]
     return {
         "name": e.name,
         "role": e.role,
@@ -199,6 +203,7 @@ def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
 
 def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
     r = plan.router
+    assert r is not None
     waits = [e.health_url for e in plan.engines if e.unit in r.after]
     flags = [
         "--name", r.name, "--readiness-url", r.readiness_url,
@@ -240,7 +245,7 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
         )
     prefix = s["logs"] == "stdout"
     engines = [_engine_program(plan, e, s["numactl"], prefix) for e in plan.engines]
-    router = _router_program(plan, prefix)
+    router = _router_program(plan, prefix) if plan.router else None
     program_of = {e.unit: e.name for e in plan.engines}
     couples = [(e.name, program_of[u]) for e in plan.engines for u in e.restarts_with
                if u in program_of]
@@ -317,5 +322,6 @@ def program_names(plan: Plan) -> Mapping[str, str]:
     unit, so N prefill + M decode engines each keep their own."""
     group = group_name(plan)
     names = {e.unit: f"{group}:{e.name}" for e in plan.engines}
-    names[plan.router.unit] = f"{group}:{plan.router.name}"
+    if plan.router:
+        names[plan.router.unit] = f"{group}:{plan.router.name}"
     return names

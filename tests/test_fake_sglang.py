@@ -594,3 +594,11 @@ def test_nnodes_worker_exits_when_rank0_goes_and_times_out_alone(engines):
     leader.proc.kill()
     assert worker.wait_exit(timeout=8) == 1
     assert "connection to node rank 0 lost" in worker.stderr
+
+
+def test_http_after_load_keeps_the_port_closed_while_loading(engines):
+    eng = engines("prefill", env={"FAKE_SGLANG_LOAD_SECS": "1.5",
+                                  "FAKE_SGLANG_HTTP_AFTER_LOAD": "1"})
+    time.sleep(0.5)
+    assert eng.proc.poll() is None and status_or_none(eng.port) is None  # refused: not bound
+    eng.wait_healthy(timeout=6)

@@ -209,11 +209,20 @@ def test_no_unused_ucx_warning_on_the_router_host() -> None:
         "across hosts (sglang #28737); set it (e.g. mlx5_0:1 or eth1)"]
 
 
-def test_supervisord_bundle_refuses_several_hosts(runner, tmp_path: Path) -> None:
-    result = runner.invoke(main, ["render", "-c", str(THREE), *SEED, "-o", str(tmp_path / "s"),
+def test_supervisord_bundles_one_per_host(runner, tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    result = runner.invoke(main, ["render", "-c", str(THREE), *SEED, "-o", str(out),
                                   "--format", "supervisord"])
-    assert result.exit_code == 2 and "supervisord bundle is one host's" in result.stderr
-    assert not (tmp_path / "s").exists()
+    assert result.exit_code == 0, result.output + result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-a", "gpu-b", "hosts.list", "lb"]
+    assert f"on each host: supervisord -c {out}/HOST/supervisord.conf" in result.output
+    lb, b = ((out / h / "supervisord.conf").read_text() for h in ("lb", "gpu-b"))
+    assert "programs=dsv4-router\n" in lb and "[program:dsv4-prefill]" not in lb
+    assert "programs=dsv4-decode\n" in b and "[program:dsv4-router]" not in b
+    assert "Host gpu-b of several: its engines only" in b
+    # NIXL coupling across hosts: the decode's supervisor watches gpu-a's prefill
+    assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3" in b
+    assert "[eventlistener:" not in b  # nothing to restart on this host itself
 
 
 def test_install_sh_takes_one_hosts_bundle_and_explains_the_layout(

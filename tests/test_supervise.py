@@ -879,9 +879,12 @@ def _peer(results: list[str]):
     (["ok", "timeout", "refused", "timeout", "ok"], 5),  # one refusal in the run is enough
 ])
 def test_peer_watch_tells_a_restart_from_slowness(script, restarts_at) -> None:
+    lines: list[str] = []
     watch = sup.PeerWatch(["http://10.0.0.2:30000/health"], down_after=3, timeout=1,
-                          probe=_peer(script))
+                          probe=_peer(script), log=lines.append)
     said = [watch.check() for _ in script]
+    if script[0] == "ok" and not restarts_at:  # a recovery that is not a restart is said so
+        assert any("not a restart" in line for line in lines), lines
     at = next((i + 1 for i, s in enumerate(said) if s), None)
     assert at == restarts_at, said
     if at:
@@ -913,6 +916,7 @@ def test_engine_exits_75_after_draining_when_its_peer_restarts(procs, notify_soc
         proc = procs.start(
             engine_args(port, "dsv4-decode", "--restart-with",
                         f"http://127.0.0.1:{peer_port}/health", "--peer-down-probes", "2",
+                        "--watchdog-secs", "5",
                         "--", *procs.child(port, events)),
             notify=notify_socket,
         )
@@ -927,5 +931,7 @@ def test_engine_exits_75_after_draining_when_its_peer_restarts(procs, notify_soc
         peer.wait(5)
     assert [e for e in read_events(events) if e["event"] == "sigterm"]  # drained, not killed
     log = procs.log(proc)
+    assert f"peer http://127.0.0.1:{peer_port}/health is up" in log
+    assert f"peer http://127.0.0.1:{peer_port}/health: connection refused; watching" in log
     assert f"http://127.0.0.1:{peer_port}/health is back after" in log
     assert "exiting 75 so that the process manager restarts it" in log

@@ -532,7 +532,9 @@ class PeerWatch:
     """
 
     def __init__(self, urls: Sequence[str], down_after: int, timeout: float,
-                 probe: Callable[[str, float], ProbeResult] | None = None) -> None:
+                 probe: Callable[[str, float], ProbeResult] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.log = log or (lambda message: None)
         self.urls = list(urls)
         self.down_after = down_after
         self.timeout = timeout
@@ -546,6 +548,8 @@ class PeerWatch:
         for url in self.urls:
             result = self.probe(url, self.timeout)
             if not result.ok:
+                if self.seen_up[url] and not self.failures[url]:
+                    self.log(f"peer {url}: {result.detail}; watching for its return")
                 self.failures[url] += 1
                 self.refused[url] |= result.detail == "connection refused"
                 continue
@@ -554,6 +558,11 @@ class PeerWatch:
             if self.seen_up[url] and down >= self.down_after and refused:
                 return (f"{url} is back after {down} failed probes (its port was closed): it "
                         f"restarted, and a NIXL decode must restart with it (sglang #33789)")
+            if not self.seen_up[url]:
+                self.log(f"peer {url} is up: a restart of it will restart this engine")
+            elif down:
+                self.log(f"peer {url} is back after {down} failed probe(s), "
+                         f"{'not refused' if not refused else 'too few'}: not a restart")
             self.seen_up[url] = True
         return None
 
@@ -1637,7 +1646,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             hang_after=args.watchdog_secs,
             # a peer probe must not hold up this engine's own probes (and its watchdog)
             peers=PeerWatch(args.restart_with, args.peer_down_probes,
-                            min(args.liveness_timeout, args.liveness_interval))
+                            min(args.liveness_timeout, args.liveness_interval), log=log)
             if getattr(args, "restart_with", None) else None,
         )
     hung = outcome.kind == "hung"

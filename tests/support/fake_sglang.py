@@ -43,7 +43,9 @@ own session, reparented away from the engine, ``FAKE_SGLANG_ORPHAN_SECS`` <= 900
 ``FAKE_SGLANG_STATE_DIR`` (``engine.pid``, ``orphan.pid``), ``FAKE_SGLANG_MAX_LIFETIME`` (1800 s
 safety net, then exit 0), ``FAKE_SGLANG_LOG`` (JSONL request log), ``FAKE_SGLANG_GEN_DELAY``
 (seconds before answering a generation), ``FAKE_SGLANG_BOOTSTRAP_TIMEOUT`` (2.0 s, decode's probe),
-``FAKE_SGLANG_ACCESS_LOG=1`` (uvicorn-style access lines on stderr).
+``FAKE_SGLANG_ACCESS_LOG=1`` (uvicorn-style access lines on stderr),
+``FAKE_SGLANG_HTTP_AFTER_LOAD=1`` (bind the HTTP and bootstrap ports only after "loading
+weights", as SGLang does: the ports are closed, not 503, during the load).
 
 Runtime control (main port, never needs the API key, never hangs): ``POST /_fake/control`` with a
 JSON object of ``hang`` (bool), ``hang_bootstrap`` (bool), ``health`` ("ok"|"fail"),
@@ -258,11 +260,15 @@ class Engine:
         if a.nnodes > 1 and not a.dist_init_addr:
             _emit("ValueError: --dist-init-addr is required when --nnodes > 1")
             return 1
-        if a.node_rank == 0:
+        # SGLang itself starts its HTTP server only once the schedulers loaded the weights (the
+        # port is closed meanwhile); by default the stand-in binds at once (503 while loading),
+        # FAKE_SGLANG_HTTP_AFTER_LOAD=1 keeps SGLang's order
+        late_bind = _env_flag("FAKE_SGLANG_HTTP_AFTER_LOAD")
+        if a.node_rank == 0 and not late_bind:
             rc = self._bind()
             if rc:
                 return rc
-        else:  # SGLang: ranks > 0 run no tokenizer/detokenizer, hence no HTTP server
+        elif a.node_rank:  # SGLang: ranks > 0 run no tokenizer/detokenizer, hence no HTTP
             log(f"node_rank={a.node_rank}: no HTTP server (rank 0 serves {a.port})", tag="TP0")
         if a.nnodes > 1:
             rc = _Rendezvous(self).join()
@@ -274,6 +280,10 @@ class Engine:
         t = time.monotonic()
         self._sleep(self.load_secs or 0.0)
         log(f"Load weight end. type=FakeForCausalLM, elapsed={time.monotonic() - t:.2f} s", "TP0")
+        if a.node_rank == 0 and late_bind:
+            rc = self._bind()
+            if rc:
+                return rc
         rc = self._jit_compile()
         if rc:
             return rc
