@@ -90,8 +90,11 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     pdsvc did not write are never overwritten.
     """
     fmt = fmt or config_format(config_path)
-    # Kubernetes places the engines itself: without --topology/--sysfs-root no host is read
-    scheduled = fmt == "k8s" and not (sysfs_root or topology_file)
+    # Kubernetes places the engines itself: no host is read, no host's settings apply
+    scheduled = fmt == "k8s"
+    if scheduled and (sysfs_root or topology_file):
+        click.secho("pdsvc: note: --format k8s reads no host topology (the scheduler places "
+                    "the pods); --topology/--sysfs-root are ignored", fg="yellow", err=True)
     plan = load_plan(config_path, sysfs_root, topology_file, scheduled=scheduled)
     warn_plan(plan)
     fmt = fmt or plan.format

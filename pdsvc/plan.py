@@ -526,7 +526,7 @@ def _engine(
         env["HF_HUB_OFFLINE"] = "1"  # a local model: never reach for the hub at start
     env.update({k: _env_str(v) for k, v in rt.env.items()})
     env.update({k: _env_str(v) for k, v in role_cfg.env.items()})
-    if machine:
+    if machine and topology is not None:  # scheduled (k8s): no host of the inventory is used
         hc = config.hosts[machine]
         env["SGLANG_HOST_IP"] = host  # what SGLang advertises to its peers (multi-homed hosts)
         if hc.ucx_net_devices:

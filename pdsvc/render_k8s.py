@@ -435,8 +435,9 @@ def _yaml_file(path: str, header: list[str], docs: list[dict[str, Any]]) -> File
 def engine_groups(plan: Plan) -> list[EnginePlan]:
     """One EnginePlan per engine, its rank 0 (an engine spanning hosts appears once per rank).
 
-    An engine's pods all take rank 0's env: where a pod runs is the scheduler's choice, so a
-    host's own settings (hosts.NAME.env, ucx_net_devices) cannot follow it."""
+    Where a pod runs is the scheduler's choice, so no host's own settings (hosts.NAME.env,
+    ucx_net_devices) apply: the plan for manifests is built without a host (UNPLACED), and an
+    inventory only says how many nodes an engine spans."""
     ranks: dict[str, list[EnginePlan]] = {}
     for e in plan.engines:
         ranks.setdefault(e.name, []).append(e)

@@ -38,7 +38,7 @@ Docs = dict[str, list[dict[str, Any]]]
 
 
 def plan_of(path: Path) -> Plan:
-    return load_plan(path, None, TOPOLOGY)
+    return load_plan(path, None, None, scheduled=True)
 
 
 def write_config(tmp_path: Path, base: Path, filename: str = "c.yaml", **changes: Any) -> Path:
@@ -507,9 +507,10 @@ def test_cli_renders_the_manifests_and_says_how_to_apply_them(tmp_path: Path) ->
             assert validate(doc, "1.30") == [], (name, doc["kind"])
 
 
-def test_k8s_needs_no_host_topology_and_reads_none(tmp_path: Path, monkeypatch) -> None:
-    """Kubernetes places the engines: without --topology nothing of this machine is read
-    (read_sysfs would raise here), and the manifests equal those rendered with a topology."""
+def test_k8s_reads_no_host_and_uses_no_hosts_settings(tmp_path: Path, monkeypatch) -> None:
+    """Kubernetes places the engines: nothing of this machine is read (read_sysfs would raise
+    here), a given --topology is ignored with a note, and no inventory host's settings
+    (ucx_net_devices, env, address) reach a pod."""
     from click.testing import CliRunner
 
     import pdsvc.clikit
@@ -518,16 +519,18 @@ def test_k8s_needs_no_host_topology_and_reads_none(tmp_path: Path, monkeypatch) 
     def no_sysfs(*a, **k):
         raise AssertionError("read /sys for a k8s render")
 
-    config = str(REPO / "etc/examples/2p1d.yaml")
-    with_topology = CliRunner().invoke(main, [
-        "render", "-c", config, "--topology", str(REPO / "etc/seed-host.topology.json"),
-        "--format", "k8s", "-o", str(tmp_path / "a")])
-    assert with_topology.exit_code == 0, with_topology.stderr
     monkeypatch.setattr(pdsvc.clikit, "read_sysfs", no_sysfs)
+    config = str(REPO / "etc/examples/three-hosts.yaml")
     bare = CliRunner().invoke(main, ["render", "-c", config, "--format", "k8s",
                                      "-o", str(tmp_path / "b")])
     assert bare.exit_code == 0, bare.output + bare.stderr
+    given = CliRunner().invoke(main, [
+        "render", "-c", config, "--topology", str(REPO / "etc/seed-host.topology.json"),
+        "--format", "k8s", "-o", str(tmp_path / "a")])
+    assert given.exit_code == 0, given.stderr
+    assert "--topology/--sysfs-root are ignored" in given.stderr
     for f in sorted((tmp_path / "a").iterdir()):
         a, b = f.read_text(), (tmp_path / "b" / f.name).read_text()
         assert "topology none: placed by the scheduler" in b.splitlines()[1]
-        assert a.split("\n", 4)[4] == b.split("\n", 4)[4], f.name  # same but the header
+        assert a.split("\n", 3)[3] == b.split("\n", 3)[3], f.name  # all but the Command line
+        assert "UCX_NET_DEVICES" not in b and "10.0.0." not in b, f.name
