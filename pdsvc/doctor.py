@@ -1227,6 +1227,56 @@ def _guarded(check: str, fn: Callable[[], list[Row]]) -> list[Row]:
                       "report this as a pdsvc bug")]
 
 
+def check_network(plan: Plan, host: Host) -> list[Row]:
+    """One host of several: its address is this machine's (the engines bind it and peers dial
+    it), and each UCX_NET_DEVICES entry is a link that is up (NIXL moves KV over it)."""
+    if not plan.hosts:
+        return []
+    h = plan.hosts[0]
+    rows = []
+    if try_bind(h.address, 0) == 0:
+        rows.append(_ok("network", f"{h.address} (hosts.{h.name}.address) is on this host"))
+    else:
+        rows.append(_fail("network", f"{h.address} (hosts.{h.name}.address) is not an address "
+                          "of this host", f"run on {h.name} (or pass --host NAME), or configure "
+                          f"{h.address} on its NIC"))
+    devices = dict.fromkeys(d for e in plan.engines
+                            for d in dict(e.env).get("UCX_NET_DEVICES", "").split(",") if d)
+    for dev in devices:
+        state, where = _link_state(host.sysfs_root, dev)
+        if state is None:
+            rows.append(_fail("network", f"UCX_NET_DEVICES {dev}: no such device ({where})",
+                              f"set hosts.{h.name}.ucx_net_devices to a NIC of this host "
+                              "(`ibdev2netdev`, `ip -br link`)"))
+        elif state != "up":
+            rows.append(_fail("network", f"UCX_NET_DEVICES {dev} is {state} ({where})",
+                              "bring the link up, or pick another NIC"))
+        else:
+            rows.append(_ok("network", f"UCX_NET_DEVICES {dev} is up"))
+    return rows
+
+
+def _link_state(sysfs: Path, device: str) -> tuple[str | None, str]:
+    """('up' | the link's state | None when absent, the sysfs path read) of a UCX device:
+    an RDMA port `mlx5_0:1`, or a netdev `eth1`."""
+    if device == "all":
+        return "up", "all devices"
+    name, _, port = device.partition(":")
+    if port:
+        path = sysfs / "class/infiniband" / name / "ports" / port / "state"
+        try:
+            state = path.read_text().split(":")[-1].strip().lower()  # "4: ACTIVE"
+        except OSError:
+            return None, str(path)
+        return ("up" if state == "active" else state), str(path)
+    path = sysfs / "class/net" / name / "operstate"
+    try:
+        state = path.read_text().strip().lower()
+    except OSError:
+        return None, str(path)
+    return ("up" if state in ("up", "unknown") else state), str(path)
+
+
 def host_rows(host: Host, plan: Plan | None) -> list[Row]:
     """The checks that need no plan."""
     return [
@@ -1256,6 +1306,7 @@ def run_checks(plan: Plan, host: Host) -> list[Row]:
             rows += _guarded("numa", lambda: check_numa(plan, topo))
     else:  # one host of several that runs only the router: no GPU, no JIT cache
         rows.append(_ok("gpus", f"none planned here ({', '.join(plan.units)} only)"))
+    rows += _guarded("network", lambda: check_network(plan, host))
     rows += _guarded("ports", lambda: check_ports(plan, host))
     versions: dict[str, str | None] | None = None
 

@@ -629,3 +629,32 @@ def test_host_option_without_hosts_is_a_usage_error(runner, box: Box) -> None:
     config = write_config(box.tmp / "pdsvc.yaml", box.python)
     result = runner.invoke(doctor, box.args(config, "--host", "lb"))
     assert result.exit_code == 2 and "has no `hosts`; leave --host out" in result.output
+
+
+def test_network_of_one_host_of_several(runner, box: Box) -> None:
+    """The host's address must be this machine's; each UCX_NET_DEVICES entry a link that is up
+    (an RDMA port's state, a netdev's operstate, read from --sysfs-root)."""
+    config = write_config(box.tmp / "pdsvc.yaml", box.python)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["hosts"] = {"gpu-a": {"address": "127.0.0.1", "run": ["prefill", "decode"],
+                              "ucx_net_devices": "mlx5_0:1,mlx5_1:1,eth1,eth9"},
+                    "gpu-b": {"address": "10.255.0.9", "run": ["router"]}}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    ib = box.sysfs / "class/infiniband"
+    for dev, state in (("mlx5_0", "4: ACTIVE"), ("mlx5_1", "1: DOWN")):
+        (ib / dev / "ports/1").mkdir(parents=True)
+        (ib / dev / "ports/1/state").write_text(state + "\n")
+    (box.sysfs / "class/net/eth1").mkdir(parents=True)
+    (box.sysfs / "class/net/eth1/operstate").write_text("up\n")
+    result = runner.invoke(doctor, box.args(config, "--host", "gpu-a", "--json"))
+    net = [(r["status"], r["detail"]) for r in by_check(result, "network")]
+    assert net[0] == ("ok", "127.0.0.1 (hosts.gpu-a.address) is on this host")
+    assert ("ok", "UCX_NET_DEVICES mlx5_0:1 is up") in net
+    assert any(s == "failed" and "UCX_NET_DEVICES mlx5_1:1 is down" in d for s, d in net), net
+    assert ("ok", "UCX_NET_DEVICES eth1 is up") in net
+    assert any(s == "failed" and "UCX_NET_DEVICES eth9: no such device" in d for s, d in net)
+    assert result.exit_code == 3
+    away = runner.invoke(doctor, box.args(config, "--host", "gpu-b", "--json"))
+    (row,) = by_check(away, "network")
+    assert row["status"] == "failed" and "10.255.0.9 (hosts.gpu-b.address) is not an address" \
+        in row["detail"]
