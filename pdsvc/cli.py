@@ -208,6 +208,38 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
                                    if k.startswith(("CUDA_VISIBLE", "SGLANG_DISAGG"))))
         click.echo("  " + shlex.join(e.argv))
     click.echo(f"\n{r.unit}:\n  {shlex.join(r.argv)}")
+    if hosted:
+        click.echo("\nConnections between hosts (open them in host firewalls):")
+        for src, dst, what in connections(plan):
+            click.echo(f"  {src:<10} -> {dst:<22} {what}")
+
+
+def connections(plan: Plan) -> list[tuple[str, str, str]]:
+    """(from host, to ADDRESS:PORT, why) for every connection one host opens to another, as
+    the plan makes them; SGLang's own KV/ZMQ rank ports are ephemeral and only named."""
+    r = plan.router
+    assert r is not None
+    out: list[tuple[str, str, str]] = []
+    rank0 = [e for e in plan.engines if e.node_rank == 0]
+    prefills = [e for e in rank0 if e.role == "prefill"]
+    for e in rank0:
+        if e.machine != r.machine:
+            out.append((r.machine, f"{e.host}:{e.port}", f"router -> {e.name} HTTP"))
+    for d in (e for e in rank0 if e.role == "decode"):
+        for p in prefills:
+            if p.machine != d.machine:
+                out.append((d.machine, f"{p.host}:{p.bootstrap_port}",
+                            f"{d.name} -> {p.name} KV bootstrap (then NIXL/ZMQ rank ports, "
+                            "ephemeral, both ways)"))
+    for e in plan.engines:
+        if e.node_rank > 0:
+            out.append((e.machine, e.dist_init_addr,
+                        f"{e.name} rank {e.node_rank} -> rank 0 dist-init (and NCCL, ephemeral)"))
+    for e in plan.engines:
+        if e.peer_health and e.node_rank == 0:
+            for url in e.peer_health:
+                out.append((e.machine, url.split("/")[2], f"{e.name} watches {url}"))
+    return out
 
 
 @main.command(epilog=EPILOG)

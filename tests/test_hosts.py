@@ -264,3 +264,22 @@ def test_coupling_is_per_host_partof_plus_a_watch_of_the_remote_prefills() -> No
     cfg["decode"]["restart_with_prefill"] = False
     decode = next(e for e in plan_of(yaml.safe_dump(cfg)).engines if e.role == "decode")
     assert decode.restarts_with == () and decode.peer_health == ()
+
+
+def test_plan_lists_the_connections_between_hosts(runner, tmp_path: Path) -> None:
+    cfg = three_hosts()
+    cfg["hosts"]["gpu-c"] = {"address": "10.0.0.4", "run": ["prefill"]}  # prefill spans a, c
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    result = runner.invoke(main, ["plan", "-c", str(path), *SEED])
+    assert result.exit_code == 0, result.stderr
+    lines = result.output.split("Connections between hosts (open them in host firewalls):\n")[1]
+    rows = [line.split(None, 3)[:3] for line in lines.splitlines()]
+    assert rows == [
+        ["lb", "->", "10.0.0.2:30000"], ["lb", "->", "10.0.0.3:30001"],
+        ["gpu-b", "->", "10.0.0.2:8998"],  # the host part the router hands decode, verbatim
+        ["gpu-c", "->", "10.0.0.2:30335"],  # rank 1 -> rank 0's dist-init
+        ["gpu-b", "->", "10.0.0.2:30000"],  # decode's watch of its prefill
+    ]
+    single = runner.invoke(main, ["plan", "-c", str(REPO / "etc/pdsvc.yaml"), *SEED])
+    assert "Connections between hosts" not in single.output
