@@ -6,6 +6,7 @@ the host's topology (or the topology is unknown).
 
 from __future__ import annotations
 
+import importlib
 import json
 import shlex
 from collections.abc import Callable
@@ -18,7 +19,6 @@ from . import __version__
 from .clikit import (
     DEFAULT_OUTPUT,
     EPILOG,
-    config_format,
     config_option,
     handle_errors,
     json_option,
@@ -43,7 +43,24 @@ def _canonical_command(config: Path, sysfs_root: Path | None, topology: Path | N
     return shlex.join(words)
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """Commands that live in modules of their own are imported when they are run (or listed):
+    doctor and status are most of pdsvc's code, and a render needs neither."""
+
+    LAZY = {"doctor": ("pdsvc.doctor", "doctor"), "status": ("pdsvc.status", "status")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY and name not in self.commands:
+            module, attr = self.LAZY[name]
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, epilog=EPILOG,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pdsvc")
 def main() -> None:
     """Run a prefill-decode disaggregated SGLang deployment as systemd services.
@@ -89,15 +106,15 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     bad config or a plan that does not fit the host writes nothing. Files in --output that
     pdsvc did not write are never overwritten.
     """
-    fmt = fmt or config_format(config_path)
     # Kubernetes places the engines itself: no host is read, no host's settings apply
-    scheduled = fmt == "k8s"
-    if scheduled and (sysfs_root or topology_file):
+    plan = load_plan(config_path, sysfs_root, topology_file, scheduled=fmt == "k8s")
+    if fmt is None and plan.format == "k8s":  # the config's `format` (cheap: plan cache)
+        plan = load_plan(config_path, sysfs_root, topology_file, scheduled=True)
+    fmt = fmt or plan.format
+    if fmt == "k8s" and (sysfs_root or topology_file):
         click.secho("pdsvc: note: --format k8s reads no host topology (the scheduler places "
                     "the pods); --topology/--sysfs-root are ignored", fg="yellow", err=True)
-    plan = load_plan(config_path, sysfs_root, topology_file, scheduled=scheduled)
     warn_plan(plan)
-    fmt = fmt or plan.format
     command = _canonical_command(config_path, sysfs_root, topology_file)
     if fmt == "supervisord":
         from .render_supervisord import render_supervisord
@@ -269,17 +286,6 @@ def topology(sysfs_root: Path | None, as_json: bool) -> None:
 
 __all__ = ["main"]
 
-
-def _register() -> None:
-    """Commands that live in modules of their own."""
-    from .doctor import doctor
-    from .status import status
-
-    main.add_command(doctor)
-    main.add_command(status)
-
-
-_register()
 
 if __name__ == "__main__":
     main()

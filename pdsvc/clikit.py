@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from . import plancache
 from .errors import ConfigError, PdsvcError
@@ -122,16 +121,6 @@ def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | 
                       host_topologies=host_topologies)
     plancache.put(key, plan)
     return plan
-
-
-def config_format(path: Path) -> str | None:
-    """The config's `format` key, read cheaply before the plan is built (None: not set, or
-    the file does not parse; building the plan then says what is wrong)."""
-    try:
-        data = yaml.safe_load(read_config_text(path))
-    except (ConfigError, yaml.YAMLError):
-        return None
-    return data.get("format") if isinstance(data, dict) else None
 
 
 def _sha256(path: Path) -> str:
