@@ -181,12 +181,22 @@ def _stale(files: list[File], outdir: Path) -> list[Path]:
     index = outdir / HOSTS_INDEX
     if index.is_file() and _ours(index):
         for line in index.read_text(encoding="utf-8").splitlines():
-            if line and not line.startswith("#") and "/" not in line and line not in (".", ".."):
-                dirs.add(outdir / line.split()[0])
+            host = line.split("\t", 1)[0]
+            if not line.startswith("#") and _HOST_DIR.fullmatch(host):
+                dirs.add(outdir / host)
     return [
-        p for d in sorted(dirs) if d.is_dir()
+        p for d in sorted(dirs) if (d == outdir and d.is_dir()) or _own_subdir(outdir, d)
         for p in sorted(d.iterdir()) if p.is_file() and p not in wanted and _ours(p)
     ]
+
+
+#: A host's directory in a bundle of several: a host name (config HostName), nothing else.
+_HOST_DIR = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def _own_subdir(outdir: Path, d: Path) -> bool:
+    """A real directory right inside outdir: never a symlink that leads elsewhere."""
+    return d.is_dir() and not d.is_symlink() and d.resolve().parent == outdir.resolve()
 
 
 def hosts_index(plan: Plan, command: str) -> File:
@@ -218,6 +228,13 @@ def write_bundle(files: list[File], outdir: Path) -> list[tuple[str, str]]:
     """
     if outdir.exists() and not outdir.is_dir():
         raise OutputError(f"{outdir}: exists and is not a directory", hint="pass --output DIR")
+    for sub in sorted({(outdir / f.path).parent for f in files} - {outdir}):
+        if sub.is_symlink() or (sub.exists() and not _own_subdir(outdir, sub)):
+            raise OutputError(
+                f"{sub}: exists and is not a directory of the bundle (a file or a symlink); "
+                "refusing to write through it",
+                hint="move it away or render into another directory (--output DIR)",
+            )
     report: list[tuple[str, str]] = []
     for f in files:
         old = outdir / f.path

@@ -283,3 +283,31 @@ def test_plan_lists_the_connections_between_hosts(runner, tmp_path: Path) -> Non
     ]
     single = runner.invoke(main, ["plan", "-c", str(REPO / "etc/pdsvc.yaml"), *SEED])
     assert "Connections between hosts" not in single.output
+
+
+def test_a_render_never_reaches_outside_its_output_directory(runner, tmp_path: Path) -> None:
+    """hosts.list names the host directories a later render may clean: a crafted entry (..)
+    or a host directory that is a symlink must not let it delete or write elsewhere."""
+    out = tmp_path / "units"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(THREE.read_text())
+    render = ["render", "-c", str(cfg), *SEED, "-o", str(out)]
+    assert runner.invoke(main, render).exit_code == 0
+    keep = tmp_path / "keep-me.service"
+    keep.write_text((out / "lb" / "dsv4-router.service").read_text())  # pdsvc-marked
+    with (out / "hosts.list").open("a") as fh:
+        fh.write("..\t10.0.0.9\tx\n")
+    assert runner.invoke(main, render).exit_code == 0
+    assert keep.exists()
+    elsewhere = tmp_path / "installed"
+    elsewhere.mkdir()
+    other = elsewhere / "other-stack.service"
+    other.write_text(keep.read_text())
+    for p in (out / "gpu-b").iterdir():
+        p.unlink()
+    (out / "gpu-b").rmdir()
+    (out / "gpu-b").symlink_to(elsewhere)
+    result = runner.invoke(main, render)
+    assert result.exit_code == 1 and "refusing to write through it" in result.stderr
+    assert other.exists() and sorted(p.name for p in elsewhere.iterdir()) == [
+        "other-stack.service"]
