@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from . import plancache
-from .errors import ConfigError, PdsvcError
+from .errors import ConfigError, PdsvcError, TopologyError
 from .plan import Plan, build_plan
 from .topology import Topology, load_topology_file, read_sysfs
 
@@ -116,7 +116,11 @@ def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | 
     for name, hc in (config.hosts or {}).items():
         if hc.topology is not None and not scheduled:
             path = config_path.parent / hc.topology
-            host_topologies[name] = (load_topology_file(path), _sha256(path))
+            try:
+                host_topologies[name] = (load_topology_file(path), _sha256(path))
+            except TopologyError as err:
+                raise TopologyError(f"hosts.{name}.topology: {err.message}",
+                                    hint=err.hint) from None
     plan = build_plan(config, topology, config_source=str(config_path), config_text=text,
                       host_topologies=host_topologies)
     plancache.put(key, plan)

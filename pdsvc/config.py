@@ -751,6 +751,12 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
                 f"{hc.address} is also hosts.{seen[hc.address]}.address; one address per host"
             )))
         seen.setdefault(hc.address, host)
+    loopback = [h for h, hc in config.hosts.items() if ipaddress.ip_address(hc.address).is_loopback]
+    if loopback and len(loopback) < len(config.hosts):  # all loopback: hosts of one machine
+        problems.append((("hosts", loopback[0], "address"), (
+            f"{config.hosts[loopback[0]].address} is a loopback address, which the other hosts "
+            "cannot reach (the router and decode dial it); give the host's routable IP"
+        )))
     for host, hc in config.hosts.items():
         for j, ref in enumerate(hc.run):
             if _expand_ref(ref, by_role):
@@ -764,6 +770,15 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
             problems.append((("hosts", host, "run", j), f"{ref} names no engine: {have}"))
     placed = config.placement()
     for inst in config.engines:
+        named = {(host, ref) for host, hc in config.hosts.items() for ref in hc.run
+                 if inst.key in _expand_ref(ref, by_role)}
+        if len({ref for _, ref in named}) > 1:  # e.g. `prefill` on a, `prefill[1]` on b
+            how = ", ".join(f"{h} (as `{r}`)" for h, r in sorted(named))
+            problems.append((("hosts",), (
+                f"{inst.key} is named on several hosts in different ways: {how}; an engine "
+                "spans hosts only when each names it alike — name items one per host "
+                f"(`{inst.role}[0]`, `{inst.role}[1]`, …) to run them apart"
+            )))
         if inst.key not in placed:
             problems.append((("hosts",), (
                 f"{inst.key} runs on no host; add `{inst.key}` (or `{inst.role}`) to a host's run"
@@ -779,10 +794,11 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
             continue
         for inst in config.engines:
             if host in placed.get(inst.key, ()) and "UCX_NET_DEVICES" in (
-                {**config.runtime.env, **inst.cfg.env}
+                {**config.runtime.env, **inst.cfg.env, **hc.env}
             ):
                 problems.append((("hosts", host, "ucx_net_devices"), (
-                    f"{inst.key} also sets UCX_NET_DEVICES in env; set it in one place"
+                    f"{inst.key} or hosts.{host}.env also sets UCX_NET_DEVICES; set it in one "
+                    "place"
                 )))
     return problems
 

@@ -618,6 +618,8 @@ def test_each_host_of_several_is_checked_for_what_runs_there(runner, box: Box) -
     assert not any(line.startswith((" ✓ driver", " ✓ jit cache", " ✓ flags prefill"))
                    for line in lines), lb.output
     assert any(line.startswith(" ✓ flags router") for line in lines), lb.output
+    assert any(line.startswith(" ✓ network") and "127.0.0.3 (hosts.lb.address) is on this host"
+               in line for line in lines), lb.output
     gpu = runner.invoke(doctor, box.args(config, "--host", "gpu-a", "--json"))
     assert gpu.exit_code == 0, gpu.output
     checks = {r["check"] for r in rows(gpu)}
@@ -636,7 +638,7 @@ def test_network_of_one_host_of_several(runner, box: Box) -> None:
     (an RDMA port's state, a netdev's operstate, read from --sysfs-root)."""
     config = write_config(box.tmp / "pdsvc.yaml", box.python)
     cfg = yaml.safe_load(config.read_text())
-    cfg["hosts"] = {"gpu-a": {"address": "127.0.0.1", "run": ["prefill", "decode"],
+    cfg["hosts"] = {"gpu-a": {"address": "10.255.0.8", "run": ["prefill", "decode"],
                               "ucx_net_devices": "mlx5_0:1,mlx5_1:1,eth1,eth9"},
                     "gpu-b": {"address": "10.255.0.9", "run": ["router"]}}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -648,13 +650,10 @@ def test_network_of_one_host_of_several(runner, box: Box) -> None:
     (box.sysfs / "class/net/eth1/operstate").write_text("up\n")
     result = runner.invoke(doctor, box.args(config, "--host", "gpu-a", "--json"))
     net = [(r["status"], r["detail"]) for r in by_check(result, "network")]
-    assert net[0] == ("ok", "127.0.0.1 (hosts.gpu-a.address) is on this host")
+    assert net[0][0] == "failed" and net[0][1] == (
+        "10.255.0.8 (hosts.gpu-a.address) is not an address of this host")
     assert ("ok", "UCX_NET_DEVICES mlx5_0:1 is up") in net
     assert any(s == "failed" and "UCX_NET_DEVICES mlx5_1:1 is down" in d for s, d in net), net
     assert ("ok", "UCX_NET_DEVICES eth1 is up") in net
     assert any(s == "failed" and "UCX_NET_DEVICES eth9: no such device" in d for s, d in net)
     assert result.exit_code == 3
-    away = runner.invoke(doctor, box.args(config, "--host", "gpu-b", "--json"))
-    (row,) = by_check(away, "network")
-    assert row["status"] == "failed" and "10.255.0.9 (hosts.gpu-b.address) is not an address" \
-        in row["detail"]

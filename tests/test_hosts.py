@@ -137,6 +137,9 @@ def test_an_engine_listed_on_two_hosts_spans_them() -> None:
     ({"gpu-a": {"address": "0.0.0.0", "run": ["prefill"]}}, "must be the host's own IP"),
     ({"gpu-b": {"address": "10.0.0.2", "run": ["decode"]}},
      "hosts.gpu-b.address: 10.0.0.2 is also hosts.gpu-a.address; one address per host"),
+    ({"gpu-a": {"address": "127.0.0.1", "run": ["prefill"]}},
+     "hosts.gpu-a.address: 127.0.0.1 is a loopback address, which the other hosts cannot "
+     "reach"),
     ({"gpu-a": {"address": "10.0.0.2", "run": ["prefil"]}},
      "'prefil' is not something to run"),
     ({"gpu-a": {"address": "10.0.0.2", "run": ["prefill[1]"]}},
@@ -178,7 +181,12 @@ def test_spanning_tp_must_count_every_hosts_gpus() -> None:
 def test_ucx_net_devices_in_one_place_only() -> None:
     cfg = three_hosts()
     cfg["decode"]["env"] = {"UCX_NET_DEVICES": "eth0"}
-    with pytest.raises(ConfigError, match="hosts.gpu-b.ucx_net_devices: decode also sets"):
+    with pytest.raises(ConfigError, match="hosts.gpu-b.ucx_net_devices: decode or "
+                       "hosts.gpu-b.env also sets UCX_NET_DEVICES"):
+        plan_of(yaml.safe_dump(cfg))
+    cfg = three_hosts()
+    cfg["hosts"]["gpu-b"]["env"] = {"UCX_NET_DEVICES": "eth0"}
+    with pytest.raises(ConfigError, match="also sets UCX_NET_DEVICES; set it in one place"):
         plan_of(yaml.safe_dump(cfg))
 
 
@@ -311,3 +319,30 @@ def test_a_render_never_reaches_outside_its_output_directory(runner, tmp_path: P
     assert result.exit_code == 1 and "refusing to write through it" in result.stderr
     assert other.exists() and sorted(p.name for p in elsewhere.iterdir()) == [
         "other-stack.service"]
+
+
+def test_an_engine_spans_hosts_only_when_named_alike() -> None:
+    cfg = three_hosts()
+    cfg["prefill"] = [{"gpus": [0, 1]}, {"gpus": [2, 3]}]
+    cfg["hosts"]["gpu-a"]["run"] = ["prefill"]  # both items...
+    cfg["hosts"]["gpu-c"] = {"address": "10.0.0.4", "run": ["prefill[1]"]}  # ...and one again
+    with pytest.raises(ConfigError, match=r"prefill\[1\] is named on several hosts in "
+                       r"different ways: gpu-a \(as `prefill`\), gpu-c \(as `prefill\[1\]`\)"):
+        plan_of(yaml.safe_dump(cfg))
+    cfg["hosts"]["gpu-a"]["run"] = ["prefill[0]", "prefill[1]"]  # alike: prefill[1] spans
+    plan = plan_of(yaml.safe_dump(cfg))
+    assert [(e.name, e.machine, e.node_rank) for e in plan.engines if e.role == "prefill"] == [
+        ("dsv4-prefill-0", "gpu-a", 0), ("dsv4-prefill-1", "gpu-a", 0),
+        ("dsv4-prefill-1", "gpu-c", 1)]
+
+
+def test_a_missing_host_topology_file_names_its_key(tmp_path: Path) -> None:
+    from pdsvc.clikit import load_plan
+
+    cfg = three_hosts()
+    cfg["hosts"]["gpu-b"]["topology"] = "nope.json"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(TopologyError, match=r"hosts.gpu-b.topology: .*nope.json: topology "
+                       "file not found"):
+        load_plan(path, None, SEED_TOPOLOGY)
