@@ -543,9 +543,22 @@ class PeerWatch:
         self.refused = dict.fromkeys(self.urls, False)
 
     def check(self) -> str | None:
-        """Probe every peer once; the reason to restart, or None."""
+        """Probe every peer once, all at once (many unreachable peers cost one timeout, not
+        one each, so they cannot starve this engine's own watchdog); the reason to restart,
+        or None."""
+        results: dict[str, ProbeResult] = {}
+
+        def one(url: str) -> None:
+            results[url] = self.probe(url, self.timeout)
+
+        threads = [threading.Thread(target=one, args=(url,), daemon=True) for url in self.urls]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.timeout + 1.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
         for url in self.urls:
-            result = self.probe(url, self.timeout)
+            result = results.get(url) or ProbeResult(False, f"timed out after {self.timeout:g} s")
             if not result.ok:
                 if self.seen_up[url] and not self.failures[url]:
                     self.log(f"peer {url}: {result.detail}; watching for its return")
@@ -966,7 +979,8 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
 
-    def wait_after_stop(self, progress_every: float, timeout: float | None = None) -> int:
+    def wait_after_stop(self, progress_every: float, timeout: float | None = None,
+                        tick: Callable[[], None] | None = None) -> int:
         """Wait for the child's exit after a stop signal. Without ``timeout``, however long it
         takes: systemd's TimeoutStopSec= and its cgroup SIGKILL are the bound, not us (killing
         early would skip SGLang's cleanup). With it (``--stop-timeout``, for managers whose
@@ -979,6 +993,8 @@ class Child:
             returncode = self.wait(CHILD_WAIT_SLICE_S)
             if returncode is not None:
                 return returncode
+            if tick is not None:
+                tick()
             now = time.monotonic()
             if timeout is not None and now - since >= timeout:
                 self.kill_now(f"still running {now - since:.0f} s after the stop signal "
@@ -1662,8 +1678,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"no successful liveness probe for {outcome.elapsed:.0f} s "
             f"(--watchdog-secs {args.watchdog_secs:g}): the {role} is hung"
         )
-    if outcome.kind in ("stop", "peer"):
+    if outcome.kind == "stop":
         returncode = child.wait_after_stop(args.progress_every, args.stop_timeout)
+    elif outcome.kind == "peer":
+        # our own stop, not the manager's: its watchdog still runs, so keep it fed while the
+        # engine drains (bounded by --stop-timeout, which the units pass for this)
+        returncode = child.wait_after_stop(args.progress_every, args.stop_timeout,
+                                           tick=lambda: notifier("WATCHDOG=1"))
     elif hung:
         returncode = child.wait(KILL_WAIT_S)
         returncode = -signal.SIGKILL if returncode is None else returncode

@@ -935,3 +935,28 @@ def test_engine_exits_75_after_draining_when_its_peer_restarts(procs, notify_soc
     assert f"peer http://127.0.0.1:{peer_port}/health: connection refused; watching" in log
     assert f"http://127.0.0.1:{peer_port}/health is back after" in log
     assert "exiting 75 so that the process manager restarts it" in log
+
+
+def test_peer_probes_run_at_once_so_many_dead_peers_cost_one_timeout() -> None:
+    def slow(url: str, timeout: float):
+        time.sleep(timeout)
+        return sup.ProbeResult(False, f"timed out after {timeout:g} s")
+
+    urls = [f"http://10.0.0.{i}:30000/health" for i in range(2, 8)]  # 6 partitioned peers
+    watch = sup.PeerWatch(urls, down_after=3, timeout=0.4, probe=slow)
+    t0 = time.monotonic()
+    assert watch.check() is None
+    assert time.monotonic() - t0 < 1.2  # one timeout (+ the join margin), not six
+    assert all(n == 1 for n in watch.failures.values())
+
+
+def test_a_drain_the_supervisor_began_keeps_the_watchdog_fed_and_is_bounded(tmp_path) -> None:
+    log = sup.Log("t")
+    child = sup.Child(log, sup.Notifier(log, env={}), "engine")
+    assert child.start(["sleep", "30"]) is None  # ignores nothing, but never exits by itself
+    ticks: list[float] = []
+    t0 = time.monotonic()
+    child.stop_time = t0
+    returncode = child.wait_after_stop(10, timeout=1.5, tick=lambda: ticks.append(1))
+    assert returncode == -signal.SIGKILL and 1.4 < time.monotonic() - t0 < 5
+    assert len(ticks) >= 1  # the watchdog was pinged while it drained
