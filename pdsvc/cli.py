@@ -107,7 +107,14 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     pdsvc did not write are never overwritten.
     """
     # Kubernetes places the engines itself: no host is read, no host's settings apply
-    plan = load_plan(config_path, sysfs_root, topology_file, scheduled=fmt == "k8s")
+    try:
+        plan = load_plan(config_path, sysfs_root, topology_file, scheduled=fmt == "k8s")
+    except TopologyError:
+        if fmt is not None:
+            raise
+        plan = load_plan(config_path, sysfs_root, topology_file, scheduled=True)
+        if plan.format != "k8s":  # the host does not fit, and it is a host's bundle
+            raise
     if fmt is None and plan.format == "k8s":  # the config's `format` (cheap: plan cache)
         plan = load_plan(config_path, sysfs_root, topology_file, scheduled=True)
     fmt = fmt or plan.format
@@ -252,10 +259,11 @@ def connections(plan: Plan) -> list[tuple[str, str, str]]:
         if e.node_rank > 0:
             out.append((e.machine, e.dist_init_addr,
                         f"{e.name} rank {e.node_rank} -> rank 0 dist-init (and NCCL, ephemeral)"))
+            out.append((e.machine, e.health_url.split("/")[2],
+                        f"{e.name} rank {e.node_rank} is ready when rank 0's {e.health_url} is"))
     for e in plan.engines:
-        if e.peer_health and e.node_rank == 0:
-            for url in e.peer_health:
-                out.append((e.machine, url.split("/")[2], f"{e.name} watches {url}"))
+        for url in e.peer_health:
+            out.append((e.machine, url.split("/")[2], f"{e.name} watches {url}"))
     return out
 
 

@@ -95,14 +95,16 @@ def read_config_text(path: Path) -> str:
 
 
 def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
-              *, scheduled: bool = False) -> Plan:
+              *, scheduled: bool = False, only_host: str | None = None) -> Plan:
     """Config + host topology -> Plan. A plan already built from the same config text,
     topology and pdsvc code is read back from the plan cache instead (no pydantic import:
     that is most of a render's time); anything else goes through full validation.
-    ``scheduled``: no host is read (Kubernetes places the engines; nothing is pinned)."""
+    ``scheduled``: no host is read (Kubernetes places the engines; nothing is pinned).
+    ``only_host``: of an inventory, only that host's engines are laid on the topology read
+    here (doctor/status on one host; the others' GPUs are theirs to check)."""
     text = read_config_text(config_path)
     topology = None if scheduled else host_topology(sysfs_root, topology_file)
-    key = plancache.key(str(config_path), text, topology)
+    key = plancache.key(str(config_path), text, topology, only_host or "")
     plan = plancache.get(key)
     if plan is not None and all(
         _sha256(Path(h.topology_source.removeprefix("file:"))) == h.topology_sha256
@@ -122,7 +124,7 @@ def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | 
                 raise TopologyError(f"hosts.{name}.topology: {err.message}",
                                     hint=err.hint) from None
     plan = build_plan(config, topology, config_source=str(config_path), config_text=text,
-                      host_topologies=host_topologies)
+                      host_topologies=host_topologies, only_host=only_host)
     plancache.put(key, plan)
     return plan
 
@@ -132,6 +134,24 @@ def _sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return ""  # unreadable: never equal to a recorded checksum, so the plan is rebuilt
+
+
+def load_host_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
+                   host_name: str | None) -> tuple[Plan, Plan]:
+    """(the whole plan, what runs on this host) for doctor and status. With `hosts`, the host
+    is the named one or the one whose address this machine has, and only its engines are
+    laid on this machine's topology: a router-only host needs no GPU, and GPU 4 of another
+    host is not looked for here."""
+    whole = load_plan(config_path, sysfs_root, topology_file, scheduled=True)  # reads no host
+    if not whole.hosts:
+        if host_name:
+            raise ConfigError(f"--host {host_name}: {whole.config_source} has no `hosts`",
+                              hint="leave --host out")
+        plan = load_plan(config_path, sysfs_root, topology_file)
+        return plan, plan
+    name = select_host(whole, host_name).hosts[0].name
+    whole = load_plan(config_path, sysfs_root, topology_file, only_host=name)
+    return whole, whole.for_host(name)
 
 
 def select_host(plan: Plan, host_name: str | None) -> Plan:

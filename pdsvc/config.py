@@ -76,7 +76,7 @@ OWNED_ROUTER_FLAGS = {
     "health-check-timeout-secs": "router.health_check.timeout_secs",
     "health-failure-threshold": "router.health_check.failure_threshold",
     "health-success-threshold": "router.health_check.success_threshold",
-    "worker-startup-timeout-secs": "lifecycle.start_timeout_secs",
+    "worker-startup-timeout-secs": "lifecycle.start_timeout_secs (30 days with hosts)",
 }
 #: environment variables pdsvc owns: the plan sets them, a user value would contradict it.
 OWNED_ENV = {

@@ -44,8 +44,7 @@ from .clikit import (
     handle_errors,
     host_option,
     json_option,
-    load_plan,
-    select_host,
+    load_host_plan,
     sysfs_option,
     topology_option,
 )
@@ -1399,9 +1398,8 @@ def doctor(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
                 systemd_run_dir=systemd_run_dir)
     plan: Plan | None = None
     try:
-        plan = select_host(
-            load_plan(config_path, None if topology_file else sysfs_root, topology_file),
-            host_name)
+        plan = load_host_plan(config_path, None if topology_file else sysfs_root,
+                              topology_file, host_name)[1]
     except TopologyError as err:  # the plan cannot be made for this host: say why, check the rest
         rows = [_fail("plan", err.message, err.hint or "see `pdsvc topology` and the config"),
                 *_guarded("driver", lambda: check_driver(

@@ -24,6 +24,8 @@ Role = Literal["prefill", "decode"]
 DIST_INIT_SPAN = 100
 #: The oldest systemd that knows every directive the units use: ProtectClock= (245).
 SYSTEMD_MIN = 245
+#: With `hosts`: how long the router keeps trying to register an engine of another host.
+REMOTE_WORKER_STARTUP_SECS = 30 * 24 * 3600
 #: The topology of a plan without a host: a scheduler (Kubernetes) places the engines.
 UNPLACED = "none: placed by the scheduler"
 
@@ -250,6 +252,7 @@ def plan_from_dict(d: dict) -> Plan:
 def build_plan(
     config: Config, topology: Topology | None, *, config_source: str, config_text: str,
     host_topologies: dict[str, tuple[Topology, str]] | None = None,
+    only_host: str | None = None,
 ) -> Plan:
     """Resolve every concrete value; raise TopologyError when a host cannot run the config.
 
@@ -275,8 +278,8 @@ def build_plan(
         return config.hosts[machine].address if config.hosts and machine else "127.0.0.1"
 
     def layout(machine: str) -> Topology | None:
-        if topology is None:
-            return None
+        if topology is None or (only_host and machine != only_host):
+            return None  # placed by a scheduler, or another host's to check
         topo = host_topologies[machine][0] if machine in host_topologies else topology
         if not topo.gpus:
             where = f"for host {machine} " if machine else ""
@@ -624,8 +627,12 @@ def _router(
         "--health-check-timeout-secs", str(hc.timeout_secs),
         "--health-failure-threshold", str(hc.failure_threshold),
         "--health-success-threshold", str(hc.success_threshold),
-        # the router starts after the engines are healthy; this only bounds a re-registration
-        "--worker-startup-timeout-secs", str(config.lifecycle.start_timeout_secs),
+        # one host: the router starts after the engines are healthy, so this only bounds a
+        # re-registration. Several: systemd cannot order it after remote engines, and router
+        # 0.3.2 drops for good a worker not up within this (router-lab §3): keep retrying
+        # (every 5 s) for as long as anyone would wait for a remote engine
+        "--worker-startup-timeout-secs",
+        str(REMOTE_WORKER_STARTUP_SECS if config.hosts else config.lifecycle.start_timeout_secs),
     ]
     options += flag_args(rc.args)
     local = "127.0.0.1" if rc.host in ("0.0.0.0", "::") else rc.host

@@ -38,10 +38,11 @@ def _code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def key(config_source: str, config_text: str, topology: Topology | None) -> str:
+def key(config_source: str, config_text: str, topology: Topology | None,
+        only_host: str = "") -> str:
     h = hashlib.sha256()
     layout = (topology.to_json(), topology.source) if topology else ("", "no host")
-    for part in (config_source, config_text, *layout, _code_fingerprint()):
+    for part in (config_source, config_text, *layout, only_host, _code_fingerprint()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -43,8 +43,7 @@ from .clikit import (
     handle_errors,
     host_option,
     json_option,
-    load_plan,
-    select_host,
+    load_host_plan,
     sysfs_option,
     topology_option,
 )
@@ -754,8 +753,7 @@ def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
     Under supervisord the first row is the bundle's group and the supervisord that runs it
     (there is no target), and RESTARTS is `-`: supervisord does not count restarts.
     """
-    whole = load_plan(config_path, sysfs_root, topology_file)
-    plan = select_host(whole, host_name)
+    whole, plan = load_host_plan(config_path, sysfs_root, topology_file, host_name)
     manager = make_backend(plan, backend, systemctl=systemctl, socket_path=socket_path)
     hostname = socket.gethostname()
 

@@ -657,3 +657,22 @@ def test_network_of_one_host_of_several(runner, box: Box) -> None:
     assert ("ok", "UCX_NET_DEVICES eth1 is up") in net
     assert any(s == "failed" and "UCX_NET_DEVICES eth9: no such device" in d for s, d in net)
     assert result.exit_code == 3
+
+
+def test_only_this_hosts_engines_are_laid_on_its_topology(runner, box: Box) -> None:
+    """gpu-b runs the decode on GPUs 4-7; doctor on gpu-a (whose /sys is the seed host's, but
+    could have 4 GPUs) and on the router host check their own engines only."""
+    config = write_config(box.tmp / "pdsvc.yaml", box.python)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["hosts"] = {"lb": {"address": "127.0.0.3", "run": ["router"]},
+                    "gpu-a": {"address": "127.0.0.1", "run": ["prefill"]},
+                    "gpu-b": {"address": "127.0.0.2", "run": ["decode"]}}
+    cfg["decode"]["gpus"] = [8, 9, 10, 11]  # not on this box: gpu-b's own
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    for host in ("lb", "gpu-a"):
+        result = runner.invoke(doctor, box.args(config, "--host", host, "--json"))
+        assert not any(r["check"] == "plan" and r["status"] == "failed"
+                       for r in rows(result)), (host, result.output)
+    result = runner.invoke(doctor, box.args(config, "--host", "gpu-b", "--json"))
+    failed = [r["detail"] for r in by_check(result, "plan") if r["status"] == "failed"]
+    assert failed and "decode.gpus: GPU 8 does not exist on host gpu-b" in failed[0]

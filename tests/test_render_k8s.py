@@ -534,3 +534,24 @@ def test_k8s_reads_no_host_and_uses_no_hosts_settings(tmp_path: Path, monkeypatc
         assert "topology none: placed by the scheduler" in b.splitlines()[1]
         assert a.split("\n", 3)[3] == b.split("\n", 3)[3], f.name  # all but the Command line
         assert "UCX_NET_DEVICES" not in b and "10.0.0." not in b, f.name
+
+
+def test_a_config_whose_format_is_k8s_renders_without_gpus(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pdsvc.cli import main
+
+    cfg = yaml.safe_load((REPO / "etc/examples/2p1d.yaml").read_text())
+    cfg["format"] = "k8s"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    (tmp_path / "sys").mkdir()  # a laptop: no GPU at all
+    result = CliRunner().invoke(main, ["render", "-c", str(path), "--sysfs-root",
+                                       str(tmp_path / "sys"), "-o", str(tmp_path / "k")])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert (tmp_path / "k" / "kustomization.yaml").is_file()
+    cfg["format"] = "systemd"  # a host bundle still needs the host's GPUs
+    path.write_text(yaml.safe_dump(cfg))
+    result = CliRunner().invoke(main, ["render", "-c", str(path), "--sysfs-root",
+                                       str(tmp_path / "sys"), "-o", str(tmp_path / "u")])
+    assert result.exit_code == 3 and "no NVIDIA GPU found" in result.stderr

@@ -829,3 +829,20 @@ def test_host_must_be_named_when_it_cannot_be_told(hosts_dep: Deployment) -> Non
         in result.output
     result = hosts_dep.invoke("--host", "gpu-z")
     assert result.exit_code == 2 and "--host gpu-z: no such host" in result.output
+
+
+def test_a_router_only_host_needs_no_gpu_to_show_status(hosts_dep: Deployment,
+                                                         tmp_path: Path) -> None:
+    """On the router's host /sys has no GPU: the plan of the other hosts' engines must not be
+    laid on it (a TopologyError here would make status useless where the router runs)."""
+    no_gpus = tmp_path / "sys"
+    no_gpus.mkdir()
+    result = CliRunner().invoke(status, ["-c", str(hosts_dep.config), "--sysfs-root",
+                                         str(no_gpus), "--systemctl", str(hosts_dep.systemctl),
+                                         "--host", "lb"])
+    # it ran (the stand-in router listens on 127.0.0.3, where the real one would be on every
+    # address: its probe at 127.0.0.1 is refused, so "not serving" is this test's answer)
+    assert result.exit_code == 1 and "no NVIDIA GPU" not in result.output, result.output
+    units = [line.split()[0] for line in result.output.splitlines()
+             if line.startswith("dsv4-")]
+    assert units == ["dsv4-pd.target", "dsv4-router.service"]
