@@ -203,8 +203,8 @@ def hosts_index(plan: Plan, command: str) -> File:
     """hosts.list: which subdirectory holds which host's bundle (and what a later render may
     clean up)."""
     lines = [f"# {line}" for line in header_lines(plan, command)]
-    lines.append("# host\taddress\tunits — install each on its host: "
-                 "sudo ./install.sh --bundle units/HOST")
+    lines.append("# host\taddress\tunits — on each host install its directory of this one: "
+                 "sudo ./install.sh --bundle THIS_DIR/HOST")
     lines += [f"{h.name}\t{h.address}\t{' '.join(h.units)}" for h in plan.hosts]
     return File(HOSTS_INDEX, "\n".join(lines) + "\n")
 
