@@ -29,7 +29,17 @@ from typing import Any
 
 from .errors import ConfigError
 from .plan import EnginePlan, Plan
-from .render import File, header_lines, jinja_environment, supervisor_bundle_copy
+from .render import (
+    POLL_INTERVAL,
+    File,
+    engine_supervise_flags,
+    header_lines,
+    jinja_environment,
+    liveness_flags,
+    peer_watch_flags,
+    router_supervise_flags,
+    supervisor_bundle_copy,
+)
 from .topology import format_cpulist
 
 CONF = "supervisord.conf"
@@ -43,7 +53,6 @@ STARTSECS = 10
 #: comes this much later, as a backstop for a wedged supervise.py.
 STOP_MARGIN_SECS = 15
 #: supervise.py's start-phase probe period, as in the systemd units.
-POLL_INTERVAL = "0.5"
 #: sun_path holds 108 bytes, the last one a NUL.
 MAX_SOCKET_PATH = 107
 #: supervisord's own defaults for rotated log files, written out so they are visible.
@@ -163,8 +172,7 @@ def _common_flags(plan: Plan, prefix_output: bool) -> list[str]:
     lc = plan.lifecycle
     # with logs: stdout every program shares supervisord's stdout: tell their lines apart
     return ["--prefix-output"] * prefix_output + [
-        "--liveness-interval", str(lc["liveness_interval_secs"]),
-        "--liveness-timeout", str(lc["liveness_timeout_secs"]),
+        *liveness_flags(plan),
         # one source: the systemd units' WatchdogSec= is this same plan.watchdog_secs
         "--watchdog-secs", str(plan.watchdog_secs),
         "--kill-tree",
@@ -176,16 +184,9 @@ def _common_flags(plan: Plan, prefix_output: bool) -> list[str]:
 def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
                     ) -> dict[str, Any]:
     pinning = _numactl(plan, e, numactl)
-    flags = [
-        "--name", e.name, "--health-url", e.health_url,
-        "--gpus", ",".join(map(str, e.gpus)),
-        "--jit-cache", plan.paths.jit_cache, "--jit-key", e.name,
-        *_common_flags(plan, prefix),
-    ]
-    for url in e.peer_health:  # NIXL: a prefill on another host (the listener is per host)
-        flags += ["--restart-with", url]
-    if e.peer_health:
-        flags += ["--peer-down-probes", str(plan.lifecycle["liveness_failures"])]
+    # NIXL: a prefill on another host is watched (the restart listener is per host)
+    flags = [*engine_supervise_flags(plan, e), *_common_flags(plan, prefix),
+             *peer_watch_flags(plan, e)]
     return {
         "name": e.name,
         "role": e.role,
@@ -205,11 +206,7 @@ def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
     r = plan.router
     assert r is not None
     waits = [e.health_url for e in plan.engines if e.unit in r.after]
-    flags = [
-        "--name", r.name, "--readiness-url", r.readiness_url,
-        "--generate-url", r.generate_url, "--liveness-url", r.liveness_url,
-        *_common_flags(plan, prefix),
-    ]
+    flags = [*router_supervise_flags(r), *_common_flags(plan, prefix)]
     for url in waits:
         flags += ["--wait-for", url]
     return {
