@@ -106,18 +106,10 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     bad config or a plan that does not fit the host writes nothing. Files in --output that
     pdsvc did not write are never overwritten.
     """
+    if fmt is None:  # the config's `format`, from a plan that reads no host (plan cache: cheap)
+        fmt = load_plan(config_path, None, None, scheduled=True).format
     # Kubernetes places the engines itself: no host is read, no host's settings apply
-    try:
-        plan = load_plan(config_path, sysfs_root, topology_file, scheduled=fmt == "k8s")
-    except TopologyError:
-        if fmt is not None:
-            raise
-        plan = load_plan(config_path, sysfs_root, topology_file, scheduled=True)
-        if plan.format != "k8s":  # the host does not fit, and it is a host's bundle
-            raise
-    if fmt is None and plan.format == "k8s":  # the config's `format` (cheap: plan cache)
-        plan = load_plan(config_path, sysfs_root, topology_file, scheduled=True)
-    fmt = fmt or plan.format
+    plan = load_plan(config_path, sysfs_root, topology_file, scheduled=fmt == "k8s")
     if fmt == "k8s" and (sysfs_root or topology_file):
         click.secho("pdsvc: note: --format k8s reads no host topology (the scheduler places "
                     "the pods); --topology/--sysfs-root are ignored", fg="yellow", err=True)
@@ -202,7 +194,7 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
     rows = [("HOST",) * hosted + ("UNIT", "ROLE", "GPUS", "NUMA", "CPUS", "PORTS")]
     for e in plan.engines:
         numa = "-" if e.pinning.numa_node is None else str(e.pinning.numa_node)
-        ports = f"http {e.port}, dist-init {e.dist_init_addr.rsplit(':', 1)[1]}"
+        ports = f"http {e.port}, dist-init {e.dist_init_port}"
         if e.role == "prefill":
             ports += f", bootstrap {e.bootstrap_port}"
         if e.nnodes > 1:
@@ -220,11 +212,8 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     click.echo(f"\nJIT cache (shared by the engines{' of a host' * hosted}): "
                f"{plan.paths.jit_cache}")
-    requests = r.url
-    if hosted and r.host in ("0.0.0.0", "::"):
-        requests = f"http://{plan.host(r.machine).address}:{r.port}"
     click.echo(f"Service user: {plan.user}:{plan.group}   "
-               f"Requests: {requests}/v1/chat/completions")
+               f"Requests: {plan.reachable_router().url}/v1/chat/completions")
     for e in plan.engines:
         on = f" on {e.machine}" if hosted else ""
         click.echo(f"\n{e.unit}{on}: pinned to {e.pinning.why}")

@@ -149,19 +149,13 @@ def load_host_plan(config_path: Path, sysfs_root: Path | None, topology_file: Pa
                               hint="leave --host out")
         plan = load_plan(config_path, sysfs_root, topology_file)
         return plan, plan
-    name = select_host(whole, host_name).hosts[0].name
+    name = _host_name(whole, host_name)
     whole = load_plan(config_path, sysfs_root, topology_file, only_host=name)
     return whole, whole.for_host(name)
 
 
-def select_host(plan: Plan, host_name: str | None) -> Plan:
-    """What runs on this host: the whole plan without `hosts`; else the named host's part,
-    or the part of the one host whose address this machine has."""
-    if not plan.hosts:
-        if host_name:
-            raise ConfigError(f"--host {host_name}: {plan.config_source} has no `hosts`",
-                              hint="leave --host out")
-        return plan
+def _host_name(plan: Plan, host_name: str | None) -> str:
+    """The named host of the inventory, or the one whose address this machine has."""
     names = ", ".join(h.name for h in plan.hosts)
     if host_name is None:
         local = [h.name for h in plan.hosts if _is_local(h.address)]
@@ -173,7 +167,7 @@ def select_host(plan: Plan, host_name: str | None) -> Plan:
     if host_name not in {h.name for h in plan.hosts}:
         raise ConfigError(f"--host {host_name}: no such host in {plan.config_source}",
                           hint=f"one of {names}")
-    return plan.for_host(host_name)
+    return host_name
 
 
 def _is_local(address: str) -> bool:

@@ -606,9 +606,6 @@ class Config(Strict):
                     out.setdefault(key, []).append(host)
         return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
 
-    def nnodes(self, inst: Instance) -> int:
-        """How many hosts the engine spans (1 without `hosts`)."""
-        return max(1, len(self.placement().get(inst.key, ())))
 
 
 @dataclass(frozen=True)
@@ -716,7 +713,7 @@ def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:
     problems += _host_problems(config)
     placed = config.placement()
     for inst in engines:
-        nodes = config.nnodes(inst)
+        nodes = max(1, len(placed.get(inst.key, ())))  # the hosts it spans
         want = len(inst.cfg.gpus) * nodes
         if inst.cfg.tp is not None and inst.cfg.tp != want:
             across = f" on each of its {nodes} hosts" if nodes > 1 else ""

@@ -720,8 +720,7 @@ def check_ports(plan: Plan, host: Host) -> list[Row]:
 
 
 def _dist_bases(plan: Plan) -> list[tuple[EnginePlan, int]]:
-    return [(e, int(e.dist_init_addr.rsplit(":", 1)[1])) for e in plan.engines
-            if e.node_rank == 0]
+    return [(e, e.dist_init_port) for e in plan.engines if e.node_rank == 0]
 
 
 def _span_rows(plan: Plan, proc_root: Path) -> list[Row]:

@@ -94,6 +94,11 @@ class EnginePlan:
     def unit(self) -> str:
         return f"{self.name}.service"
 
+    @property
+    def dist_init_port(self) -> int:
+        """The rendezvous port of dist_init_addr (HOST:PORT)."""
+        return int(self.dist_init_addr.rpartition(":")[2])
+
 
 @dataclass(frozen=True)
 class RouterPlan:
@@ -178,6 +183,17 @@ class Plan:
                 return h
         have = ", ".join(h.name for h in self.hosts) or "none: the config has no `hosts`"
         raise KeyError(f"no host {name!r} in the plan (hosts: {have})")
+
+    def reachable_router(self) -> RouterPlan:
+        """The router as another host reaches it: at its host's address when it listens on
+        every address (its own URLs say 127.0.0.1, right on its host only)."""
+        r = self.router
+        assert r is not None  # the whole plan has its router
+        if not self.hosts or r.host not in ("0.0.0.0", "::", ""):
+            return r
+        base = f"http://{self.host(r.machine).address}:{r.port}"
+        return replace(r, url=base, readiness_url=f"{base}/readiness",
+                       generate_url=f"{base}/generate", liveness_url=f"{base}/liveness")
 
     def for_host(self, name: str) -> Plan:
         """What runs on one host: its engines, the router if it is there, that host alone."""

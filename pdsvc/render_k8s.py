@@ -101,15 +101,10 @@ def workload_name(e: EnginePlan) -> str:
     return f"{e.name}-lws" if e.nnodes > 1 else e.name
 
 
-def dist_init_port(e: EnginePlan) -> str:
-    """The rendezvous port (the plan keeps it only inside dist_init_addr, HOST:PORT)."""
-    return e.dist_init_addr.rpartition(":")[2]
-
-
 def pod_argv(plan: Plan, e: EnginePlan) -> tuple[str, ...]:
     """The engine's command line in its pod (before $-escaping): listening on every address,
     meeting its peers at the group leader (LWS) or itself, its rank from LWS."""
-    port = dist_init_port(e)
+    port = e.dist_init_port
     if e.nnodes > 1:
         return engine_argv(e, python=plan.k8s["python"], host=POD_HOST,
                            dist_init_addr=f"{LWS_LEADER_ADDRESS}:{port}",
@@ -126,7 +121,7 @@ def _command(argv: Iterable[str], references: Iterable[str] = ()) -> list[str]:
 
 def _engine_command(plan: Plan, e: EnginePlan) -> list[str]:
     """pod_argv as the container's command: the LWS references alone left to expand."""
-    refs = (f"{LWS_LEADER_ADDRESS}:{dist_init_port(e)}", LWS_WORKER_INDEX) if e.nnodes > 1 else ()
+    refs = (f"{LWS_LEADER_ADDRESS}:{e.dist_init_port}", LWS_WORKER_INDEX) if e.nnodes > 1 else ()
     return _command(pod_argv(plan, e), refs)
 
 

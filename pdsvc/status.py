@@ -31,7 +31,7 @@ import urllib.request
 import xmlrpc.client
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from time import sleep
 from typing import Any, Protocol
@@ -516,18 +516,6 @@ def client_url(router: RouterPlan, hostname: str) -> str:
     return f"http://{host}:{router.port}/v1/chat/completions"
 
 
-def remote_router(plan: Plan) -> RouterPlan:
-    """The router of a deployment over several hosts, as another host reaches it: at its
-    host's address when it listens on every address."""
-    r = plan.router
-    assert r is not None  # the whole plan has its router
-    if r.host not in ("0.0.0.0", "::", ""):
-        return r
-    base = f"http://{plan.host(r.machine).address}:{r.port}"
-    return replace(r, url=base, readiness_url=f"{base}/readiness",
-                   generate_url=f"{base}/generate", liveness_url=f"{base}/liveness")
-
-
 def router_headers(router: RouterPlan) -> dict[str, str]:
     """`--api-key` in router.args guards /workers (router-lab §4.4): send it."""
     argv = list(router.argv)
@@ -551,7 +539,7 @@ def collect(
     deployment: the router is then probed where it runs, and every engine is expected in its
     view of the workers."""
     whole = whole or plan
-    router = plan.router or remote_router(whole)
+    router = plan.router or whole.reachable_router()
     headers = router_headers(router)
     units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
     units += [("router", router.unit)] if plan.router else []
