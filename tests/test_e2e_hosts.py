@@ -18,6 +18,7 @@ from conftest import require
 from fleet import Fleet
 from netlab import netlab_available
 from nspawn import nspawn_available
+from stack import engine_pid
 
 pytestmark = pytest.mark.e2e
 
@@ -74,14 +75,6 @@ def four(serve_python: Path, tmp_path_factory) -> Iterator[Fleet]:
     fleet.down()
 
 
-def _engine_pid(fleet: Fleet, host: str, unit: str) -> int:
-    c = fleet.hosts[host]
-    main = c.show(unit, "MainPID")["MainPID"]
-    out = c.run(["pgrep", "-P", main], check=False).stdout.split()
-    assert out, f"{host} {unit}: supervisor {main} has no child"
-    return int(out[0])
-
-
 def test_killing_one_prefill_hosts_engine_serves_through_the_other(four: Fleet) -> None:
     a, b = four.lab.address("gpu-a"), four.lab.address("gpu-b")
     # Across hosts systemd cannot order the router after the engines: it went ready with the
@@ -93,7 +86,7 @@ def test_killing_one_prefill_hosts_engine_serves_through_the_other(four: Fleet) 
     seen = {four.generate(f"hello {i}")[1]["bootstrap_host_seen"] for i in range(16)}
     assert seen == {a, b}
     unit = "e2e-prefill-0.service"
-    four.hosts["gpu-a"].run(["kill", "-9", str(_engine_pid(four, "gpu-a", unit))])
+    four.hosts["gpu-a"].run(["kill", "-9", str(engine_pid(four.hosts["gpu-a"], unit))])
     t0, streak, results = time.monotonic(), 0, []
     while streak < 5:  # once the router's 1 s health check dropped gpu-a: all through gpu-b
         assert time.monotonic() - t0 < 12, f"no streak of 5 while gpu-a was down: {results}"
@@ -147,7 +140,7 @@ def test_an_engine_spanning_two_hosts_serves_and_restarts_as_one(spanning: Fleet
     # rank 1 dies: rank 0 loses its NCCL peer and exits too; each host's systemd restarts its
     # rank, they meet again, and the stack serves without anyone touching it
     gpu_c = spanning.hosts["gpu-c"]
-    gpu_c.run(["kill", "-9", str(_engine_pid(spanning, "gpu-c", unit))])
+    gpu_c.run(["kill", "-9", str(engine_pid(gpu_c, unit))])
     gpu_a = spanning.hosts["gpu-a"]
     gpu_a.wait_for(lambda: gpu_a.show(unit, "NRestarts")["NRestarts"] == "1", 30,
                    interval=0.5, what="rank 0 on gpu-a restarted after losing rank 1")

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from netlab import NetLab
 from nspawn import SystemdContainer
-from stack import REPO, e2e_config, host_topology
+from stack import REPO, curl, e2e_config, host_topology
 
 
 @dataclass
@@ -106,13 +106,8 @@ class Fleet:
 
     def curl(self, path: str, body: dict | None = None, timeout: float = 15) -> tuple[int, str]:
         """HTTP to the router, from inside its host."""
-        cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}",
-               f"http://127.0.0.1:{self.plan['router']['port']}{path}"]
-        if body is not None:
-            cmd += ["-H", "content-type: application/json", "-d", json.dumps(body)]
-        proc = self.hosts[self.router_host].run(cmd, check=False, timeout=timeout + 10)
-        text, _, code = proc.stdout.rpartition("\n")
-        return int(code or 0), text
+        return curl(self.hosts[self.router_host],
+                    f"http://127.0.0.1:{self.plan['router']['port']}{path}", body, timeout)
 
     def generate(self, text: str = "hello", timeout: float = 5) -> tuple[bool, dict | str]:
         code, body = self.curl("/generate", {"text": text,

@@ -80,6 +80,26 @@ def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
     return cfg
 
 
+def curl(c: SystemdContainer, url: str, body: dict | None = None,
+         timeout: float = 15) -> tuple[int, str]:
+    """HTTP from inside a container's network namespace; (status, body), status 0 if
+    refused."""
+    cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}", url]
+    if body is not None:
+        cmd += ["-H", "content-type: application/json", "-d", json.dumps(body)]
+    proc = c.run(cmd, check=False, timeout=timeout + 10)
+    text, _, code = proc.stdout.rpartition("\n")
+    return int(code or 0), text
+
+
+def engine_pid(c: SystemdContainer, unit: str) -> int:
+    """A unit's engine process: the supervisor's (MainPID's) child."""
+    main = c.show(unit, "MainPID")["MainPID"]
+    out = c.run(["pgrep", "-P", main], check=False).stdout.split()
+    assert out, f"{unit}: supervisor {main} has no child"
+    return int(out[0])
+
+
 @dataclass
 class Stack:
     c: SystemdContainer
@@ -165,14 +185,7 @@ class Stack:
     # ------------------------------------------------------------------ probing
     def curl(self, path: str, body: dict | None = None, port: int = 8000,
              timeout: float = 15) -> tuple[int, str]:
-        """HTTP inside the container's network namespace; (status, body), status 0 if refused."""
-        cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}",
-               f"http://127.0.0.1:{port}{path}"]
-        if body is not None:
-            cmd += ["-H", "content-type: application/json", "-d", json.dumps(body)]
-        proc = self.c.run(cmd, check=False, timeout=timeout + 10)
-        text, _, code = proc.stdout.rpartition("\n")
-        return int(code or 0), text
+        return curl(self.c, f"http://127.0.0.1:{port}{path}", body, timeout)
 
     def generate(self, timeout: float = 15) -> tuple[int, str]:
         return self.curl("/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4}},
@@ -200,15 +213,8 @@ class Stack:
     def prop(self, unit: str, name: str) -> str:
         return self.c.show(unit, name)[name]
 
-    def main_pid(self, role: str) -> int:
-        return int(self.prop(self.unit(role), "MainPID"))
-
     def engine_pid(self, role: str) -> int:
-        """The engine process: the supervisor's (MainPID's) child."""
-        main = self.main_pid(role)
-        out = self.c.run(["pgrep", "-P", str(main)], check=False).stdout.split()
-        assert out, f"{role}: supervisor {main} has no child"
-        return int(out[0])
+        return engine_pid(self.c, self.unit(role))
 
     def restarts(self, role: str) -> int:
         return int(self.prop(self.unit(role), "NRestarts"))
