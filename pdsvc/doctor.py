@@ -86,7 +86,7 @@ class GpuQueryError(Exception):
 def normalize_bus_id(bus_id: str) -> str:
     """supervise.normalize_bus_id (imported on use: pdsvc.supervise is a standalone script
     whose imports would slow every pdsvc command once doctor is registered)."""
-    from .supervise import normalize_bus_id as normalize
+    from .runtime.gpu import normalize_bus_id as normalize
 
     return normalize(bus_id)
 
@@ -228,7 +228,7 @@ def parse_query_gpu(csv_text: str) -> list[HostGpu]:
 
 
 def _parse_compute_apps(csv_text: str) -> list[tuple[str, int, str, str]]:
-    from .supervise import GpuCheckError, parse_compute_apps
+    from .runtime.gpu import GpuCheckError, parse_compute_apps
 
     try:
         return parse_compute_apps(csv_text)

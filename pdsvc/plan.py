@@ -140,7 +140,7 @@ class HostPlan:
 
 @dataclass(frozen=True)
 class Paths:
-    supervisor: str  # the stdlib-only supervise.py every unit runs as its main process
+    supervisor: str  # the stdlib-only runtime (a directory Python runs) every unit's main process
     env_dir: str  # optional per-unit EnvironmentFile= (secrets: root + service user only)
     state_dir: str  # StateDirectory=, the service user's HOME
     jit_cache: str
@@ -282,7 +282,7 @@ def build_plan(
     host_topologies = host_topologies or {}
     jit = config.runtime.jit_cache
     paths = Paths(
-        supervisor=f"{config.runtime.libexec_dir}/{name}/supervise.py",
+        supervisor=f"{config.runtime.libexec_dir}/{name}/runtime",
         env_dir=f"/etc/{name}",
         state_dir=f"/var/lib/{name}",
         jit_cache=jit,

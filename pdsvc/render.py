@@ -148,7 +148,8 @@ def peer_watch_flags(plan: Plan, e: EnginePlan) -> list[str]:
 def render_systemd(plan: Plan, command: str) -> list[File]:
     """The systemd bundle: target, one service per engine, the router, and their support files."""
     env = _environment()
-    ctx = {"plan": plan, "header": header_lines(plan, command)}
+    ctx = {"plan": plan, "header": header_lines(plan, command),
+           "runtime_modules": runtime_modules()}
     files = [File(plan.target, env.get_template("systemd/target.j2").render(**ctx))]
     poll = ["--poll-interval", POLL_INTERVAL]
     for e in plan.engines:
@@ -163,27 +164,31 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
         flags = [*router_supervise_flags(plan.router), *liveness_flags(plan), *poll]
         files.append(File(plan.router.unit, env.get_template(
             "systemd/router.service.j2").render(flags=flags, **ctx)))
-    files.append(File("supervise.py", supervisor_bundle_copy(plan), 0o755))
+    files += runtime_files(plan)
     files.append(File("install.list", env.get_template("systemd/install.list.j2").render(**ctx)))
     return files
 
 
-def supervisor_source() -> str:
-    """The stdlib-only supervisor module (pdsvc/supervise.py), the one source of its code."""
-    return resources.files("pdsvc").joinpath("supervise.py").read_text(encoding="utf-8")
+#: The runtime package shipped into every bundle (pdsvc/runtime), as plain files.
+RUNTIME_DIR = "runtime"
 
 
-def supervisor_bundle_copy(plan: Plan, where: str | None = None) -> str:
-    """supervise.py as shipped: the module verbatim, after a shebang and the provenance line
-    (``where``: how the bundle uses it; default: where install.sh installs it)."""
-    body = supervisor_source()
-    if body.startswith("#!"):
-        body = body.split("\n", 1)[1]
-    return (
-        "#!/usr/bin/env python3\n"
-        f"# {MARKER} {plan.version} from pdsvc/supervise.py — do not edit; "
-        f"{where or f'installed to {plan.paths.supervisor}'}\n" + body
-    )
+def runtime_modules() -> list[tuple[str, str]]:
+    """(file name, source) of every module of pdsvc/runtime, the one source of the runtime."""
+    pkg = resources.files("pdsvc").joinpath(RUNTIME_DIR)
+    return sorted((f.name, f.read_text(encoding="utf-8")) for f in pkg.iterdir()
+                  if f.name.endswith(".py"))
+
+
+def runtime_files(plan: Plan, where: str | None = None) -> list[File]:
+    """The runtime as shipped: each module verbatim after one provenance line, in a directory
+    that Python runs (``python DIR/runtime MODE``; ``where``: how the bundle uses it, by
+    default where install.sh installs it)."""
+    where = where or f"installed to {plan.paths.supervisor}"
+    return [File(f"{RUNTIME_DIR}/{name}",
+                 f"# {MARKER} {plan.version} from pdsvc/{RUNTIME_DIR}/{name} — do not edit; "
+                 f"{where}\n" + body)
+            for name, body in runtime_modules()]
 
 
 # --------------------------------------------------------------------------- writing
@@ -225,10 +230,11 @@ def _stale(files: list[File], outdir: Path) -> list[Path]:
             host = line.split("\t", 1)[0]
             if not line.startswith("#") and _HOST_DIR.fullmatch(host):
                 dirs.add(outdir / host)
-    return [
-        p for d in sorted(dirs) if (d == outdir and d.is_dir()) or _own_subdir(outdir, d)
-        for p in sorted(d.iterdir()) if p.is_file() and p not in wanted and _ours(p)
-    ]
+    dirs = {d for d in dirs if (d == outdir and d.is_dir()) or _own_subdir(outdir, d)}
+    for d in [d for d in dirs if d != outdir]:  # a host's own subdirectories (its runtime/)
+        dirs |= {sub for sub in d.rglob("*") if _own_subdir(outdir, sub)}
+    return [p for d in sorted(dirs) for p in sorted(d.iterdir())
+            if p.is_file() and p not in wanted and _ours(p)]
 
 
 #: A host's directory in a bundle of several: a host name (config HostName), nothing else.
@@ -236,8 +242,15 @@ _HOST_DIR = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
 def _own_subdir(outdir: Path, d: Path) -> bool:
-    """A real directory right inside outdir: never a symlink that leads elsewhere."""
-    return d.is_dir() and not d.is_symlink() and d.resolve().parent == outdir.resolve()
+    """A real directory inside outdir (a host's, or the runtime's in it): no step of the way
+    from outdir to it is a symlink that could lead elsewhere."""
+    if d == outdir or outdir not in d.parents or not d.is_dir():
+        return False
+    while d != outdir:
+        if d.is_symlink():
+            return False
+        d = d.parent
+    return True
 
 
 def hosts_index(plan: Plan, command: str) -> File:
@@ -315,6 +328,8 @@ def write_bundle(files: list[File], outdir: Path) -> list[tuple[str, str]]:
     for p in stale:
         p.unlink()
         report.append((str(p.relative_to(outdir)), "removed"))
-        if p.parent != outdir and not any(p.parent.iterdir()):
-            p.parent.rmdir()  # a host that left the inventory: its emptied directory too
+        d = p.parent  # a host that left the inventory: its emptied directories too
+        while d != outdir and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
     return report

@@ -31,6 +31,7 @@ from .errors import ConfigError
 from .plan import EnginePlan, Plan
 from .render import (
     POLL_INTERVAL,
+    RUNTIME_DIR,
     File,
     engine_supervise_flags,
     header_lines,
@@ -38,7 +39,7 @@ from .render import (
     liveness_flags,
     peer_watch_flags,
     router_supervise_flags,
-    supervisor_bundle_copy,
+    runtime_files,
 )
 from .topology import format_cpulist
 
@@ -165,7 +166,7 @@ def _numactl(plan: Plan, e: EnginePlan, numactl: str | None) -> list[str]:
 def _supervise(plan: Plan) -> list[str]:
     """The interpreter and supervise.py beside this config (``%(here)s``: the bundle is used in
     place, so a container needs no install step)."""
-    return [sv_word(plan.python, "runtime.python"), "'%(here)s/supervise.py'"]
+    return [sv_word(plan.python, "runtime.python"), f"'%(here)s/{RUNTIME_DIR}'"]
 
 
 def _common_flags(plan: Plan, prefix_output: bool) -> list[str]:
@@ -293,8 +294,8 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
                                         if e.pinning.numa_node is not None})),
     }
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
-    where = f"run in place by {CONF} beside it (%(here)s/supervise.py)"
-    return [File(CONF, conf), File("supervise.py", supervisor_bundle_copy(plan, where), 0o755)]
+    where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
+    return [File(CONF, conf), *runtime_files(plan, where)]
 
 
 def _union_cpus(engines: list[EnginePlan]) -> str:

@@ -235,7 +235,7 @@ class SupervisordBackend:
                    group=group_name(plan), timeout=timeout)
 
     def _api(self) -> Any:
-        from .supervise import supervisor_rpc  # its AF_UNIX transport; stdlib only
+        from .runtime.listener import supervisor_rpc  # its AF_UNIX transport; stdlib only
 
         return supervisor_rpc(f"unix://{self.socket_path}", self.timeout).supervisor
 

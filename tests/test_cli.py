@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO
 
 from pdsvc.cli import main
+from pdsvc.render import runtime_modules
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 CONFIG = ["--config", str(REPO / "etc/pdsvc.yaml")]
@@ -22,12 +23,12 @@ def test_render_writes_the_bundle_and_reports_each_file(runner, tmp_path: Path) 
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == sorted([
         "dsv4-pd.target", "dsv4-prefill.service", "dsv4-decode.service", "dsv4-router.service",
-        "supervise.py", "install.list",
+        "runtime", "install.list",
     ])
     assert "created" in result.output
     again = runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out)])
     assert again.exit_code == 0 and "created" not in again.output
-    assert again.output.count("unchanged") == 6
+    assert again.output.count("unchanged") == 5 + len(runtime_modules())
 
 
 def test_dry_run_and_diff_write_nothing(runner, tmp_path: Path) -> None:

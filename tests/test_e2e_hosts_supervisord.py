@@ -116,7 +116,7 @@ def test_three_hosts_under_supervisord_serve_and_recouple(serve_python: Path,
             # supervisor on gpu-b sees its port refused, then back, and restarts the decode
             (engine,) = [pid for pid, cmd in marked(stack_id).items()
                          if "fake_sglang" in cmd and "--disaggregation-mode prefill" in cmd
-                         and "supervise.py" not in cmd]
+                         and "/runtime " not in cmd]
             os.kill(engine, signal.SIGKILL)
             wait_for(lambda: "is back after" in out("gpu-b"), 60,
                      "the decode on gpu-b to see gpu-a's prefill restart")

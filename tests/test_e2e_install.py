@@ -35,6 +35,8 @@ from conftest import require
 from nspawn import CONTAINER_ENV, nspawn_available
 from stack import REPO, Stack, e2e_config, host_topology
 
+from pdsvc.render import runtime_modules
+
 pytestmark = pytest.mark.e2e
 
 INSTALL_SH = str(REPO / "install.sh")
@@ -157,7 +159,7 @@ def test_fresh_install_enables_the_target_and_starts_nothing(stack: FreshStack) 
     acts = actions(out)
     for unit in all_units(stack):
         assert ("created", f"{UNIT_DIR}/{unit}") in acts, out
-    for what in ("/opt/pdsvc/e2e/supervise.py", "group sglang", "user sglang",
+    for what in ("/opt/pdsvc/e2e/runtime/cli.py", "group sglang", "user sglang",
                  "/etc/e2e/", "/var/cache/e2e/jit/", "/var/lib/e2e/"):
         assert ("created", what) in acts, out
     assert ("enabled", f"{stack.target} (starts at boot)") in acts
@@ -273,7 +275,7 @@ def test_admin_drop_in_survives_reinstall_and_stays_applied(stack: FreshStack) -
 
 
 def test_bundle_that_moved_a_file_leaves_no_stale_copy(stack: FreshStack) -> None:
-    """A re-render with another runtime.libexec_dir: the old supervise.py and the directories
+    """A re-render with another runtime.libexec_dir: the old runtime and the directories
     install.sh made for it go; going back restores them. State: installed and serving."""
     cfg = yaml.safe_load((stack.work / "config.yaml").read_text())
     cfg["runtime"]["libexec_dir"] = "/opt/pdsvc-next"
@@ -291,20 +293,20 @@ def test_bundle_that_moved_a_file_leaves_no_stale_copy(stack: FreshStack) -> Non
     r = install(stack, bundle="/srv/e2e/next/units")
     assert r.returncode == 0, r.stdout + r.stderr
     acts = actions(r.stdout)
-    assert ("removed", "/opt/pdsvc/e2e/supervise.py (no longer in the bundle)") in acts
+    assert ("removed", "/opt/pdsvc/e2e/runtime/cli.py (no longer in the bundle)") in acts
     assert ("removed", "/opt/pdsvc/e2e/") in acts and ("removed", "/opt/pdsvc/") in acts
-    assert ("created", "/opt/pdsvc-next/e2e/supervise.py") in acts
+    assert ("created", "/opt/pdsvc-next/e2e/runtime/cli.py") in acts
     for unit in stack.units:
         assert ("updated", f"{UNIT_DIR}/{unit}") in acts
     assert not stack.c.exists("/opt/pdsvc")
     manifest = stack.c.read_file("/var/lib/pdsvc/e2e.manifest")
-    assert "/opt/pdsvc-next/e2e/supervise.py" in manifest and "/opt/pdsvc/" not in manifest
+    assert "/opt/pdsvc-next/e2e/runtime/cli.py" in manifest and "/opt/pdsvc/" not in manifest
 
     r = install(stack)
     assert r.returncode == 0, r.stdout + r.stderr
     assert ("removed", "/opt/pdsvc-next/") in actions(r.stdout)
     assert not stack.c.exists("/opt/pdsvc-next")
-    assert stack.c.exists("/opt/pdsvc/e2e/supervise.py")
+    assert stack.c.exists("/opt/pdsvc/e2e/runtime/cli.py")
     assert invocations(stack) == running and stack.serves()
 
 
@@ -380,7 +382,7 @@ def test_install_that_fails_half_way_still_records_what_it_did(stack: FreshStack
     which the failed run never got to) and --uninstall takes everything away. State (before
     and after): nothing installed, the admin's drop-in only."""
     before = snapshot(stack)
-    blocker = "/opt/pdsvc"  # runtime.libexec_dir; supervise.py goes below it, last
+    blocker = "/opt/pdsvc"  # runtime.libexec_dir; the runtime goes below it, last
     made_opt = "/opt" not in before
     stack.c.run(["sh", "-c", f"mkdir -p /opt && touch {blocker}"])
     try:
@@ -420,7 +422,7 @@ def test_dry_run_changes_nothing_and_prints_every_action(stack: FreshStack) -> N
         "install -d -m 0750 /var/cache/e2e/jit", "chown sglang:sglang /var/cache/e2e/jit",
         "install -m 0640 /dev/null /etc/e2e/e2e-router.env",
         *(f"install -m 0644 {BUNDLE}/{u} {UNIT_DIR}/{u}" for u in all_units(stack)),
-        f"install -m 0755 {BUNDLE}/supervise.py /opt/pdsvc/e2e/supervise.py",
+        f"install -m 0644 {BUNDLE}/runtime/cli.py /opt/pdsvc/e2e/runtime/cli.py",
         "systemctl daemon-reload", f"systemctl enable --quiet {stack.target}",
     ]:
         assert f"    would run: {action}" in out, (action, out)
@@ -438,7 +440,7 @@ def test_dry_run_changes_nothing_and_prints_every_action(stack: FreshStack) -> N
         assert f"    would run: systemctl disable --quiet {' '.join(all_units(stack))}" in out
         for unit in all_units(stack):
             assert f"    would run: rm -f {UNIT_DIR}/{unit}" in out
-        assert "    would run: rm -f /opt/pdsvc/e2e/supervise.py" in out
+        assert "    would run: rm -f /opt/pdsvc/e2e/runtime/cli.py" in out
         if "--purge" in args:
             for action in ["rm -rf /var/cache/e2e/jit", "userdel sglang", "groupdel sglang"]:
                 assert f"    would run: {action}" in out, (action, out)
@@ -504,7 +506,8 @@ def test_destdir_stages_files_without_systemctl_useradd_or_root(stack: FreshStac
             "postinst)") in actions(r.stdout)
     staged = stack.c.run(["find", stage, "-printf", "%y %m %P\n"]).stdout.splitlines()
     expected = {f"f 644 usr/lib/systemd/system/{u}" for u in all_units(stack)} | {
-        "f 755 opt/pdsvc/e2e/supervise.py", "d 750 etc/e2e", "d 750 var/cache/e2e/jit",
+        *(f"f 644 opt/pdsvc/e2e/runtime/{name}" for name, _ in runtime_modules()),
+        "d 750 etc/e2e", "d 750 var/cache/e2e/jit",
         "d 750 var/lib/e2e", "f 644 var/lib/pdsvc/e2e.manifest",
         *(f"f 640 etc/e2e/e2e-{r}.env" for r in ("prefill", "decode", "router")),
     }
@@ -558,5 +561,5 @@ def test_refuses_where_systemd_is_not_pid_1(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert (stage / "etc/systemd/system/e2e-pd.target").read_bytes() == \
         (tmp_path / "units/e2e-pd.target").read_bytes()
-    assert (stage / "opt/pdsvc/e2e/supervise.py").read_bytes() == \
-        (tmp_path / "units/supervise.py").read_bytes()
+    assert (stage / "opt/pdsvc/e2e/runtime/cli.py").read_bytes() == \
+        (tmp_path / "units/runtime/cli.py").read_bytes()

@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import xmlrpc.client
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,13 @@ import yaml
 from ports import free_ports
 from stack import e2e_config, host_topology
 
-from pdsvc import supervise
 from pdsvc.clikit import read_config_text
 from pdsvc.config import parse_config
 from pdsvc.plan import Plan, build_plan
 from pdsvc.render import write_bundle
 from pdsvc.render_supervisord import program_names, render_supervisord
+from pdsvc.runtime.listener import supervisor_rpc
+from pdsvc.runtime.proctree import process_table
 from pdsvc.topology import load_topology_file
 
 pytestmark = pytest.mark.e2e
@@ -116,7 +118,7 @@ class SupervisordStack:
         self.names = {e.role: by_unit[e.unit] for e in self.plan.engines}
         self.names["router"] = by_unit[self.plan.router.unit]
         self.proc: subprocess.Popen | None = None
-        self.rpc = supervise.supervisor_rpc(
+        self.rpc = supervisor_rpc(
             f"unix://{self.run_dir}/{NAME}-supervisord.sock", timeout=30)
 
     # ------------------------------------------------------------------ lifecycle
@@ -132,7 +134,7 @@ class SupervisordStack:
     def _rpc_up(self) -> bool:
         try:
             return self.rpc.supervisor.getState()["statename"] == "RUNNING"
-        except (OSError, supervise.xmlrpc.client.Error):
+        except (OSError, xmlrpc.client.Error):
             return False
 
     def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -191,7 +193,7 @@ class SupervisordStack:
     def engine_pid(self, role: str) -> int:
         """The engine (or router) process: the supervise.py program's child."""
         parent = self.supervise_pid(role)
-        kids = [pid for pid, (ppid, state, name) in supervise.process_table().items()
+        kids = [pid for pid, (ppid, state, name) in process_table().items()
                 if ppid == parent and state != "Z" and "orphan" not in self.cmdline(pid)]
         assert kids, f"{role}: supervise.py {parent} has no child"
         return kids[0]

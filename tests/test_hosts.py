@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,7 @@ def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output + result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["gpu-a", "gpu-b", "hosts.list", "lb"]
     assert sorted(p.name for p in (out / "lb").iterdir()) == [
-        "dsv4-pd.target", "dsv4-router.service", "install.list", "supervise.py"]
+        "dsv4-pd.target", "dsv4-router.service", "install.list", "runtime"]
     assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
     decode = (out / "gpu-b/dsv4-decode.service").read_text()
     assert ("--restart-with http://10.0.0.2:30000/health --peer-down-probes 3 "
@@ -315,9 +316,7 @@ def test_a_render_never_reaches_outside_its_output_directory(runner, tmp_path: P
     elsewhere.mkdir()
     other = elsewhere / "other-stack.service"
     other.write_text(keep.read_text())
-    for p in (out / "gpu-b").iterdir():
-        p.unlink()
-    (out / "gpu-b").rmdir()
+    shutil.rmtree(out / "gpu-b")
     (out / "gpu-b").symlink_to(elsewhere)
     result = runner.invoke(main, render)
     assert result.exit_code == 1 and "refusing to write through it" in result.stderr

@@ -10,7 +10,6 @@ by a timeout and killed (process group) in teardown.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -23,26 +22,39 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ports import free_port
 
-SUPERVISE = Path(__file__).resolve().parent.parent / "pdsvc" / "supervise.py"
+from pdsvc.runtime import (
+    child,
+    cli,
+    codes,
+    gpu,
+    jitlock,
+    lifecycle,
+    listener,
+    notify,
+    phases,
+    probe,
+    proctree,
+)
+
+#: The runtime as the units run it: a directory Python runs (``python DIR MODE ...``).
+SUPERVISE = Path(__file__).resolve().parent.parent / "pdsvc" / "runtime"
 PROC_TIMEOUT = 20.0  # no single supervise run in this file should come near this
-# supervise.py runs under the SGLang venv's interpreter (Python >= 3.9), not pdsvc's: point this
+# The runtime runs under the SGLang venv's interpreter (Python >= 3.9), not pdsvc's: point this
 # at another interpreter to check the subprocess tests there too.
 SUPERVISE_PYTHON = os.environ.get("PDSVC_SUPERVISE_PYTHON", sys.executable)
 
-
-def _load_supervise():
-    spec = importlib.util.spec_from_file_location("pdsvc_supervise_under_test", SUPERVISE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sup = _load_supervise()
+#: Every public name of the runtime's modules, for the in-process tests below.
+sup = SimpleNamespace(**{
+    name: value
+    for module in (codes, notify, gpu, jitlock, probe, proctree, child, phases, listener, cli,
+                   lifecycle)
+    for name, value in vars(module).items() if not name.startswith("__")
+})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -960,3 +972,20 @@ def test_a_drain_the_supervisor_began_keeps_the_watchdog_fed_and_is_bounded(tmp_
     returncode = child.wait_after_stop(10, timeout=1.5, tick=lambda: ticks.append(1))
     assert returncode == -signal.SIGKILL and 1.4 < time.monotonic() - t0 < 5
     assert len(ticks) >= 1  # the watchdog was pinged while it drained
+
+
+def test_runtime_imports_only_the_standard_library() -> None:
+    """The runtime runs under the SGLang venv's interpreter on the GPU host, shipped as plain
+    files: every module it loads, for every mode, must come from the standard library."""
+    probe = (
+        "import importlib, sys\n"
+        f"sys.path[:0] = [{str(SUPERVISE.parent)!r}]\n"
+        "for m in ('cli', 'lifecycle', 'listener', 'gpu', 'probe', 'jitlock', 'phases'):\n"
+        "    importlib.import_module('runtime.' + m)\n"
+        "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))\n"
+    )
+    out = subprocess.run([SUPERVISE_PYTHON, "-I", "-S", "-c", probe], capture_output=True,
+                         text=True, timeout=PROC_TIMEOUT, check=True).stdout.split()
+    stdlib = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    assert "runtime" in out
+    assert [name for name in out if name not in stdlib and name != "runtime"] == []

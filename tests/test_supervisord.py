@@ -45,7 +45,7 @@ from test_supervise import (  # noqa: F401  (procs: a fixture, used by name)
 from pdsvc.config import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
-from pdsvc.render import MARKER, render_systemd, write_bundle
+from pdsvc.render import MARKER, render_systemd, runtime_modules, write_bundle
 from pdsvc.render_supervisord import (
     STARTSECS,
     STOP_MARGIN_SECS,
@@ -213,7 +213,7 @@ def test_default_bundle_as_supervisord_reads_it(serve_python: Path, tmp_path: Pa
     assert out["warnings"] == [f'No file matches via include "{tmp_path}/bundle/conf.d/*.conf"']
     programs = out["groups"]["dsv4-pd"]["programs"]
     assert list(programs) == ["dsv4-prefill", "dsv4-decode", "dsv4-router"]  # by priority
-    supervise = str(tmp_path / "bundle" / "supervise.py")  # %(here)s: used in place
+    supervise = str(tmp_path / "bundle" / "runtime")  # %(here)s: used in place
     for e in plan.engines:
         prog = programs[e.name]
         argv = prog["argv"]
@@ -263,7 +263,7 @@ def test_watchdog_is_one_number_in_both_bundles() -> None:
     # under systemd nothing changes: the units pass none of the supervisord-only options
     for option_name in ("--watchdog-secs", "--kill-tree", "--stop-timeout", "--wait-for"):
         assert all(option_name not in text for path, text in units.items()
-                   if path != "supervise.py"), option_name
+                   if not path.startswith("runtime/")), option_name
 
 
 def test_files_logs_and_no_privilege_drop(serve_python: Path, tmp_path: Path) -> None:
@@ -336,7 +336,7 @@ def test_pinning_without_numactl_is_a_config_error_naming_the_key_and_the_fix() 
 def test_no_pinning_needs_no_numactl() -> None:
     conf = conf_of(with_(**{"supervisord": {"numactl": None}, "runtime.pinning": "off"}))
     assert "numactl" not in conf.split("[supervisord]")[1]
-    assert "command=/opt/sglang/venv/bin/python '%(here)s/supervise.py' engine\n" in conf
+    assert "command=/opt/sglang/venv/bin/python '%(here)s/runtime' engine\n" in conf
     assert "; SGLang prefill, not pinned: pinning off (runtime.pinning: off)." in conf
 
 
@@ -370,14 +370,15 @@ def test_supervisord_section_is_strict() -> None:
 def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> None:
     plan, settings = plan_of(DEFAULT_CONFIG)
     files = render_supervisord(plan, "pdsvc render --format supervisord", settings)
-    assert [(f.path, f.mode) for f in files] == [("supervisord.conf", 0o644),
-                                                 ("supervise.py", 0o755)]
-    conf, copy = files[0].content, files[1].content
+    assert [(f.path, f.mode) for f in files] == [("supervisord.conf", 0o644)] + [
+        (f"runtime/{name}", 0o644) for name, _ in runtime_modules()]
+    conf, copy = files[0].content, files[-1].content
     assert conf.startswith(f"; {MARKER} ")
     assert "; Command: pdsvc render --format supervisord" in conf
     assert "install -d -m 0750 -o sglang -g sglang /var/cache/dsv4/jit /var/lib/dsv4" in conf
-    assert MARKER in copy.splitlines()[1] and "%(here)s/supervise.py" in copy.splitlines()[1]
-    assert copy.split("\n", 2)[2] == SUPERVISE.read_text().split("\n", 1)[1]  # verbatim
+    assert MARKER in copy.splitlines()[0] and "%(here)s/runtime" in copy.splitlines()[0]
+    name = files[-1].path.split("/")[1]
+    assert copy.split("\n", 1)[1] == (SUPERVISE / name).read_text()  # verbatim
     write_bundle(files, tmp_path)
     assert {status for _, status in write_bundle(files, tmp_path)} == {"unchanged"}
     assert program_names(plan) == {"dsv4-prefill.service": "dsv4-pd:dsv4-prefill",

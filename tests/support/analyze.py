@@ -37,9 +37,9 @@ def scratch_root(root: Path, plan: Plan, bundle: Path) -> Path:
         dest = root / exe.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy("/usr/bin/true", dest)
-    sup = root / plan.paths.supervisor.lstrip("/")
-    sup.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(bundle / "supervise.py", sup)
+    runtime = root / plan.paths.supervisor.lstrip("/")
+    runtime.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(bundle / "runtime", runtime)
     return unit_dir
 
 

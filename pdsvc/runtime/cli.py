@@ -1,0 +1,367 @@
+"""The runtime's command line: modes, options, help."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import urllib.parse
+from collections.abc import Sequence
+
+from .codes import EXIT_PEER
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _gpu_list(text: str) -> list[int]:
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or not all(item.isdigit() for item in items):
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1,2,3, got {text!r}")
+    gpus = [int(item) for item in items]
+    if len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"GPU listed twice in {text!r}")
+    return gpus
+
+
+def _couple(text: str) -> tuple[str, str]:
+    dependent, _, trigger = text.partition("=")
+    if not dependent or not trigger:
+        raise argparse.ArgumentTypeError(f"expected DEPENDENT=TRIGGER, got {text!r}")
+    return dependent, trigger
+
+
+def _http_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text!r}")
+    return text
+
+
+
+
+DESCRIPTION = """\
+Run one SGLang engine or sglang-router as the main process of a systemd unit
+(Type=notify, NotifyAccess=main, WatchdogSec=). SGLang does not speak sd_notify and
+systemd has no HTTP liveness check, so this sends READY=1, STATUS= and WATCHDOG=1 on
+the service's behalf, gated on HTTP probes. Modes:
+
+  engine         GPU idle check, cold JIT cache serialisation, READY=1 once /health is 200
+  router         READY=1 once /readiness is 200 and one real generation returned 200
+  eventlistener  (supervisord) restart decode whenever prefill (re)starts
+
+Without systemd (supervisord), --wait-for, --watchdog-secs, --kill-tree and --stop-timeout
+take over what the units get from After=, WatchdogSec= and KillMode=mixed.
+"""
+
+EPILOG = """\
+Everything after "--" is the command to supervise, run as a child with the same stdout and
+stderr (so its lines reach the journal) and without NOTIFY_SOCKET.
+
+Exit status:
+  0        after a stop (SIGTERM/SIGINT/SIGHUP) when the child then exits 0, by SIGTERM or
+           by SIGKILL (SGLang kills its own process tree with SIGKILL: 137), or by the
+           forwarded signal; also when a stop arrives while waiting for the JIT lock
+  N        the child exited on its own with status N (death by signal S: 128+S)
+  1        refused to start: a GPU of the unit is busy, nvidia-smi failed, or the JIT cache
+           directory cannot be used (Restart= retries after RestartSec=)
+  2        usage error
+  75       a --restart-with peer restarted: the engine was stopped to be restarted with it
+  124      --watchdog-secs ran out without a good liveness probe: the child was killed
+  126/127  the command could not be executed / was not found
+"""
+
+
+EVENTLISTENER_EPILOG = """\
+supervisord speaks to it on stdin/stdout (the event listener protocol), so it logs to stderr.
+Exit status: 0 when supervisord closes its stdin, 2 on a usage error.
+"""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(
+        prog="runtime",
+        usage="%(prog)s {engine,router,eventlistener} --name NAME [options] [-- CMD [ARGS...]]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    modes = parser.add_subparsers(
+        dest="mode", metavar="{engine,router,eventlistener}", required=True
+    )
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--name",
+        required=True,
+        help="unit name used as the prefix of every log line and in STATUS= (e.g. dsv4-prefill)",
+    )
+    common.add_argument(
+        "--liveness-interval",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="seconds between liveness probes once ready; each 200 sends WATCHDOG=1, so keep it "
+        "well below the unit's WatchdogSec= (default: %(default)g)",
+    )
+    common.add_argument(
+        "--progress-every",
+        type=_positive_float,
+        default=15.0,
+        metavar="S",
+        help="seconds between progress lines while waiting (for health, the JIT lock, or the "
+        "child's exit); keeps long starts visible without flooding the journal "
+        "(default: %(default)g)",
+    )
+    common.add_argument(
+        "--poll-interval",
+        type=_positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between start-phase probes; short so READY=1 follows health closely "
+        "(default: %(default)g)",
+    )
+    common.add_argument(
+        "--wait-for",
+        type=_http_url,
+        action="append",
+        default=[],
+        metavar="URL",
+        help="start the command only once URL answers 200 (repeatable: all of them); for "
+        "managers that order spawns but not readiness (supervisord): the router waits for both "
+        "engines' /health, as After= on the Type=notify units makes it under systemd",
+    )
+    common.add_argument(
+        "--watchdog-secs",
+        type=_positive_float,
+        metavar="S",
+        help="without systemd's watchdog: once no liveness probe has succeeded for S seconds "
+        "(pass the units' WatchdogSec=), SIGKILL the command and exit 124 so the process "
+        "manager restarts it; probes are cut short so that S is the bound",
+    )
+    common.add_argument(
+        "--kill-tree",
+        action="store_true",
+        help="for managers without cgroups: become a child subreaper (so descendants that leave "
+        "the command's process group or session stay ours) and SIGKILL every descendant left "
+        "once the command is gone, as KillMode=mixed does with a unit's cgroup",
+    )
+    common.add_argument(
+        "--prefix-output",
+        action="store_true",
+        help="prefix every line of the command's stdout and stderr with 'NAME: ', as our own "
+        "lines are, for a log that mixes programs (supervisord's stdout in a container; "
+        "journald keeps units apart by itself)",
+    )
+    common.add_argument(
+        "--stop-timeout",
+        type=_positive_float,
+        metavar="S",
+        help="after a stop signal, SIGKILL the command (its tree with --kill-tree) if it has "
+        "not exited within S seconds (default: wait; systemd's TimeoutStopSec= is the bound)",
+    )
+
+    engine = modes.add_parser(
+        "engine",
+        prog="runtime engine",
+        parents=[common],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --name NAME --health-url URL [options] -- CMD [ARGS...]",
+        help="supervise one SGLang server (prefill or decode)",
+        description=(
+            "Supervise one SGLang server: GPU idle check, cold-JIT serialisation,\n"
+            "READY=1 once /health is 200, WATCHDOG=1 while /health stays 200."
+        ),
+    )
+    engine.add_argument(
+        "--health-url",
+        type=_http_url,
+        required=True,
+        metavar="URL",
+        help="the engine's /health; SGLang answers 503 until weights are loaded and warmup is "
+        "done, so 200 means ready; also the liveness probe",
+    )
+    engine.add_argument(
+        "--liveness-timeout",
+        type=_positive_float,
+        default=20.0,
+        metavar="S",
+        help="timeout of one liveness probe; SGLang's /health runs a 1-token generation and "
+        "gives up after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) (default: %(default)g)",
+    )
+    engine.add_argument(
+        "--restart-with",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="/health of a peer on another host this engine must restart with (a NIXL "
+        "decode's prefill, sglang #33789; on one host systemd's PartOf= does it): once the "
+        "peer is back after --peer-down-probes failed probes in a row, stop the engine and "
+        f"exit {EXIT_PEER} so that Restart=on-failure starts it afresh; repeatable",
+    )
+    engine.add_argument(
+        "--peer-down-probes",
+        type=int,
+        default=3,
+        metavar="N",
+        help="failed probes in a row that make a --restart-with peer's recovery a restart "
+        "(default: %(default)s; the units pass the liveness failure count)",
+    )
+    engine.add_argument(
+        "--gpus",
+        type=_gpu_list,
+        metavar="LIST",
+        help="nvidia-smi indices of the unit's GPUs (e.g. 0,1,2,3); before starting, refuse "
+        "(exit 1) while any compute process holds one of them, so a restart does not run into "
+        "the memory of a previous instance that is still being torn down",
+    )
+    engine.add_argument(
+        "--nvidia-smi",
+        metavar="PATH",
+        help="nvidia-smi to run for --gpus (default: search PATH); when it is absent the check "
+        "is skipped with a log line (no NVIDIA driver), when it fails the start is refused",
+    )
+    engine.add_argument(
+        "--jit-cache",
+        metavar="DIR",
+        help="JIT cache directory shared with other engines; while DIR/.pdsvc/warm-KEY is "
+        "missing, take DIR/.pdsvc/compile.lock and hold it until healthy, because concurrent "
+        "cold compiles into one cache race; warm engines take no lock",
+    )
+    engine.add_argument(
+        "--jit-key",
+        metavar="KEY",
+        help="name of this engine's warm marker (required with --jit-cache); include anything "
+        "that invalidates the cache, e.g. the SGLang version",
+    )
+
+    router = modes.add_parser(
+        "router",
+        prog="runtime router",
+        parents=[common],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --name NAME --readiness-url URL --generate-url URL [options] "
+        "-- CMD [ARGS...]",
+        help="supervise sglang-router in PD mode",
+        description=(
+            "Supervise sglang-router: READY=1 once /readiness is 200 and one real generation\n"
+            "through the router returned 200; WATCHDOG=1 while /liveness stays 200."
+        ),
+    )
+    router.add_argument(
+        "--readiness-url",
+        type=_http_url,
+        required=True,
+        metavar="URL",
+        help="the router's /readiness: 503 until a prefill and a decode worker are healthy",
+    )
+    router.add_argument(
+        "--generate-url",
+        type=_http_url,
+        required=True,
+        metavar="URL",
+        help="the router's /generate; one 1-token generation must return 200 before READY=1, "
+        "because /readiness turns 200 before a prefill/decode pair can serve",
+    )
+    router.add_argument(
+        "--liveness-url",
+        type=_http_url,
+        metavar="URL",
+        help="probed every --liveness-interval once ready (default: /liveness next to "
+        "--readiness-url); liveness, not readiness, so engine restarts do not kill the router",
+    )
+    router.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="environment variable holding the router's --api-key; sent as 'Authorization: "
+        "Bearer' with the probe generation (the key itself never goes on a command line)",
+    )
+    router.add_argument(
+        "--liveness-timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="timeout of one liveness probe (default: %(default)g)",
+    )
+    router.add_argument(
+        "--generate-timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="timeout of the probe generation; the first PD request may set up the KV "
+        "transfer connection, which can take tens of seconds (default: %(default)g)",
+    )
+    listener = modes.add_parser(
+        "eventlistener",
+        prog="runtime eventlistener",
+        epilog=EVENTLISTENER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --name NAME --restart-with DEPENDENT=TRIGGER [...]",
+        help="supervisord event listener: restart decode whenever prefill (re)starts",
+        description=(
+            "A supervisord [eventlistener:x] for events=PROCESS_STATE_STARTING: whenever\n"
+            "TRIGGER (re)starts, restart DEPENDENT through supervisord's XML-RPC interface,\n"
+            "unless DEPENDENT was started with or after it (as at boot). systemd's PartOf=."
+        ),
+    )
+    listener.add_argument("--name", required=True, help="prefix of every log line")
+    listener.add_argument(
+        "--restart-with",
+        type=_couple,
+        action="append",
+        required=True,
+        metavar="DEPENDENT=TRIGGER",
+        help="supervisorctl names (group:program), e.g. dsv4-pd:dsv4-decode=dsv4-pd:dsv4-prefill"
+        " (NIXL: a restarted prefill does not serve with the old decode, sglang #33789)",
+    )
+    listener.add_argument(
+        "--server-url",
+        metavar="URL",
+        help="supervisord's RPC URL (default: $SUPERVISOR_SERVER_URL, which supervisord sets)",
+    )
+    return parser, {"engine": engine, "router": router, "eventlistener": listener}
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split at the first ``--`` (the child's own options must not reach argparse)."""
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        options, command = argv[:cut], argv[cut + 1 :]
+    else:
+        options, command = argv, []
+    parser, modes = build_parser()
+    args = parser.parse_args(options)
+    mode = modes[args.mode]
+    if args.mode == "eventlistener":
+        if command:
+            mode.error("eventlistener takes no '-- CMD'")
+        return args, command
+    if not command:
+        mode.error("missing '-- CMD [ARGS...]': the command to supervise")
+    if args.mode == "engine" and bool(args.jit_cache) != bool(args.jit_key):
+        mode.error("--jit-cache and --jit-key go together")
+    return args, command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run the mode; returns the exit status (see EPILOG)."""
+    args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.mode == "eventlistener":
+        from .listener import run_eventlistener
+
+        # supervisord stops it with SIGTERM while it blocks on stdin: a clean exit, not a crash
+        signal.signal(signal.SIGTERM, lambda signo, frame: sys.exit(0))
+        return run_eventlistener(args)
+    from .lifecycle import run
+
+    return run(args, command)

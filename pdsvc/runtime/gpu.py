@@ -1,0 +1,167 @@
+"""One nvidia-smi client: which compute processes hold which GPUs (by PCI bus id), and the
+idle check a start makes. Used by the units' supervisor and by `pdsvc doctor`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from .notify import Log
+
+NVIDIA_SMI_TIMEOUT_S = 30.0  # nvidia-smi can take seconds per call without persistence mode
+
+
+class GpuHolder(NamedTuple):
+    """One compute process on one of the unit's GPUs, as nvidia-smi reports it."""
+
+    index: int
+    bus_id: str
+    pid: int
+    process_name: str
+    used_memory: str
+
+    def describe(self) -> str:
+        return (
+            f"GPU {self.index} ({self.bus_id}) is held by pid {self.pid} "
+            f"{self.process_name} {self.used_memory}"
+        )
+
+
+class GpuCheckError(Exception):
+    """nvidia-smi exists but gave no usable answer: a broken driver is not a reason to skip."""
+
+
+def find_nvidia_smi(explicit: str | None) -> str | None:
+    """The nvidia-smi to run, or None when there is none (no NVIDIA driver on this host)."""
+    if explicit:
+        return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
+    return shutil.which("nvidia-smi")
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """Canonical PCI address: nvidia-smi prints the domain with 8 or 4 hex digits by version."""
+    text = bus_id.strip().lower()
+    if text.count(":") == 2:
+        domain, rest = text.split(":", 1)
+        try:
+            return f"{int(domain, 16):08x}:{rest}"
+        except ValueError:
+            return text
+    return text
+
+
+def parse_gpu_indices(csv_text: str) -> dict[str, tuple[int, str]]:
+    """Parse ``--query-gpu=index,pci.bus_id --format=csv,noheader`` into
+    {canonical bus id: (index, bus id as printed)}."""
+    gpus: dict[str, tuple[int, str]] = {}
+    for line in csv_text.splitlines():
+        if not line.strip():
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) != 2 or not fields[0].isdigit():
+            raise GpuCheckError(f"unexpected nvidia-smi --query-gpu line: {line.strip()!r}")
+        gpus[normalize_bus_id(fields[1])] = (int(fields[0]), fields[1])
+    return gpus
+
+
+def parse_compute_apps(csv_text: str) -> list[tuple[str, int, str, str]]:
+    """Parse ``--query-compute-apps=gpu_bus_id,pid,process_name,used_memory`` CSV lines into
+    (bus id, pid, process name, used memory). The name may itself contain ", "."""
+    apps = []
+    for line in csv_text.splitlines():
+        if not line.strip() or line.strip().lower().startswith("no running"):
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) < 4 or not fields[1].isdigit():
+            raise GpuCheckError(f"unexpected nvidia-smi --query-compute-apps line: {line!r}")
+        name = ", ".join(fields[2:-1])
+        apps.append((fields[0], int(fields[1]), name, fields[-1]))
+    return apps
+
+
+def _run_nvidia_smi(
+    nvidia_smi: str, args: Sequence[str], timeout: float, run: Callable[..., object]
+) -> str:
+    argv = [nvidia_smi, *args]
+    try:
+        result = run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GpuCheckError(f"{' '.join(argv)} timed out after {timeout:g} s") from None
+    except OSError as exc:
+        raise GpuCheckError(f"cannot run {nvidia_smi}: {exc.strerror or exc}") from None
+    returncode = getattr(result, "returncode", 1)
+    stdout = getattr(result, "stdout", "") or ""
+    if returncode != 0:
+        stderr = getattr(result, "stderr", "") or ""
+        said = " ".join((stdout + " " + stderr).split())[:300]
+        raise GpuCheckError(f"{' '.join(argv)} exited with status {returncode}: {said}")
+    return stdout
+
+
+def gpu_holders(
+    nvidia_smi: str,
+    gpus: Sequence[int],
+    run: Callable[..., object] = subprocess.run,
+    timeout: float = NVIDIA_SMI_TIMEOUT_S,
+) -> list[GpuHolder]:
+    """The compute processes nvidia-smi reports on any of ``gpus`` (nvidia-smi indices).
+
+    Bus ids join the two queries because ``--query-compute-apps`` has no GPU index column.
+    Raises GpuCheckError when nvidia-smi fails, times out, prints something unparseable, or
+    does not list one of ``gpus``.
+    """
+    index_csv = _run_nvidia_smi(
+        nvidia_smi, ["--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout, run
+    )
+    by_bus = parse_gpu_indices(index_csv)
+    present = sorted(index for index, _ in by_bus.values())
+    missing = [gpu for gpu in gpus if gpu not in present]
+    if missing:
+        listed = ",".join(str(index) for index in present) or "none"
+        raise GpuCheckError(
+            f"GPU {','.join(map(str, missing))} not present (nvidia-smi lists GPUs {listed})"
+        )
+    apps_csv = _run_nvidia_smi(
+        nvidia_smi,
+        [
+            "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory",
+            "--format=csv,noheader",
+        ],
+        timeout,
+        run,
+    )
+    wanted = set(gpus)
+    holders = []
+    for bus_id, pid, name, memory in parse_compute_apps(apps_csv):
+        index, printed = by_bus.get(normalize_bus_id(bus_id), (-1, bus_id))
+        if index in wanted:
+            holders.append(GpuHolder(index, printed, pid, name, memory))
+    return sorted(holders, key=lambda holder: (holder.index, holder.pid))
+
+
+def check_gpus_idle(nvidia_smi_option: str | None, gpus: Sequence[int], log: Log) -> bool:
+    """Log the outcome of the GPU idle check; False means: refuse to start."""
+    nvidia_smi = find_nvidia_smi(nvidia_smi_option)
+    if nvidia_smi is None:
+        where = f" at {nvidia_smi_option}" if nvidia_smi_option else " on PATH"
+        log(
+            "GPU idle check skipped: nvidia-smi not found (no NVIDIA driver on this host?)"
+            f" [looked{where}]"
+        )
+        return True
+    try:
+        holders = gpu_holders(nvidia_smi, gpus)
+    except GpuCheckError as exc:
+        log(f"GPU idle check failed: {exc}")
+        log("refusing to start: cannot tell whether the GPUs are free (driver problem?)")
+        return False
+    if holders:
+        for holder in holders:
+            log(holder.describe())
+        log("refusing to start: GPUs busy; stop the holder or wait for it to exit")
+        return False
+    log(f"GPUs {','.join(map(str, gpus))} are idle")
+    return True

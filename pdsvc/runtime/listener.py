@@ -1,0 +1,140 @@
+"""supervisord event listener: restart decode whenever prefill (re)starts (PartOf= for
+supervisord), and the XML-RPC client over supervisord's unix socket."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import socket
+import sys
+import xmlrpc.client
+from collections.abc import Mapping, Sequence
+from typing import IO
+
+from .codes import EXIT_USAGE
+from .notify import Log
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over supervisord's unix control socket (``unix:///run/x.sock``)."""
+
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost")
+        self._path = path
+        self._sock_timeout = timeout
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._sock_timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class _UnixTransport(xmlrpc.client.Transport):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__()
+        self._path = path
+        self._sock_timeout = timeout
+
+    def make_connection(self, host: object) -> http.client.HTTPConnection:
+        return _UnixHTTPConnection(self._path, self._sock_timeout)
+
+
+def supervisor_rpc(server_url: str, timeout: float | None = None) -> xmlrpc.client.ServerProxy:
+    """supervisord's XML-RPC interface at ``SUPERVISOR_SERVER_URL`` (unix:// or http://)."""
+    if server_url.startswith("unix://"):
+        transport = _UnixTransport(server_url[len("unix://") :], timeout)
+        return xmlrpc.client.ServerProxy("http://localhost/RPC2", transport=transport)
+    return xmlrpc.client.ServerProxy(server_url.rstrip("/") + "/RPC2")
+
+
+def _tokens(text: str) -> dict[str, str]:
+    """supervisord's ``key:value key:value`` event header/payload (values have no spaces)."""
+    return dict(item.split(":", 1) for item in text.split() if ":" in item)
+
+
+def namespec(group: str, process: str) -> str:
+    """supervisorctl's name of a process: ``group:process``, or ``process`` alone when the
+    program is its own group."""
+    return process if group == process else f"{group}:{process}"
+
+
+class Restarter:
+    """Restart each dependent program when its trigger (re)starts, unless the dependent is
+    already younger than the trigger (both just started together, e.g. at boot)."""
+
+    RESTARTABLE = ("STARTING", "RUNNING")
+
+    def __init__(self, couples: Mapping[str, Sequence[str]], rpc: object, log: Log) -> None:
+        self.couples = couples  # trigger namespec -> dependent namespecs
+        self.rpc = rpc
+        self.log = log
+
+    def on_starting(self, payload: Mapping[str, str]) -> None:
+        trigger = namespec(payload.get("groupname", ""), payload.get("processname", ""))
+        for dependent in self.couples.get(trigger, ()):
+            try:
+                self._restart_if_older(trigger, dependent, payload.get("from_state", "?"))
+            except (OSError, xmlrpc.client.Error) as exc:
+                self.log(f"cannot restart {dependent} after {trigger} started: {exc}")
+
+    def _restart_if_older(self, trigger: str, dependent: str, from_state: str) -> None:
+        api = self.rpc.supervisor  # type: ignore[attr-defined]
+        started = api.getProcessInfo(trigger)["start"]
+        info = api.getProcessInfo(dependent)
+        if info["statename"] not in self.RESTARTABLE or info["start"] >= started:
+            return  # not running, or already an instance started with (or after) the trigger
+        self.log(
+            f"{trigger} (re)started (from {from_state}): restarting {dependent}, whose "
+            f"instance (pid {info['pid']}) is {started - info['start']} s older"
+        )
+        try:
+            api.stopProcess(dependent, True)  # waits; supervisord's stopwaitsecs bounds it
+        except xmlrpc.client.Fault as fault:
+            if "NOT_RUNNING" not in fault.faultString:
+                raise
+        try:
+            api.startProcess(dependent, False)
+        except xmlrpc.client.Fault as fault:
+            if "ALREADY_STARTED" not in fault.faultString:
+                raise
+        self.log(f"{dependent} restarted")
+
+
+def run_eventlistener(
+    args: argparse.Namespace,
+    stdin: IO[bytes] | None = None,
+    stdout: IO[bytes] | None = None,
+    rpc: object | None = None,
+) -> int:
+    """Speak supervisord's event listener protocol on stdin/stdout (so logs go to stderr):
+    READY, read one event, act on it, RESULT 2 OK, again. Returns when stdin closes."""
+    log = Log(args.name)
+    stdin = sys.stdin.buffer if stdin is None else stdin
+    stdout = sys.stdout.buffer if stdout is None else stdout
+    couples: dict[str, list[str]] = {}
+    for dependent, trigger in args.restart_with:
+        couples.setdefault(trigger, []).append(dependent)
+    if rpc is None:
+        server_url = args.server_url or os.environ.get("SUPERVISOR_SERVER_URL", "")
+        if not server_url:
+            log("no --server-url and SUPERVISOR_SERVER_URL is unset: run this as a "
+                "supervisord [eventlistener:x] program")
+            return EXIT_USAGE
+        rpc = supervisor_rpc(server_url)
+    restarter = Restarter(couples, rpc, log)
+    for trigger, dependents in couples.items():
+        log(f"will restart {', '.join(dependents)} whenever {trigger} (re)starts")
+    while True:
+        stdout.write(b"READY\n")
+        stdout.flush()
+        line = stdin.readline()
+        if not line:
+            return 0
+        header = _tokens(line.decode("utf-8", "replace"))
+        payload = stdin.read(int(header.get("len", "0"))).decode("utf-8", "replace")
+        if header.get("eventname") == "PROCESS_STATE_STARTING":
+            restarter.on_starting(_tokens(payload.split("\n", 1)[0]))
+        stdout.write(b"RESULT 2\nOK")
+        stdout.flush()

@@ -1,0 +1,237 @@
+"""The start phase, the liveness phase and the peer watch: loops that end in an Outcome."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from .codes import CHILD_WAIT_SLICE_S
+from .probe import START_PROBE_TIMEOUT_S, ProbeResult, http_probe
+
+if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
+    Clock = Callable[[], float]
+    ChildWait = Callable[[float], int | None]
+
+
+
+
+class Outcome(NamedTuple):
+    kind: str  # "healthy", "exited" (returncode set), "stop" (a stop signal arrived), "hung",
+    # "peer" (a --restart-with peer restarted; detail says which)
+    returncode: int | None = None
+    elapsed: float = 0.0
+    detail: str = ""
+
+
+class PeerWatch:
+    """``--restart-with``: restart this engine when a peer on another host restarts.
+
+    systemd's PartOf= couples units of one host only. A NIXL decode cannot serve a prefill
+    that restarted under it (sglang #33789), so a decode whose prefill runs elsewhere watches
+    that prefill's /health: seen healthy, then failing ``down_after`` probes in a row (dead by
+    the same measure as the watchdog's) of which at least one was refused (its port closed:
+    the process was gone, not merely slow or unreachable), then healthy again = it restarted.
+    A peer never seen healthy (still loading when this engine came up) is not a restart.
+    """
+
+    def __init__(self, urls: Sequence[str], down_after: int, timeout: float,
+                 probe: Callable[[str, float], ProbeResult] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.log = log or (lambda message: None)
+        self.urls = list(urls)
+        self.down_after = down_after
+        self.timeout = timeout
+        self.probe = probe or http_probe
+        self.seen_up = dict.fromkeys(self.urls, False)
+        self.failures = dict.fromkeys(self.urls, 0)
+        self.refused = dict.fromkeys(self.urls, False)
+
+    def check(self) -> str | None:
+        """Probe every peer once, all at once (many unreachable peers cost one timeout, not
+        one each, so they cannot starve this engine's own watchdog); the reason to restart,
+        or None."""
+        results: dict[str, ProbeResult] = {}
+
+        def one(url: str) -> None:
+            results[url] = self.probe(url, self.timeout)
+
+        threads = [threading.Thread(target=one, args=(url,), daemon=True) for url in self.urls]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.timeout + 1.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for url in self.urls:
+            result = results.get(url) or ProbeResult(False, f"timed out after {self.timeout:g} s")
+            if not result.ok:
+                if self.seen_up[url] and not self.failures[url]:
+                    self.log(f"peer {url}: {result.detail}; watching for its return")
+                self.failures[url] += 1
+                self.refused[url] |= result.detail == "connection refused"
+                continue
+            down, refused = self.failures[url], self.refused[url]
+            self.failures[url], self.refused[url] = 0, False
+            if self.seen_up[url] and down >= self.down_after and refused:
+                return (f"{url} is back after {down} failed probes (its port was closed): it "
+                        f"restarted, and a NIXL decode must restart with it (sglang #33789)")
+            if not self.seen_up[url]:
+                self.log(f"peer {url} is up: a restart of it will restart this engine")
+            elif down:
+                self.log(f"peer {url} is back after {down} failed probe(s), "
+                         f"{'not refused' if not refused else 'too few'}: not a restart")
+            self.seen_up[url] = True
+        return None
+
+
+def wait_until_healthy(
+    probe: Callable[[], ProbeResult],
+    child_wait: ChildWait,
+    *,
+    what: str,
+    log: Callable[[str], None],
+    status: Callable[[str], None],
+    poll_interval: float,
+    progress_every: float,
+    should_stop: Callable[[], bool],
+    clock: Clock = time.monotonic,
+    started: float | None = None,
+) -> Outcome:
+    """Probe every ``poll_interval`` s until 200, the child exits, or a stop arrives.
+
+    No deadline here: systemd's ``TimeoutStartSec=`` bounds the start. ``child_wait(t)``
+    waits up to t seconds and returns the child's returncode if it exited.
+    """
+    started = clock() if started is None else started
+    next_log = clock() + progress_every
+    while True:
+        if should_stop():
+            return Outcome("stop")
+        returncode = child_wait(0)
+        if returncode is not None:
+            return Outcome("exited", returncode)
+        attempt_at = clock()
+        result = probe()
+        if result.ok:
+            return Outcome("healthy", elapsed=clock() - started)
+        now = clock()
+        if now >= next_log:
+            line = f"waiting for {what} ({result.detail}) — {now - started:.0f} s since start"
+            log(line)
+            status(line)
+            next_log = now + progress_every
+        returncode = child_wait(max(0.0, attempt_at + poll_interval - clock()))
+        if returncode is not None:
+            return Outcome("exited", returncode)
+
+
+def liveness_loop(
+    probe: Callable[..., ProbeResult],
+    child_wait: ChildWait,
+    *,
+    interval: float,
+    log: Callable[[str], None],
+    notify: Callable[..., None],
+    serving_status: str,
+    should_stop: Callable[[], bool],
+    clock: Clock = time.monotonic,
+    hang_after: float | None = None,
+    peers: PeerWatch | None = None,
+) -> Outcome:
+    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``peers``: checked once
+    per interval too; a restarted peer ends the loop as ``"peer"``.
+
+    A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
+    systemd kills and restarts the unit. Returns when the child exits or a stop arrives.
+
+    ``hang_after`` is that watchdog for managers without one (supervisord): once no probe has
+    succeeded for that long since the last good one (or since healthy), return ``"hung"``.
+    ``probe`` is then called with the seconds left until that deadline, to cap its timeout, so
+    that one slow probe cannot stretch the bound.
+    """
+    failures = 0
+    last_ok = clock()
+    next_probe = clock() + interval
+
+    def left() -> float:
+        return float("inf") if hang_after is None else last_ok + hang_after - clock()
+
+    while True:
+        slice_s = min(CHILD_WAIT_SLICE_S, max(0.0, next_probe - clock()), max(0.0, left()))
+        returncode = child_wait(slice_s)
+        if returncode is not None:
+            return Outcome("exited", returncode)
+        if should_stop():
+            return Outcome("stop")
+        if left() <= 0:
+            return Outcome("hung", elapsed=clock() - last_ok)
+        if clock() < next_probe:
+            continue
+        next_probe = clock() + interval
+        result = probe() if hang_after is None else probe(left())
+        if should_stop():
+            return Outcome("stop")
+        if result.ok:
+            if failures:
+                log(f"liveness probe OK again after {failures} failure(s)")
+                notify("WATCHDOG=1", f"STATUS={serving_status}")
+            else:
+                notify("WATCHDOG=1")
+            failures = 0
+            last_ok = clock()
+        else:
+            failures += 1
+            log(f"liveness probe failed: {result.detail}")
+            notify(
+                f"STATUS=liveness probe failing ({failures}x, no watchdog ping): {result.detail}"
+            )
+        restarted = peers.check() if peers is not None else None
+        if restarted:
+            return Outcome("peer", detail=restarted)
+
+
+def wait_for_urls(
+    urls: Sequence[str],
+    *,
+    log: Callable[[str], None],
+    status: Callable[[str], None],
+    poll_interval: float,
+    progress_every: float,
+    should_stop: Callable[[], bool],
+    probe: Callable[[str], ProbeResult] = lambda url: http_probe(url, START_PROBE_TIMEOUT_S),
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Clock = time.monotonic,
+) -> bool:
+    """Block until every URL answers 200 at once (``--wait-for``); False if a stop arrived.
+
+    The ordering that systemd's ``After=`` on ``Type=notify`` units gives, for managers that
+    only order spawns (supervisord's ``priority=``): the router must not start before both
+    engines are healthy, because router 0.3.2 drops a worker that was not up in time.
+    """
+
+    def idle(timeout: float) -> None:
+        sleep(min(timeout, CHILD_WAIT_SLICE_S))
+        return None
+
+    started = clock()
+    log(f"waiting for {', '.join(urls)} before starting")
+    while True:
+        for url in urls:
+            outcome = wait_until_healthy(
+                lambda url=url: probe(url),
+                idle,
+                what=url,
+                log=log,
+                status=status,
+                poll_interval=poll_interval,
+                progress_every=progress_every,
+                should_stop=should_stop,
+                clock=clock,
+                started=started,
+            )
+            if outcome.kind == "stop":
+                return False
+        if all(probe(url).ok for url in urls):  # none of them went down meanwhile
+            log(f"{', '.join(urls)}: all healthy after {clock() - started:.1f} s")
+            return True

@@ -1,0 +1,114 @@
+"""One HTTP client for probes: health, readiness, a real generation. Used by the units'
+supervisor and by `pdsvc status`."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+START_PROBE_TIMEOUT_S = 5.0  # a start-phase probe that times out just means "not yet"
+READINESS_PROBE_BODY = {
+    "text": "pdsvc readiness probe",
+    "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+}
+
+# Probes go straight to the service: an http_proxy in the unit's environment must not
+# intercept loopback health checks.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ProbeResult(NamedTuple):
+    ok: bool
+    detail: str  # "HTTP 200", "HTTP 503 {...}", "connection refused", "timed out after 5 s"
+
+
+def _snippet(body: bytes) -> str:
+    return " ".join(body.decode("utf-8", "replace").split())[:200]
+
+
+def _describe_error(reason: object, timeout: float) -> str:
+    if isinstance(reason, (socket.timeout, TimeoutError)):  # distinct classes on 3.9
+        return f"timed out after {timeout:g} s"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror.lower()
+    return str(reason) or type(reason).__name__
+
+
+def http_probe(
+    url: str,
+    timeout: float,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    opener: Callable[..., object] = _OPENER.open,
+) -> ProbeResult:
+    """GET ``url`` (POST when ``body`` is given); ok only on HTTP 200. Never raises."""
+    request = urllib.request.Request(
+        url, data=body, headers=dict(headers or {}), method="GET" if body is None else "POST"
+    )
+    try:
+        with opener(request, timeout=timeout) as response:  # type: ignore[attr-defined]
+            response.read(1 << 20)
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        try:
+            said = _snippet(exc.read(400))
+        except Exception:  # noqa: BLE001 - the status alone is enough
+            said = ""
+        finally:
+            exc.close()
+        return ProbeResult(False, f"HTTP {exc.code}" + (f" {said}" if said else ""))
+    except urllib.error.URLError as exc:
+        return ProbeResult(False, _describe_error(exc.reason, timeout))
+    except (OSError, http.client.HTTPException) as exc:
+        return ProbeResult(False, _describe_error(exc, timeout))
+    if status != 200:
+        return ProbeResult(False, f"HTTP {status}")
+    return ProbeResult(True, "HTTP 200")
+
+
+def router_start_probe(
+    readiness_url: str,
+    generate_url: str,
+    api_key: str | None,
+    generate_timeout: float,
+    probe: Callable[..., ProbeResult] = http_probe,
+) -> Callable[[], ProbeResult]:
+    """Probe for the router's start phase: ``/readiness`` 200, then one real generation 200.
+
+    ``/readiness`` turns 200 as soon as workers are registered, before a prefill/decode pair
+    has served a request; only a generation through the router proves the pair works.
+    """
+    body = json.dumps(READINESS_PROBE_BODY).encode("utf-8")
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+
+    def check() -> ProbeResult:
+        ready = probe(readiness_url, START_PROBE_TIMEOUT_S)
+        if not ready.ok:
+            return ProbeResult(False, f"readiness: {ready.detail}")
+        generated = probe(generate_url, generate_timeout, body=body, headers=headers)
+        if not generated.ok:
+            return ProbeResult(False, f"readiness OK, generation failed: {generated.detail}")
+        return generated
+
+    return check
+
+
+def liveness_url_for(readiness_url: str) -> str:
+    """The router's ``/liveness`` on the same scheme, host and port as ``/readiness``."""
+    parts = urllib.parse.urlsplit(readiness_url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/liveness", "", ""))
+
+
+def base_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
