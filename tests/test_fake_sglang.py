@@ -803,3 +803,12 @@ def test_pair_knobs_are_validated(engines):
         status, _ = request(eng.port, "POST", "/_fake/control", body)
         assert status == 400, body
     assert control(eng, {"pair_failure": "error500"})["pair_failure"] == "error500"
+
+
+def test_pair_wildcard_decode_is_known_by_its_source_address(engines):
+    pre = engines("prefill")
+    dec = engines("decode", bport=pre.bport, args=["--host", "0.0.0.0"])
+    pre.wait_healthy()
+    dec.wait_healthy()
+    assert_pair_ok(pd_pair(pre, dec, room=30)["d"], "decode", dec.port)
+    assert list(control(pre)["peers"]) == [f"127.0.0.1:{dec.port}"]

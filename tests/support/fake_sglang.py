@@ -976,9 +976,16 @@ class _BootstrapHandler(_BaseHandler):
             self._json(400, {"error": "expected {peer: str, instance_id: str, "
                                       "bootstrap_rooms: [int]}"})  # fmt: skip
             return
+        # A decode bound to a wildcard address is known by the address it connects from (SGLang's
+        # decode registers its own reachable IP likewise), so that two decode hosts listening
+        # on 0.0.0.0:30000 stay two peers.
+        host, _, port = body["peer"].rpartition(":")
+        peer = body["peer"]
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            peer = f"{self.client_address[0]}:{port}"
         # see the peer first: a room's registration must find the staleness already decided
-        message = eng.pair.see_peer(body["peer"], body["instance_id"])
-        eng.pair.register_rooms(body["peer"], rooms)
+        message = eng.pair.see_peer(peer, body["instance_id"])
+        eng.pair.register_rooms(peer, rooms)
         self._json(
             200,
             {
