@@ -602,3 +602,213 @@ def test_http_after_load_keeps_the_port_closed_while_loading(engines):
     time.sleep(0.5)
     assert eng.proc.poll() is None and status_or_none(eng.port) is None  # refused: not bound
     eng.wait_healthy(timeout=6)
+
+
+# ------------------------------------------------------------------------- NIXL pair state
+# sglang #33789 / PR #34289: a decode keeps a replaced prefill's endpoints ("decode is stale").
+# smg #2382, vllm #49238: a prefill keeps a replaced decode's NIXL agent ("prefill is stale");
+# the failures come back as HTTP 200 with finish_reason abort and empty text, /health stays 200.
+
+
+def pd_pair(pre: Engine, dec: Engine, room: int, path: str = "/generate", **extra) -> dict:
+    """What the router does for one PD request: the same body to prefill and decode at once."""
+    body = pd_body(room=room, bport=pre.bport, **extra)
+    results: dict[str, tuple[int, bytes]] = {}
+
+    def send(name: str, port: int) -> None:
+        results[name] = request(port, "POST", path, body, timeout=10)
+
+    threads = [threading.Thread(target=send, args=a) for a in (("p", pre.port), ("d", dec.port))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    return results
+
+
+def assert_pair_ok(result: tuple[int, bytes], role: str, port: int) -> dict:
+    status, raw = result
+    assert status == 200, raw
+    out = json.loads(raw)
+    assert out["meta_info"]["finish_reason"]["type"] == "length", out
+    assert out["text"] == ("" if role == "prefill" else f"[decode@{port}] hello from fake engine")
+    return out
+
+
+def assert_pair_abort(result: tuple[int, bytes]) -> str:
+    status, raw = result
+    assert status == 200, raw
+    out = json.loads(raw)
+    assert out["text"] == "" and out["output_ids"] == [], out
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["message"].startswith("KV transfer failed"), out
+    assert "stale agent for instance" in reason["message"]
+    return reason["message"]
+
+
+def control(eng: Engine, body: dict | None = None) -> dict:
+    if body is None:
+        return get_json(eng.port, "/_fake/control")
+    status, raw = request(eng.port, "POST", "/_fake/control", body)
+    assert status == 200, raw
+    return json.loads(raw)
+
+
+def instance_id(eng: Engine) -> str:
+    iid = get_json(eng.port, "/server_info")["fake_instance_id"]
+    assert iid == control(eng)["instance_id"]
+    return iid
+
+
+def test_pair_decode_goes_stale_when_prefill_is_replaced(engines):
+    env = {"FAKE_SGLANG_STALE_PAIR": "decode"}
+    pre = engines("prefill", env=env)
+    dec = engines("decode", env=env, bport=pre.bport)
+    pre.wait_healthy()
+    dec.wait_healthy()
+    pre_key, dec_key = f"127.0.0.1:{pre.bport}", f"127.0.0.1:{dec.port}"
+    r = pd_pair(pre, dec, room=1)
+    assert_pair_ok(r["p"], "prefill", pre.port)
+    assert_pair_ok(r["d"], "decode", dec.port)
+    old_pre = instance_id(pre)
+    assert get_json(pre.bport, "/_fake/pair")["instance_id"] == old_pre
+    assert control(dec)["peers"][pre_key]["instance_id"] == old_pre
+    assert control(pre)["peers"][dec_key]["instance_id"] == instance_id(dec)
+
+    # the prefill is replaced by a new process behind the same (reachable) bootstrap address
+    pre.proc.kill()
+    pre.proc.wait(5)
+    pre = engines("prefill", env=env, port=pre.port, bport=pre.bport)
+    pre.wait_healthy()
+    assert instance_id(pre) != old_pre
+    for room in (2, 3, 4):
+        r = pd_pair(pre, dec, room=room)
+        assert_pair_ok(r["p"], "prefill", pre.port)  # the prefill itself is fine
+        msg = assert_pair_abort(r["d"])
+        assert old_pre in msg and pre_key in msg
+    chat = {"messages": [{"role": "user", "content": "hi"}], "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": pre.bport, "bootstrap_room": 5}  # fmt: skip
+    status, raw = request(dec.port, "POST", "/v1/chat/completions", chat)
+    choice = json.loads(raw)["choices"][0]
+    assert status == 200 and choice["finish_reason"] == "abort"
+    assert choice["message"]["content"] == ""
+    assert status_or_none(pre.port) == 200 and status_or_none(dec.port) == 200
+    state = control(dec)
+    assert state["stale_peers"][pre_key]["remembered_instance"] == old_pre
+    assert state["stale_peers"][pre_key]["seen_instance"] == instance_id(pre)
+    assert control(pre)["stale_peers"] == {}
+    assert f"NIXL transfer to peer {pre_key} failed: stale agent for instance {old_pre}" in (
+        dec.stderr
+    )
+
+    # error500: the same failure as an HTTP 500
+    control(dec, {"pair_failure": "error500"})
+    status, raw = pd_pair(pre, dec, room=6)["d"]
+    assert status == 500 and "stale agent for instance" in json.loads(raw)["error"]["message"]
+
+    # only restarting the stale decode heals it
+    dec.proc.kill()
+    dec.proc.wait(5)
+    dec = engines("decode", env=env, port=dec.port, bport=pre.bport)
+    dec.wait_healthy()
+    r = pd_pair(pre, dec, room=7)
+    assert_pair_ok(r["p"], "prefill", pre.port)
+    assert_pair_ok(r["d"], "decode", dec.port)
+    assert control(dec)["stale_peers"] == {}
+
+
+def test_pair_prefill_goes_stale_when_decode_is_replaced(engines):
+    env = {"FAKE_SGLANG_STALE_PAIR": "prefill"}
+    pre = engines("prefill", env=env, as_module=True)  # imports fake_pair as a module, too
+    dec = engines("decode", env=env, bport=pre.bport)
+    pre.wait_healthy()
+    dec.wait_healthy()
+    dec_key = f"127.0.0.1:{dec.port}"
+    r = pd_pair(pre, dec, room=10)
+    assert_pair_ok(r["p"], "prefill", pre.port)
+    assert_pair_ok(r["d"], "decode", dec.port)
+    old_dec = instance_id(dec)
+
+    # the decode is "replaced" without its port ever closing
+    new_dec = control(dec, {"new_instance": True})["instance_id"]
+    assert new_dec != old_dec and control(dec)["peers"] == {}
+    for room in (11, 12, 13):
+        r = pd_pair(pre, dec, room=room)
+        assert old_dec in assert_pair_abort(r["p"])  # the prefill's own response fails
+        assert old_dec in assert_pair_abort(r["d"])  # and so does what the router returns
+    assert status_or_none(pre.port) == 200 and status_or_none(dec.port) == 200
+    assert control(pre)["stale_peers"][dec_key]["seen_instance"] == new_dec
+    assert control(dec)["stale_peers"] == {}
+    assert f"NIXL transfer to peer {dec_key} failed: stale agent for instance {old_dec}" in (
+        pre.stderr
+    )
+
+    # restarting the decode does not help: the prefill is poisoned
+    dec.proc.kill()
+    dec.proc.wait(5)
+    dec = engines("decode", env={**env, "FAKE_SGLANG_PAIR_FAILURE": "error500"},
+                  port=dec.port, bport=pre.bport)  # fmt: skip
+    dec.wait_healthy()
+    control(pre, {"pair_failure": "error500"})
+    r = pd_pair(pre, dec, room=14)
+    assert r["p"][0] == 500 and r["d"][0] == 500, r
+    assert "stale agent for instance" in json.loads(r["d"][1])["error"]["message"]
+
+    # restarting the stale prefill heals it
+    pre.proc.kill()
+    pre.proc.wait(5)
+    pre = engines("prefill", env=env, port=pre.port, bport=pre.bport)
+    pre.wait_healthy()
+    r = pd_pair(pre, dec, room=15)
+    assert_pair_ok(r["p"], "prefill", pre.port)
+    assert_pair_ok(r["d"], "decode", dec.port)
+
+
+def test_pair_switch_off_means_no_staleness_and_runtime_switch(engines):
+    pre = engines("prefill")
+    dec = engines("decode", bport=pre.bport)
+    pre.wait_healthy()
+    dec.wait_healthy()
+    assert control(pre)["stale_pair"] == "off" and control(dec)["pair_failure"] == "abort200"
+    pre_key = f"127.0.0.1:{pre.bport}"
+    assert_pair_ok(pd_pair(pre, dec, room=20)["d"], "decode", dec.port)
+    for eng in (pre, dec, pre):
+        control(eng, {"new_instance": True})
+        r = pd_pair(pre, dec, room=21)
+        assert_pair_ok(r["p"], "prefill", pre.port)
+        assert_pair_ok(r["d"], "decode", dec.port)
+    assert control(pre)["stale_peers"] == {} and control(dec)["stale_peers"] == {}
+    assert control(dec)["peers"][pre_key]["instance_id"] == instance_id(pre)
+    # the decode's own new_instance forgot its memory; the prefill was replaced once since
+    assert control(dec)["peers"][pre_key]["replacements"] == 1
+
+    # switched on at run time: the next replacement makes the decode stale
+    assert control(dec, {"stale_pair": "both"})["stale_enabled"] is True
+    control(pre, {"new_instance": True})
+    assert_pair_abort(pd_pair(pre, dec, room=22)["d"])
+    # switching it off again does not heal a stale side; a new instance (restart) does
+    control(dec, {"stale_pair": "off"})
+    assert_pair_abort(pd_pair(pre, dec, room=23)["d"])
+    control(dec, {"new_instance": True})
+    assert_pair_ok(pd_pair(pre, dec, room=24)["d"], "decode", dec.port)
+
+
+def test_pair_knobs_are_validated(engines):
+    bad = engines("decode", env={"FAKE_SGLANG_STALE_PAIR": "sideways"})
+    assert bad.wait_exit(timeout=5) == 2
+    assert "stale_pair must be one of" in bad.stderr
+    eng = engines("decode")
+    eng.wait_healthy()
+    for body in ({"stale_pair": "sideways"}, {"pair_failure": "teapot"}, {"stale_pair": 3}):
+        status, _ = request(eng.port, "POST", "/_fake/control", body)
+        assert status == 400, body
+    assert control(eng, {"pair_failure": "error500"})["pair_failure"] == "error500"
+
+
+def test_pair_wildcard_decode_is_known_by_its_source_address(engines):
+    pre = engines("prefill")
+    dec = engines("decode", bport=pre.bport, args=["--host", "0.0.0.0"])
+    pre.wait_healthy()
+    dec.wait_healthy()
+    assert_pair_ok(pd_pair(pre, dec, room=30)["d"], "decode", dec.port)
+    assert list(control(pre)["peers"]) == [f"127.0.0.1:{dec.port}"]

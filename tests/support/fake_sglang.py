@@ -30,7 +30,17 @@ Behaviour, in the order it happens:
   does; a dead holder's lock is taken over), warm = ``FAKE_SGLANG_COMPILE_WARM_SECS`` (0.1);
 * PD generation requests must carry ``bootstrap_host``/``bootstrap_port``/``bootstrap_room``
   (400 otherwise); decode GETs ``/health`` on the prefill bootstrap server named in the request
-  (500 "KV transfer failed" if unreachable);
+  (500 "KV transfer failed" if unreachable), then POSTs its registration to ``/_fake/pair``
+  there and learns the prefill's instance id;
+* NIXL pair state (tests/support/fake_pair.py): each process has a fresh uuid4 instance id
+  (``fake_instance_id`` in ``/server_info``; ``GET /_fake/pair`` and ``GET /route`` on the
+  bootstrap server). Each side remembers the peer instance it paired with per peer key; when a
+  peer is replaced behind the same address and ``FAKE_SGLANG_STALE_PAIR`` (``decode`` |
+  ``prefill`` | ``both``; unset = off) names this side's role, this side goes stale for that peer
+  and every transfer with it fails until this process restarts, while ``/health`` stays 200
+  (sglang #33789 / PR #34289; smg #2382, vllm #49238). ``FAKE_SGLANG_PAIR_FAILURE`` picks the
+  form: ``abort200`` (HTTP 200, empty text, ``finish_reason {"type": "abort", ...}``) or
+  ``error500``. The decode's response fails either way; a stale prefill's own does too;
 * SIGTERM: log, answer /health 503, drain in-flight generations (a hung one counts; unbounded,
   like SGLang, unless ``SGLANG_FORCE_SHUTDOWN=1`` or ``FAKE_SGLANG_DRAIN_MAX_SECS``), stop
   listening, SIGKILL any descendants and then itself (exit by signal 9 / status 137).
@@ -49,8 +59,11 @@ weights", as SGLang does: the ports are closed, not 503, during the load).
 
 Runtime control (main port, never needs the API key, never hangs): ``POST /_fake/control`` with a
 JSON object of ``hang`` (bool), ``hang_bootstrap`` (bool), ``health`` ("ok"|"fail"),
-``gen_delay`` (seconds), ``crash`` (true: exit 1 right after replying); ``GET /_fake/control``
-returns the current state.
+``gen_delay`` (seconds), ``crash`` (true: exit 1 right after replying), ``stale_pair``
+(off|decode|prefill|both), ``pair_failure`` (abort200|error500), ``new_instance`` (true: a fresh
+instance id and empty peer memory, a replaced process behind the same ports);
+``GET /_fake/control`` returns the current state (including ``instance_id``, ``peers``,
+``stale_peers``).
 """
 
 from __future__ import annotations
@@ -71,6 +84,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import fake_pair
 
 VERSION = "0.5.23+fake"
 #: SGLang's warmup/health probes use this bootstrap host so that they never touch the peer.
@@ -219,6 +234,19 @@ class Engine:
         self.access_log = _env_flag("FAKE_SGLANG_ACCESS_LOG")
         self.state_dir = os.environ.get("FAKE_SGLANG_STATE_DIR") or None
         self.reqlog_path = os.environ.get("FAKE_SGLANG_LOG") or None
+        try:
+            self.pair = fake_pair.PairState(
+                self.role,
+                os.environ.get("FAKE_SGLANG_STALE_PAIR"),
+                os.environ.get("FAKE_SGLANG_PAIR_FAILURE"),
+                log=lambda msg: log(msg, "TP0"),
+            )
+        except ValueError as e:
+            _emit(f"ValueError: FAKE_SGLANG_STALE_PAIR/FAKE_SGLANG_PAIR_FAILURE: {e}")
+            sys.exit(2)
+        self.pair_wait = _env_float("FAKE_SGLANG_PAIR_WAIT_SECS", 2.0) or 0.0
+        #: how a prefill knows this decode: its own address (SGLang registers it likewise)
+        self.pair_key = f"{args.host}:{args.port}"
         self._lock = threading.Lock()
         self.inflight = 0
         self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
@@ -239,6 +267,12 @@ class Engine:
             f"disaggregation_transfer_backend={a.disaggregation_transfer_backend} "
             f"tp_size={a.tp_size} dp_size={a.dp_size} dist_init_addr={a.dist_init_addr}"
         )
+        if self.pd:
+            log(
+                f"NIXL agent name: {self.pair.instance_id} (fresh uuid4 per process; "
+                f"stale_pair={self.pair.stale_mode} pair_failure={self.pair.failure_mode})",
+                tag="TP0",
+            )
         if self.ignored:
             log(f"fake_sglang: ignoring {len(self.ignored)} argv item(s): {' '.join(self.ignored)}")
 
@@ -585,6 +619,7 @@ class Engine:
             "health": self.health_override,
             "gen_delay": self.gen_delay,
             "inflight": self.inflight,
+            **self.pair.snapshot(),
         }
 
     def server_info(self) -> dict:
@@ -610,6 +645,7 @@ class Engine:
             "status": self.state,
             "internal_states": [{"last_gen_throughput": 0.0, "avg_spec_accept_length": None}],
             "fake_sglang": True,
+            "fake_instance_id": self.pair.instance_id,
         }
 
     def model_info(self) -> dict:
@@ -910,6 +946,7 @@ class _BootstrapHandler(_BaseHandler):
                         "prefill_pp_size": 1,
                         "prefill_page_size": 1,
                         "fake_sglang": True,
+                        "fake_instance_id": eng.pair.instance_id,
                     },
                 )
             else:
@@ -918,8 +955,46 @@ class _BootstrapHandler(_BaseHandler):
             self._text(200, "OK")
         elif path in ("/register_dp_rank", "/query_dp_ranks") and method == "POST":
             self._json(200, {"dp_rank": 0, "fake_sglang": True})
+        elif path == fake_pair.PAIR_PATH and method == "GET":
+            self._json(200, {"role": eng.role, **eng.pair.snapshot()})
+        elif path == fake_pair.PAIR_PATH and method == "POST":
+            self._pair(body)
         else:
             self._text(404, "404: Not Found")
+
+    def _pair(self, body: Any) -> None:
+        """A decode registers (its KV args, in SGLang) and learns our instance id."""
+        eng = self.server.engine
+        rooms = body.get("bootstrap_rooms") if isinstance(body, dict) else None
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("peer"), str)
+            or not isinstance(body.get("instance_id"), str)
+            or not isinstance(rooms, list)
+            or not all(isinstance(r, int) and not isinstance(r, bool) for r in rooms)
+        ):
+            self._json(400, {"error": "expected {peer: str, instance_id: str, "
+                                      "bootstrap_rooms: [int]}"})  # fmt: skip
+            return
+        # A decode bound to a wildcard address is known by the address it connects from (SGLang's
+        # decode registers its own reachable IP likewise), so that two decode hosts listening
+        # on 0.0.0.0:30000 stay two peers.
+        host, _, port = body["peer"].rpartition(":")
+        peer = body["peer"]
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            peer = f"{self.client_address[0]}:{port}"
+        # see the peer first: a room's registration must find the staleness already decided
+        message = eng.pair.see_peer(peer, body["instance_id"])
+        eng.pair.register_rooms(peer, rooms)
+        self._json(
+            200,
+            {
+                "instance_id": eng.pair.instance_id,
+                "role": eng.role,
+                "stale": message is not None,
+                "message": message,
+            },
+        )
 
 
 _GET = frozenset({"GET"})
@@ -1080,13 +1155,34 @@ class _EngineHandler(_BaseHandler):
         if parse_error is not None or not isinstance(body, dict):
             self._json(400, {"error": {"message": "control body must be a JSON object"}})
             return
-        unknown = set(body) - {"hang", "hang_bootstrap", "health", "gen_delay", "crash"}
+        unknown = set(body) - {
+            "hang", "hang_bootstrap", "health", "gen_delay", "crash",
+            "stale_pair", "pair_failure", "new_instance",
+        }  # fmt: skip
         if unknown:
             self._json(400, {"error": {"message": f"unknown control keys: {sorted(unknown)}"}})
             return
         if "health" in body and body["health"] not in ("ok", "fail"):
             self._json(400, {"error": {"message": "health must be 'ok' or 'fail'"}})
             return
+        try:
+            stale_mode = (
+                fake_pair.parse_stale_mode(body["stale_pair"]) if "stale_pair" in body else None
+            )
+            failure_mode = (
+                fake_pair.parse_failure_mode(body["pair_failure"])
+                if "pair_failure" in body
+                else None
+            )
+        except (ValueError, AttributeError) as e:
+            self._json(400, {"error": {"message": str(e)}})
+            return
+        if stale_mode is not None:
+            eng.pair.stale_mode = stale_mode
+        if failure_mode is not None:
+            eng.pair.failure_mode = failure_mode
+        if body.get("new_instance"):
+            eng.pair.new_instance()
         if "hang" in body:
             eng.hang = bool(body["hang"])
         if "hang_bootstrap" in body:
@@ -1141,45 +1237,104 @@ class _EngineHandler(_BaseHandler):
             if len(boot["bootstrap_room"]) != n:  # one prompt per bootstrap entry
                 n = len(boot["bootstrap_room"])
                 prompts = [prompts[min(i, len(prompts) - 1)] for i in range(n)]
+        failures: dict[int, str] = {}  # item index -> why its KV transfer failed (pair state)
         if eng.role == "decode":
-            failure = self._reach_prefill(boot)
+            failure, failures = self._reach_prefill(boot)
             if failure is not None:
                 self._json(500, _err(failure, 500, "InternalServerError"))
                 return
+        elif eng.role == "prefill":
+            failures = self._pair_failures(boot)
+        if failures and eng.pair.failure_mode == "error500":
+            self._json(500, _err(next(iter(failures.values())), 500, "InternalServerError"))
+            return
         if eng.gen_delay > 0:
             time.sleep(eng.gen_delay)
-        self._answer(kind, body, prompts, boot)
+        self._answer(kind, body, prompts, boot, failures)
 
-    def _reach_prefill(self, boot: dict[str, list]) -> str | None:
-        """Decode side: contact the prefill bootstrap server(s) named in the request."""
+    def _reach_prefill(self, boot: dict[str, list]) -> tuple[str | None, dict[int, str]]:
+        """Decode side: contact the prefill bootstrap server(s) named in the request, register
+        with each (its NIXL pair exchange) and learn the prefill's instance id. Returns a hard
+        failure (500 whatever the failure mode) or the items whose transfer fails by pair
+        state."""
         eng = self.server.engine
-        seen: set[tuple[str, int]] = set()
-        for host, port, room in zip(
-            boot["bootstrap_host"], boot["bootstrap_port"], boot["bootstrap_room"], strict=True
+        peers: dict[tuple[str, int], list[int]] = {}  # (host, port) -> item indices
+        for i, (host, port) in enumerate(
+            zip(boot["bootstrap_host"], boot["bootstrap_port"], strict=True)
         ):
             if port is None:  # SGLang's decode scheduler substitutes its own flag value
                 port = eng.args.disaggregation_bootstrap_port
-            if host == FAKE_BOOTSTRAP_HOST or (host, port) in seen:
-                continue
-            seen.add((host, port))
-            reason = _probe_bootstrap(host, port, eng.bootstrap_timeout or 2.0)
+            if host != FAKE_BOOTSTRAP_HOST:
+                peers.setdefault((host, port), []).append(i)
+        failures: dict[int, str] = {}
+        timeout = eng.bootstrap_timeout or 2.0
+        for (host, port), items in peers.items():
+            rooms = [boot["bootstrap_room"][i] for i in items]
+            reason = _probe_bootstrap(host, port, timeout)
+            if reason is None:
+                reply, reason = fake_pair.exchange(
+                    host, port, eng.pair_key, eng.pair.instance_id, rooms, timeout
+                )
             if reason is not None:
                 log(
-                    f"KV transfer failed for bootstrap_room={room}: cannot reach prefill "
+                    f"KV transfer failed for bootstrap_room={rooms[0]}: cannot reach prefill "
                     f"bootstrap server {host}:{port} ({reason})",
                     "TP0",
                 )
                 return (
                     f"KV transfer failed: cannot reach prefill bootstrap server {host}:{port} "
-                    f"({reason}); bootstrap_room={room}"
-                )
-        return None
+                    f"({reason}); bootstrap_room={rooms[0]}"
+                ), {}
+            if reply is None:  # a bootstrap server without pair state: nothing to check
+                continue
+            # sglang #33789: a decode keeps the dead prefill's endpoints (this side is stale);
+            # smg #2382 / vllm #49238: the prefill kept a replaced decode's agent (that side is)
+            why = eng.pair.see_peer(f"{host}:{port}", reply["instance_id"])
+            if why is None and reply.get("stale"):
+                why = str(reply.get("message") or "KV transfer failed: prefill peer is stale")
+            if why is not None:
+                for i in items:
+                    failures[i] = why
+                log(f"KV transfer failed for bootstrap_room={rooms[0]}: {why}", "TP0")
+        return None, failures
 
-    def _answer(self, kind: str, body: dict, prompts: list, boot: dict[str, list]) -> None:
+    def _pair_failures(self, boot: dict[str, list]) -> dict[int, str]:
+        """Prefill side: the items whose decode peer this prefill is stale for (smg #2382,
+        vllm #49238). Only a prefill that may go stale (or already is) waits for the decode's
+        registration of each bootstrap_room; otherwise nothing changes."""
+        eng = self.server.engine
+        if not boot or not (eng.pair.stale_enabled or eng.pair.stale):
+            return {}
+        failures: dict[int, str] = {}
+        deadline = time.monotonic() + eng.pair_wait
+        for i, (host, room) in enumerate(
+            zip(boot["bootstrap_host"], boot["bootstrap_room"], strict=True)
+        ):
+            if host == FAKE_BOOTSTRAP_HOST:
+                continue
+            peer = eng.pair.wait_room(room, deadline - time.monotonic())
+            why = eng.pair.stale_for(peer) if peer is not None else None
+            if why is not None:
+                failures[i] = why
+                log(f"KV transfer failed for bootstrap_room={room}: {why}", "TP0")
+        return failures
+
+    def _answer(
+        self,
+        kind: str,
+        body: dict,
+        prompts: list,
+        boot: dict[str, list],
+        failures: dict[int, str] | None = None,
+    ) -> None:
         eng = self.server.engine
         port = self.server.server_port
-        text = "" if eng.role == "prefill" else f"[{eng.role}@{port}] hello from fake engine"
-        words = text.split()
+        ok_text = "" if eng.role == "prefill" else f"[{eng.role}@{port}] hello from fake engine"
+        failures = failures or {}
+        # an item whose KV transfer failed comes back like SGLang's aborted request: HTTP 200,
+        # empty text, finish_reason {"type": "abort", ...} (smg #2382, vllm #49238)
+        texts = ["" if i in failures else ok_text for i in range(len(prompts))]
+        text, words = texts[0], texts[0].split()
         batch = len(prompts) > 1 or _is_batch(kind, body)
         stream = bool(body.get("stream"))
         model = body.get("model") if isinstance(body.get("model"), str) else None
@@ -1188,11 +1343,17 @@ class _EngineHandler(_BaseHandler):
         items = []
         for i, prompt in enumerate(prompts):
             ptoks = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+            n_words = len(texts[i].split())
+            finish: dict[str, Any] = (
+                {"type": "abort", "message": failures[i]}
+                if i in failures
+                else {"type": "length", "length": n_words}
+            )
             meta = {
                 "id": uuid.uuid4().hex,
-                "finish_reason": {"type": "length", "length": len(words)},
+                "finish_reason": finish,
                 "prompt_tokens": ptoks,
-                "completion_tokens": len(words),
+                "completion_tokens": n_words,
                 "cached_tokens": 0,
                 "e2e_latency": 0.001,
                 "role": eng.role,
@@ -1209,17 +1370,21 @@ class _EngineHandler(_BaseHandler):
             eng.counters["prompt_tokens"] += sum(m["prompt_tokens"] for m in items)
             eng.counters["generation_tokens"] += sum(m["completion_tokens"] for m in items)
         meta_out: Any = items if batch else items[0]
+        # OpenAI choices carry the finish_reason's type ("length", or "abort" for a failure)
+        reasons = [m["finish_reason"]["type"] for m in items]
 
         if kind == "generate":
             if not stream:
                 outs = [
-                    {"text": text, "output_ids": list(range(len(words))), "meta_info": m}
-                    for m in items
-                ]
+                    {"text": texts[i], "output_ids": list(range(len(texts[i].split()))),
+                     "meta_info": m}
+                    for i, m in enumerate(items)
+                ]  # fmt: skip
                 self._json(200, outs if batch else outs[0])
                 return
             self._sse_start()
             for i, m in enumerate(items):
+                text, words = texts[i], texts[i].split()
                 for k in range(1, len(words) + 1):
                     chunk = {
                         "text": " ".join(words[:k]),
@@ -1262,7 +1427,7 @@ class _EngineHandler(_BaseHandler):
                                     "tool_calls": None,
                                 },
                                 "logprobs": None,
-                                "finish_reason": "length",
+                                "finish_reason": reasons[0],
                                 "matched_stop": None,
                             }
                         ],
@@ -1313,7 +1478,7 @@ class _EngineHandler(_BaseHandler):
                             "index": 0,
                             "delta": {},
                             "logprobs": None,
-                            "finish_reason": "length",
+                            "finish_reason": reasons[0],
                             "matched_stop": None,
                         }
                     ],
@@ -1336,9 +1501,9 @@ class _EngineHandler(_BaseHandler):
                     "choices": [
                         {
                             "index": i,
-                            "text": text,
+                            "text": texts[i],
                             "logprobs": None,
-                            "finish_reason": "length",
+                            "finish_reason": reasons[i],
                             "matched_stop": None,
                         }
                         for i in range(len(items))
@@ -1351,7 +1516,7 @@ class _EngineHandler(_BaseHandler):
         self._sse_start()
         base = {"id": rid, "object": "text_completion", "created": created, "model": model}
         for i in range(len(items)):
-            for k, w in enumerate(words):
+            for k, w in enumerate(texts[i].split()):
                 self._sse(
                     {
                         **base,
@@ -1373,7 +1538,7 @@ class _EngineHandler(_BaseHandler):
                             "index": i,
                             "text": "",
                             "logprobs": None,
-                            "finish_reason": "length",
+                            "finish_reason": reasons[i],
                             "matched_stop": None,
                         }
                     ],
