@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import os
 import signal
 import socket
@@ -104,8 +105,8 @@ CHILD_SCRIPT = textwrap.dedent(
         def log_message(self, *args):
             pass
 
-        def reply(self, code):
-            body = b"ok" if code == 200 else b'{"status":"not ready"}'
+        def reply(self, code, body=None):
+            body = body or (b"ok" if code == 200 else b'{"status":"not ready"}')
             self.send_response(code)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -128,7 +129,10 @@ CHILD_SCRIPT = textwrap.dedent(
                 code = 200 if up >= a.generate_after else 503
             record("post", path=self.path, code=code, body=json.loads(body or b"null"),
                    auth=self.headers.get("Authorization"))
-            self.reply(code)
+            # a good completion, as SGLang's /generate answers one (the router passes it on)
+            self.reply(code, json.dumps({"text": "Paris", "meta_info": {
+                "finish_reason": {"type": "length"}, "completion_tokens": 1}}).encode()
+                if code == 200 else None)
 
     server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
     server.daemon_threads = True
@@ -656,15 +660,30 @@ def _quick_child(tmp_path: Path) -> list[str]:
     return [sys.executable, "-c", f"open({str(marker)!r}, 'w').close(); raise SystemExit(5)"]
 
 
-def test_gpu_busy_refuses_to_start(procs, tmp_path):
+def test_gpu_busy_waits_visibly_then_refuses_to_start(procs, notify_socket, tmp_path):
     smi = write_nvidia_smi(tmp_path / "bin", apps=HOLDER_ON_GPU2)
-    args = engine_args(free_port(), "dsv4-prefill", "--gpus", "0,1,2,3", "--nvidia-smi", str(smi))
-    proc = procs.start([*args, "--", *_quick_child(tmp_path)])
+    args = engine_args(free_port(), "dsv4-prefill", "--gpus", "0,1,2,3", "--nvidia-smi",
+                       str(smi), "--gpu-wait", "1.5")
+    proc = procs.start([*args, "--", *_quick_child(tmp_path)], notify=notify_socket)
     assert procs.wait(proc) == 1
     log = procs.log(proc)
-    assert "dsv4-prefill: GPU 2 (00000000:3A:00.0) is held by pid 1234 python 69000 MiB" in log
-    assert "refusing to start: GPUs busy; stop the holder or wait for it to exit" in log
+    assert "dsv4-prefill: waiting for GPUs 0,1,2,3 to be released (0/1.5 s): GPU 2 " \
+        "(00000000:3A:00.0) is held by pid 1234 python 69000 MiB" in log
+    assert "GPUs still busy after 1.5 s: giving up this start" in log
+    assert any("waiting for GPUs 0,1,2,3 to be released" in m for m in notify_socket.statuses())
     assert not (tmp_path / "child-started").exists()
+
+
+def test_gpu_released_while_waiting_starts_the_engine(procs, tmp_path):
+    smi = write_nvidia_smi(tmp_path / "bin", apps=HOLDER_ON_GPU2)
+    args = engine_args(free_port(), "dsv4-prefill", "--gpus", "0,1,2,3", "--nvidia-smi",
+                       str(smi), "--gpu-wait", "30")
+    proc = procs.start([*args, "--", *_quick_child(tmp_path)])
+    wait_for(lambda: "waiting for GPUs" in procs.log(proc), what="the wait")
+    write_nvidia_smi(tmp_path / "bin", apps="")  # the old process let go of its memory
+    assert procs.wait(proc) == 5  # the child ran (and exited 5)
+    assert (tmp_path / "child-started").exists()
+    assert re.search(r"GPUs 0,1,2,3 are idle after \d+\.\d s", procs.log(proc))
 
 
 def test_gpu_holder_on_another_gpu_starts(procs, tmp_path):
@@ -928,6 +947,7 @@ def test_engine_exits_75_after_draining_when_its_peer_restarts(procs, notify_soc
         proc = procs.start(
             engine_args(port, "dsv4-decode", "--restart-with",
                         f"http://127.0.0.1:{peer_port}/health", "--peer-down-probes", "2",
+                        "--peer-interval", "0.2",
                         "--watchdog-secs", "5",
                         "--", *procs.child(port, events)),
             notify=notify_socket,

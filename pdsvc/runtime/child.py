@@ -77,6 +77,32 @@ class StderrTap:
 
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A preexec function that makes the child get SIGKILL when we die, by any death (kill -9
+    included). Under systemd the unit's cgroup does this; under supervisord nothing else would:
+    the engine, re-parented to PID 1, would keep its GPU memory. SGLang's own subprocesses do
+    the same towards the engine (``kill_itself_when_parent_died``, sglang/srt/utils). prctl(2):
+    the signal fires when the *thread* that forked exits, so the child is started from the main
+    thread. None where prctl is not to be had (not Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # we died between fork and prctl: follow now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 class Child:
     """The supervised command, plus signal forwarding to it."""
 
@@ -94,6 +120,7 @@ class Child:
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
         self.tap: StderrTap | None = None
+        self.forwarded = False  # the stop signal went to the child
 
     def install_signal_handlers(self) -> None:
         for signo in STOP_SIGNALS:
@@ -103,6 +130,9 @@ class Child:
         return self.stop_signal is not None
 
     def _on_signal(self, signo: int, _frame: object) -> None:
+        """Only record the stop (gunicorn's arbiter: handlers queue, one loop dispatches): the
+        loop takes the engine out of the router first, then forwards the signal (forward_stop).
+        A signal after that is forwarded at once (a second SIGINT stays a second SIGINT)."""
         name = signal.Signals(signo).name
         if self.stop_signal is None:
             self.stop_signal = signo
@@ -110,13 +140,25 @@ class Child:
             # notify() directly: Notifier may log, which a signal handler must not do.
             notify("STOPPING=1", f"STATUS=stopping ({name})", env=self.notifier.env)
         process = self.process
-        if process is not None and process.returncode is None:
+        if self.forwarded and process is not None and process.returncode is None:
             self.log.from_signal_handler(
                 f"got {name}: forwarding it to {self.role} pid {process.pid}"
             )
             process.send_signal(signo)
         else:
             self.log.from_signal_handler(f"got {name}: stopping")
+
+    def forward_stop(self) -> None:
+        """Send the recorded stop signal to the child (once the loop is ready to stop it)."""
+        process = self.process
+        if self.stop_signal is None or self.forwarded:
+            return
+        self.forwarded = True
+        if process is not None and process.returncode is None:
+            self.log(f"forwarding {signal.Signals(self.stop_signal).name} to {self.role} pid "
+                     f"{process.pid}")
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(self.stop_signal)
 
     def start(self, argv: Sequence[str]) -> int | None:
         """Start the command; returns an exit status if it could not be started at all."""
@@ -129,6 +171,7 @@ class Child:
             self.process = subprocess.Popen(
                 list(argv), env=env, close_fds=True, stderr=subprocess.PIPE,
                 stdout=subprocess.PIPE if self.prefix else None,
+                preexec_fn=die_with_parent(os.getpid()),
             )
         except FileNotFoundError:
             self.log(f"cannot start {self.role}: {argv[0]}: command not found")
@@ -142,7 +185,7 @@ class Child:
             StderrTap(self.process.stdout, sys.stdout.buffer, self.prefix)
         self.log(f"started {self.role} pid {self.process.pid}: {' '.join(argv)}")
         if self.stop_signal is not None:  # a stop arrived while we were starting it
-            self.process.send_signal(self.stop_signal)
+            self.forward_stop()
         return None
 
     def wait(self, timeout: float) -> int | None:

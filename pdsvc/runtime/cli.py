@@ -8,7 +8,7 @@ import sys
 import urllib.parse
 from collections.abc import Sequence
 
-from .codes import EXIT_PEER
+from .codes import EXIT_GAVE_UP, EXIT_PEER, EXIT_REFUSED
 
 
 def _positive_float(text: str) -> float:
@@ -19,6 +19,12 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
 
 
 def _gpu_list(text: str) -> list[int]:
@@ -70,10 +76,13 @@ Exit status:
            by SIGKILL (SGLang kills its own process tree with SIGKILL: 137), or by the
            forwarded signal; also when a stop arrives while waiting for the JIT lock
   N        the child exited on its own with status N (death by signal S: 128+S)
-  1        refused to start: a GPU of the unit is busy, nvidia-smi failed, or the JIT cache
-           directory cannot be used (Restart= retries after RestartSec=)
-  2        usage error
-  75       a --restart-with peer restarted: the engine was stopped to be restarted with it
+  1        refused to start: a GPU of the unit stayed busy for --gpu-wait, nvidia-smi failed,
+           or the JIT cache directory cannot be used (Restart= retries after RestartSec=)
+  2        usage error (also: the control-plane key cannot be read)
+  75       stopped the engine to restart it: a --restart-with peer restarted, or the pair
+           canary found this engine the stale side of a broken pair
+  78       gave up: --start-attempts starts in a row ended before the service was healthy
+           (the units list 78 in RestartPreventExitStatus=); `systemctl start` tries afresh
   124      --watchdog-secs ran out without a good liveness probe: the child was killed
   126/127  the command could not be executed / was not found
 """
@@ -168,6 +177,34 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "not exited within S seconds (default: wait; systemd's TimeoutStopSec= is the bound)",
     )
 
+    common.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where the restart policy keeps how the last run ended (NAME.restart.json) and the "
+        "pair canary its results (NAME.canary.json), for the next run and `pdsvc status`; the "
+        "unit's StateDirectory= (default: keep nothing, every start is a first start)",
+    )
+    common.add_argument(
+        "--restart-delay", type=_positive_float, default=1.0, metavar="S",
+        help="the unit's RestartSec=: a crash's restart waits S, the next crash in a row 2*S, "
+        "then 4*S... (the extra wait is ours: systemd 252 has no RestartSteps=) "
+        "(default: %(default)g)",
+    )
+    common.add_argument(
+        "--restart-max-delay", type=_positive_float, default=300.0, metavar="S",
+        help="longest wait before a restart after crashes in a row (default: %(default)g)",
+    )
+    common.add_argument(
+        "--restart-reset", type=_positive_float, default=600.0, metavar="S",
+        help="serving this long in a row forgives earlier crashes (default: %(default)g)",
+    )
+    common.add_argument(
+        "--start-attempts", type=_positive_int, default=3, metavar="N",
+        help="starts in a row that end before the service is healthy (a missing model, a "
+        f"rejected flag, OOM at load) before giving up: exit {EXIT_GAVE_UP}, which the unit "
+        "does not restart (RestartPreventExitStatus=); stops never count (default: %(default)s)",
+    )
+
     engine = modes.add_parser(
         "engine",
         prog="runtime engine",
@@ -243,6 +280,52 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "that invalidates the cache, e.g. the SGLang version",
     )
 
+    engine.add_argument(
+        "--peer-interval", type=_positive_float, default=1.0, metavar="S",
+        help="seconds between probes of --restart-with peers, from the moment this engine is "
+        "ready: a peer that restarts within one liveness interval is still seen go and return "
+        "(default: %(default)g)",
+    )
+    engine.add_argument(
+        "--gpu-wait", type=_positive_float, default=600.0, metavar="S",
+        help="with --gpus: while a compute process holds one of them, wait (with progress) up "
+        f"to S seconds, then exit {EXIT_REFUSED} so the process manager retries; never counted "
+        "as a failed start (default: %(default)g)",
+    )
+    member = engine.add_argument_group(
+        "router membership", "register the engine with the router once healthy, deregister "
+        "before a stop, re-register when the router lost it")
+    member.add_argument("--router", type=_http_url, metavar="URL",
+                        help="the router's base URL (its /workers API)")
+    member.add_argument("--role", choices=("prefill", "decode"),
+                        help="the worker type to register as")
+    member.add_argument("--advertise", type=_http_url, metavar="URL",
+                        help="this engine's URL as the router reaches it (default: the base of "
+                        "--health-url)")
+    member.add_argument("--bootstrap-port", type=_positive_int, metavar="PORT",
+                        help="prefill: the KV bootstrap port the router hands to decodes")
+    member.add_argument("--control-plane-key", metavar="SPEC",
+                        help="file holding the router's control-plane key, or credential:NAME "
+                        "for $CREDENTIALS_DIRECTORY/NAME (systemd LoadCredential=); never logged")
+    member.add_argument("--membership-interval", type=_positive_float, default=2.0,
+                        metavar="S", help="seconds between membership checks (default: "
+                        "%(default)g)")
+    canary = engine.add_argument_group(
+        "pair canary", "a one-token PD generation through each pair, judged by content")
+    canary.add_argument("--pair", nargs=3, action="append", default=[],
+                        metavar=("PREFILL_URL", "BOOTSTRAP_PORT", "DECODE_URL"),
+                        help="a prefill x decode pair this engine is part of (repeatable)")
+    canary.add_argument("--canary-interval", type=_positive_float, default=30.0, metavar="S",
+                        help="seconds between canary rounds (default: %(default)g)")
+    canary.add_argument("--canary-failures", type=_positive_int, default=3, metavar="N",
+                        help="failed rounds in a row, both engines healthy, before the stale "
+                        "side restarts itself (default: %(default)s)")
+    canary.add_argument("--canary-timeout", type=_positive_float, default=60.0, metavar="S",
+                        help="one canary generation's timeout (default: %(default)g)")
+    canary.add_argument("--canary-heals", type=_positive_int, default=2, metavar="N",
+                        help="at most N restarts an hour to heal pairs; then only report "
+                        "(default: %(default)s)")
+
     router = modes.add_parser(
         "router",
         prog="runtime router",
@@ -300,6 +383,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="timeout of the probe generation; the first PD request may set up the KV "
         "transfer connection, which can take tens of seconds (default: %(default)g)",
     )
+    launcher = modes.add_parser(
+        "launch",
+        prog="runtime launch",
+        usage="%(prog)s --control-plane-key SPEC MODULE [ARGS...]",
+        help="run a router launcher module with the control-plane key added to its arguments",
+        description=(
+            "Run `python -m MODULE ARGS --control-plane-api-keys ENTRY` in this process, the\n"
+            "key read from SPEC, so that it never appears on a command line (/proc/PID/cmdline)."
+        ),
+    )
+    launcher.add_argument("--control-plane-key", required=True, metavar="SPEC",
+                          help="a file, or credential:NAME ($CREDENTIALS_DIRECTORY/NAME)")
+    launcher.add_argument("module", metavar="MODULE",
+                          help="e.g. sglang_router.launch_router or smg.launch_router")
+    launcher.add_argument("module_args", nargs=argparse.REMAINDER, metavar="ARGS")
     listener = modes.add_parser(
         "eventlistener",
         prog="runtime eventlistener",
@@ -328,7 +426,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         metavar="URL",
         help="supervisord's RPC URL (default: $SUPERVISOR_SERVER_URL, which supervisord sets)",
     )
-    return parser, {"engine": engine, "router": router, "eventlistener": listener}
+    return parser, {"engine": engine, "router": router, "eventlistener": listener,
+                    "launch": launcher}
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -342,14 +441,19 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser, modes = build_parser()
     args = parser.parse_args(options)
     mode = modes[args.mode]
-    if args.mode == "eventlistener":
+    if args.mode in ("eventlistener", "launch"):
         if command:
-            mode.error("eventlistener takes no '-- CMD'")
+            mode.error(f"{args.mode} takes no '-- CMD'")
         return args, command
     if not command:
         mode.error("missing '-- CMD [ARGS...]': the command to supervise")
     if args.mode == "engine" and bool(args.jit_cache) != bool(args.jit_key):
         mode.error("--jit-cache and --jit-key go together")
+    if args.mode == "engine" and args.router and not args.role:
+        mode.error("--router needs --role (prefill or decode)")
+    if args.mode == "engine" and args.role == "prefill" and args.router \
+            and args.bootstrap_port is None:
+        mode.error("--role prefill needs --bootstrap-port")
     return args, command
 
 
@@ -362,6 +466,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # supervisord stops it with SIGTERM while it blocks on stdin: a clean exit, not a crash
         signal.signal(signal.SIGTERM, lambda signo, frame: sys.exit(0))
         return run_eventlistener(args)
+    if args.mode == "launch":
+        from .launch import launch
+
+        return launch(args.control_plane_key, args.module, args.module_args)
     from .lifecycle import run
 
     return run(args, command)

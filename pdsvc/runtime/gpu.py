@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -142,8 +143,27 @@ def gpu_holders(
     return sorted(holders, key=lambda holder: (holder.index, holder.pid))
 
 
-def check_gpus_idle(nvidia_smi_option: str | None, gpus: Sequence[int], log: Log) -> bool:
-    """Log the outcome of the GPU idle check; False means: refuse to start."""
+def wait_gpus_idle(
+    nvidia_smi_option: str | None,
+    gpus: Sequence[int],
+    log: Log,
+    status: Callable[[str], None],
+    *,
+    timeout: float,
+    progress_every: float,
+    should_stop: Callable[[], bool],
+    holders: Callable[[str, Sequence[int]], list[GpuHolder]] = gpu_holders,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    poll: float = 1.0,
+) -> str:
+    """Wait until no compute process holds one of ``gpus``: a restart right after a crash
+    meets the old process's memory for a fraction of a second (measured on an H200: a killed
+    process's 60 GiB were released 0.3 s later), an operator's job on the GPU for longer.
+    Waiting is visible (log + STATUS= every ``progress_every`` s) and bounded by ``timeout``.
+
+    Returns "idle" (start), "busy" (still held after ``timeout``), "error" (nvidia-smi failed:
+    a driver problem, not something waiting fixes) or "stopped" (a stop arrived)."""
     nvidia_smi = find_nvidia_smi(nvidia_smi_option)
     if nvidia_smi is None:
         where = f" at {nvidia_smi_option}" if nvidia_smi_option else " on PATH"
@@ -151,17 +171,34 @@ def check_gpus_idle(nvidia_smi_option: str | None, gpus: Sequence[int], log: Log
             "GPU idle check skipped: nvidia-smi not found (no NVIDIA driver on this host?)"
             f" [looked{where}]"
         )
-        return True
-    try:
-        holders = gpu_holders(nvidia_smi, gpus)
-    except GpuCheckError as exc:
-        log(f"GPU idle check failed: {exc}")
-        log("refusing to start: cannot tell whether the GPUs are free (driver problem?)")
-        return False
-    if holders:
-        for holder in holders:
-            log(holder.describe())
-        log("refusing to start: GPUs busy; stop the holder or wait for it to exit")
-        return False
-    log(f"GPUs {','.join(map(str, gpus))} are idle")
-    return True
+        return "idle"
+    started = clock()
+    next_log = started
+    named = ",".join(map(str, gpus))
+    while True:
+        try:
+            held = holders(nvidia_smi, gpus)
+        except GpuCheckError as exc:
+            log(f"GPU idle check failed: {exc}")
+            log("refusing to start: cannot tell whether the GPUs are free (driver problem?)")
+            return "error"
+        if not held:
+            waited = clock() - started
+            log(f"GPUs {named} are idle" + (f" after {waited:.1f} s" if waited >= poll else ""))
+            return "idle"
+        now = clock()
+        if now - started >= timeout:
+            for holder in held:
+                log(holder.describe())
+            log(f"GPUs still busy after {timeout:g} s: giving up this start (the process "
+                "manager retries); stop the holder")
+            return "busy"
+        if now >= next_log:
+            line = (f"waiting for GPUs {named} to be released ({now - started:.0f}/{timeout:g} s): "
+                    + "; ".join(h.describe() for h in held))
+            log(line)
+            status(line)
+            next_log = now + progress_every
+        if should_stop():
+            return "stopped"
+        sleep(poll)

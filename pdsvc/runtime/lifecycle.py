@@ -1,4 +1,13 @@
-"""One unit's life: preflight, start, readiness, liveness, stop, exit status."""
+"""One unit's life, as explicit states with named transitions (supervisor's process.py model):
+
+  PREFLIGHT ─► BACKOFF ─► WAIT_GPUS ─► JIT_LOCK ─► STARTING ─► SERVING ─► STOPPING ─► EXITED
+                (a crash     (busy GPUs:   (cold cache:    (until healthy;  (liveness, the
+                 in a row)    bounded wait) one compiler)   READY=1)         router membership,
+                                                                             the pair canary)
+
+What ends each state, and what the exit status then says to the process manager, is decided
+here and nowhere else; the policy (restart.py's RestartPolicy) remembers across runs.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +18,22 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
+from .canary import Canary, CanaryThread, Pair
 from .child import Child, exit_status, supervisor_exit_code
-from .codes import EXIT_HUNG, EXIT_PEER, EXIT_REFUSED, KILL_WAIT_S
-from .gpu import check_gpus_idle
+from .codes import (
+    EXIT_GAVE_UP,
+    EXIT_HUNG,
+    EXIT_PEER,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    KILL_WAIT_S,
+)
+from .gpu import wait_gpus_idle
 from .jitlock import JitLock
+from .membership import Membership, Worker, read_key
 from .notify import Log, Notifier
-from .phases import PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
+from .phases import Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
+from .policy import RestartPolicy
 from .probe import (
     START_PROBE_TIMEOUT_S,
     ProbeResult,
@@ -24,6 +43,8 @@ from .probe import (
     router_start_probe,
 )
 from .proctree import become_subreaper
+
+HOUR_S = 3600.0
 
 
 def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
@@ -57,45 +78,6 @@ def engine_fingerprint() -> str:
     return "_".join(parts)
 
 
-def engine_preflight(
-    args: argparse.Namespace, log: Log, notifier: Notifier, child: Child
-) -> tuple[int | None, JitLock | None]:
-    """GPU idle check, then the JIT compile lock when the cache is cold for this engine.
-
-    Returns (exit status, None) when the engine must not start, else (None, the lock or None).
-    """
-    if args.gpus:
-        notifier.status(f"checking that GPUs {','.join(map(str, args.gpus))} are idle")
-        if not check_gpus_idle(args.nvidia_smi, args.gpus, log):
-            notifier.status("refused to start: GPUs busy or nvidia-smi failed")
-            return EXIT_REFUSED, None
-    if not args.jit_cache:
-        return None, None
-    key = f"{args.jit_key}@{engine_fingerprint()}"
-    jit = JitLock(args.jit_cache, key, args.name, log, args.progress_every)
-    if jit.is_warm():
-        log(f"JIT cache warm for {args.jit_key}: starting without the compile lock")
-        return None, jit
-    try:
-        taken = jit.acquire(
-            should_stop=child.stopping,
-            on_wait=lambda holder: notifier.status(
-                f"JIT cache cold: waiting for {holder} to finish compiling"
-            ),
-        )
-    except OSError as exc:
-        log(f"cannot use JIT cache {args.jit_cache}: {exc}")
-        return EXIT_REFUSED, None
-    if not taken:
-        log("stopped while waiting for the JIT compile lock")
-        return 0, None
-    log(
-        f"JIT cache cold for {args.jit_key}: holding {jit.lock_path} until healthy, "
-        "so engines sharing this cache compile one at a time"
-    )
-    return None, jit
-
-
 def probes_for(args: argparse.Namespace, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:
     """(start-phase probe, what it waits for, liveness URL) for the mode."""
     if args.mode == "engine":
@@ -109,134 +91,8 @@ def probes_for(args: argparse.Namespace, log: Log) -> tuple[Callable[[], ProbeRe
     probe = router_start_probe(
         args.readiness_url, args.generate_url, api_key, args.generate_timeout
     )
-    what = f"{args.readiness_url} + a generation via {args.generate_url}"
+    what = f"{args.readiness_url} + a good completion via {args.generate_url}"
     return probe, what, args.liveness_url or liveness_url_for(args.readiness_url)
-
-
-def run(args: argparse.Namespace, command: Sequence[str]) -> int:
-    """Supervise one engine or the router; returns the exit status (see cli.EPILOG)."""
-    log = Log(args.name)
-    notifier = Notifier(log)
-    role = args.mode
-    child = Child(log, notifier, role, kill_tree=args.kill_tree,
-                  prefix_output=args.prefix_output)
-    child.install_signal_handlers()
-    if args.kill_tree:
-        failed_subreaper = become_subreaper()
-        if failed_subreaper:
-            log(f"cannot become a child subreaper ({failed_subreaper}): descendants that leave "
-                "the process group may survive a stop")
-
-    if args.wait_for and not wait_for_urls(
-        args.wait_for,
-        log=log,
-        status=notifier.status,
-        poll_interval=args.poll_interval,
-        progress_every=args.progress_every,
-        should_stop=child.stopping,
-    ):
-        log(f"stopped while waiting for {', '.join(args.wait_for)}")
-        return 0
-
-    jit: JitLock | None = None
-    if role == "engine":
-        refused, jit = engine_preflight(args, log, notifier, child)
-        if refused is not None:
-            return refused
-    probe, what, liveness_url = probes_for(args, log)
-    if child.stopping():
-        log(f"stopped before the {role} was started")
-        return 0
-
-    notifier.status(f"starting {role}")
-    failed = child.start(command)
-    if failed is not None:
-        return failed
-    started = time.monotonic()
-    notifier.status(f"waiting for {what}")
-
-    outcome = wait_until_healthy(
-        probe,
-        child.wait,
-        what=what,
-        log=log,
-        status=notifier.status,
-        poll_interval=args.poll_interval,
-        progress_every=args.progress_every,
-        should_stop=child.stopping,
-        started=started,
-    )
-    if outcome.kind == "healthy":
-        if jit is not None and jit.held:
-            jit.mark_warm()
-            log(f"JIT cache for {args.jit_key} marked warm; compile lock released")
-        serving = f"serving on {base_url(liveness_url)} (healthy after {outcome.elapsed:.1f} s)"
-        notifier("READY=1", f"STATUS={serving}")
-        log(f"healthy after {outcome.elapsed:.1f} s")
-        _watchdog_hint(args, log)
-        outcome = liveness_loop(
-            lambda left=args.liveness_timeout: http_probe(
-                liveness_url, max(0.05, round(min(args.liveness_timeout, left), 2))
-            ),
-            child.wait,
-            interval=args.liveness_interval,
-            log=log,
-            notify=notifier,
-            serving_status=serving,
-            should_stop=child.stopping,
-            hang_after=args.watchdog_secs,
-            # a peer probe must not hold up this engine's own probes (and its watchdog)
-            peers=PeerWatch(args.restart_with, args.peer_down_probes,
-                            min(args.liveness_timeout, args.liveness_interval), log=log)
-            if getattr(args, "restart_with", None) else None,
-        )
-    hung = outcome.kind == "hung"
-    if outcome.kind == "peer":
-        assert child.process is not None
-        log(f"{outcome.detail}; stopping the {role} (SIGTERM) and exiting {EXIT_PEER} so that "
-            f"the process manager restarts it")
-        notifier.status(f"restarting with its peer: {outcome.detail}")
-        child.stop_time = time.monotonic()
-        with contextlib.suppress(ProcessLookupError):
-            child.process.send_signal(signal.SIGTERM)
-    if hung:
-        child.kill_now(
-            f"no successful liveness probe for {outcome.elapsed:.0f} s "
-            f"(--watchdog-secs {args.watchdog_secs:g}): the {role} is hung"
-        )
-    if outcome.kind == "stop":
-        returncode = child.wait_after_stop(args.progress_every, args.stop_timeout)
-    elif outcome.kind == "peer":
-        # our own stop, not the manager's: its watchdog still runs, so keep it fed while the
-        # engine drains (bounded by --stop-timeout, which the units pass for this)
-        returncode = child.wait_after_stop(args.progress_every, args.stop_timeout,
-                                           tick=lambda: notifier("WATCHDOG=1"))
-    elif hung:
-        returncode = child.wait(KILL_WAIT_S)
-        returncode = -signal.SIGKILL if returncode is None else returncode
-    else:
-        returncode = outcome.returncode if outcome.returncode is not None else 1
-    child.kill_leftovers()
-    if jit is not None:
-        jit.release()
-
-    status = exit_status(returncode)
-    last_error = child.tap.drain() if child.tap is not None and status != 0 else ""
-    said = f"; its last error: {last_error}" if last_error and child.stop_signal is None else ""
-    log(f"{role} exited with status {status}" + _signal_suffix(returncode) + said)
-    if said:
-        notifier.status(f"{role} exited with status {status}: {last_error}")
-    code = supervisor_exit_code(returncode, child.stop_signal)
-    if hung and child.stop_signal is None:
-        log(f"exiting {EXIT_HUNG} so that the process manager restarts the {role}")
-        return EXIT_HUNG
-    if outcome.kind == "peer" and child.stop_signal is None:
-        return EXIT_PEER
-    if child.stop_signal is not None:
-        stop_name = signal.Signals(child.stop_signal).name
-        verdict = "a clean stop" if code == 0 else "a failed stop"
-        log(f"after {stop_name}: treating it as {verdict}; exiting {code}")
-    return code
 
 
 def _signal_suffix(returncode: int) -> str:
@@ -247,3 +103,305 @@ def _signal_suffix(returncode: int) -> str:
     except ValueError:
         return f" (killed by signal {-returncode})"
 
+
+class Unit:
+    """One run of one unit's main process."""
+
+    def __init__(self, args: argparse.Namespace, command: Sequence[str]) -> None:
+        self.args, self.command = args, list(command)
+        self.role = args.mode
+        self.log = Log(args.name)
+        self.notifier = Notifier(self.log)
+        self.child = Child(self.log, self.notifier, self.role, kill_tree=args.kill_tree,
+                           prefix_output=args.prefix_output)
+        state = os.path.join(args.state_dir, args.name) if args.state_dir else None
+        self.policy = RestartPolicy(
+            f"{state}.restart.json" if state else None, restart_delay=args.restart_delay,
+            max_delay=args.restart_max_delay, reset_after=args.restart_reset,
+            attempts=args.start_attempts)
+        self.canary_path = f"{state}.canary.json" if state else None
+        self.jit: JitLock | None = None
+        self.membership: Membership | None = None
+        self.canary: CanaryThread | None = None
+        self.state = "PREFLIGHT"
+
+    def enter(self, state: str, status: str | None = None) -> None:
+        self.state = state
+        if status:
+            self.notifier.status(status)
+
+    # ---------------------------------------------------------------- preflight states
+    def backoff(self) -> bool:
+        """BACKOFF: crashes in a row wait longer (systemd 252 has no RestartSteps=). False when
+        a stop arrived meanwhile."""
+        verdict = self.policy.on_start()
+        if verdict.delay <= 0:
+            return True
+        self.enter("BACKOFF", verdict.why)
+        self.log(verdict.why)
+        deadline = time.monotonic() + verdict.delay
+        while time.monotonic() < deadline:
+            if self.child.stopping():
+                return False
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        return not self.child.stopping()
+
+    def wait_gpus(self) -> int | None:
+        """WAIT_GPUS: the exit status when the engine must not start now, else None."""
+        a = self.args
+        if self.role != "engine" or not a.gpus:
+            return None
+        self.enter("WAIT_GPUS", f"checking that GPUs {','.join(map(str, a.gpus))} are idle")
+        result = wait_gpus_idle(a.nvidia_smi, a.gpus, self.log, self.notifier.status,
+                                timeout=a.gpu_wait, progress_every=a.progress_every,
+                                should_stop=self.child.stopping)
+        if result == "idle":
+            return None
+        if result == "stopped":
+            return 0
+        self.notifier.status("refused to start: " + ("GPUs busy" if result == "busy"
+                                                     else "nvidia-smi failed"))
+        self.policy.on_stop(f"did not start: GPUs {'busy' if result == 'busy' else 'unknown'}")
+        return EXIT_REFUSED
+
+    def jit_lock(self) -> int | None:
+        """JIT_LOCK: take the compile lock while the cache is cold for this engine."""
+        a = self.args
+        if self.role != "engine" or not a.jit_cache:
+            return None
+        key = f"{a.jit_key}@{engine_fingerprint()}"
+        jit = JitLock(a.jit_cache, key, a.name, self.log, a.progress_every)
+        if jit.is_warm():
+            self.log(f"JIT cache warm for {a.jit_key}: starting without the compile lock")
+            self.jit = jit
+            return None
+        self.enter("JIT_LOCK")
+        try:
+            taken = jit.acquire(
+                should_stop=self.child.stopping,
+                on_wait=lambda holder: self.notifier.status(
+                    f"JIT cache cold: waiting for {holder} to finish compiling"),
+            )
+        except OSError as exc:
+            self.log(f"cannot use JIT cache {a.jit_cache}: {exc}")
+            return EXIT_REFUSED
+        if not taken:
+            self.log("stopped while waiting for the JIT compile lock")
+            return 0
+        self.log(f"JIT cache cold for {a.jit_key}: holding {jit.lock_path} until healthy, "
+                 "so engines sharing this cache compile one at a time")
+        self.jit = jit
+        return None
+
+    def setup_membership(self) -> int | None:
+        a = self.args
+        if self.role != "engine" or not a.router:
+            return None
+        try:
+            key = read_key(a.control_plane_key)
+        except (OSError, ValueError) as exc:
+            self.log(f"cannot read the router's control-plane key: {exc}")
+            return EXIT_USAGE
+        worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
+        self.membership = Membership(a.router, worker, key, self.log)
+        return None
+
+    # ---------------------------------------------------------------- serving duties
+    def duties(self, liveness_url: str) -> Callable[[bool], Outcome | None]:
+        """What SERVING does besides the liveness probe, each on its own clock."""
+        a, log = self.args, self.log
+        next_check = 0.0
+        peers = None
+        if getattr(a, "restart_with", None):
+            # a peer probe must not hold up this engine's own probes (and its watchdog)
+            peers = PeerWatch(a.restart_with, a.peer_down_probes,
+                              min(a.liveness_timeout, a.peer_interval), log=self.log)
+            peers.check()  # from the first second: a peer killed now is seen go and return
+        next_peer = time.monotonic() + a.peer_interval if peers else float("inf")
+
+        def run(alive: bool) -> Outcome | None:
+            nonlocal next_check, next_peer
+            now = time.monotonic()
+            if peers is not None and now >= next_peer:
+                next_peer = now + a.peer_interval
+                restarted = peers.check()
+                if restarted:
+                    return Outcome("peer", detail=restarted)
+            if self.membership is not None and now >= next_check:
+                next_check = now + a.membership_interval
+                self.membership.check(alive)
+            if self.canary is not None:
+                rounds = self.canary.take()
+                for r in rounds:
+                    self.canary.canary.record(r)
+                why = self.canary.canary.verdict() if rounds and alive else None
+                if why:
+                    if self.policy.heals_left(a.canary_heals, HOUR_S) > 0:
+                        self.policy.record_heal()
+                        return Outcome("heal", detail=why)
+                    log(f"{why} — but the heal budget ({a.canary_heals} an hour) is spent: not "
+                        "restarting; the pair stays failing (see pdsvc status)")
+            return None
+
+        return run
+
+    def start_canary(self) -> None:
+        a = self.args
+        if self.role != "engine" or not a.pair:
+            return
+        me = a.advertise or base_url(a.health_url)
+        pairs = [Pair(p, int(b) if b not in ("", "none") else None, d) for p, b, d in a.pair]
+        canary = Canary(me, pairs, failures_to_act=a.canary_failures, log=self.log,
+                        path=self.canary_path)
+        self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout)
+        self.canary.start()
+
+    # ---------------------------------------------------------------- the run
+    def run(self) -> int:
+        a, child, log = self.args, self.child, self.log
+        child.install_signal_handlers()
+        if a.kill_tree:
+            failed_subreaper = become_subreaper()
+            if failed_subreaper:
+                log(f"cannot become a child subreaper ({failed_subreaper}): descendants that "
+                    "leave the process group may survive a stop")
+        if a.wait_for and not wait_for_urls(
+            a.wait_for, log=log, status=self.notifier.status, poll_interval=a.poll_interval,
+            progress_every=a.progress_every, should_stop=child.stopping,
+        ):
+            log(f"stopped while waiting for {', '.join(a.wait_for)}")
+            return 0
+        for step in (self.setup_membership, self.wait_gpus, self.jit_lock):
+            refused = step()
+            if refused is not None:
+                return refused
+        if not self.backoff() or child.stopping():
+            log(f"stopped before the {self.role} was started")
+            self.policy.on_stop("stopped before the start")
+            return 0
+        probe, what, liveness_url = probes_for(a, log)
+        self.enter("STARTING", f"starting {self.role}")
+        failed = child.start(self.command)
+        if failed is not None:
+            why = self.policy.on_failed_start(f"cannot execute {self.command[0]}")
+            return EXIT_GAVE_UP if why else failed
+        self.notifier.status(f"waiting for {what}")
+        outcome = wait_until_healthy(
+            probe, child.wait, what=what, log=log, status=self.notifier.status,
+            poll_interval=a.poll_interval, progress_every=a.progress_every,
+            should_stop=child.stopping, started=time.monotonic(),
+        )
+        served = outcome.kind == "healthy"
+        if served:
+            outcome = self.serve(outcome, liveness_url)
+        return self.finish(outcome, served)
+
+    def serve(self, healthy: Outcome, liveness_url: str) -> Outcome:
+        """SERVING: join the router, READY=1, then liveness, membership and the canary."""
+        a, log = self.args, self.log
+        self.enter("SERVING")
+        self.policy.on_healthy()
+        if self.jit is not None and self.jit.held:
+            self.jit.mark_warm()
+            log(f"JIT cache for {a.jit_key} marked warm; compile lock released")
+        if self.membership is not None:
+            self.membership.join()  # before READY=1: ordering waits for a routable engine
+        serving = f"serving on {base_url(liveness_url)} (healthy after {healthy.elapsed:.1f} s)"
+        self.notifier("READY=1", f"STATUS={serving}")
+        log(f"healthy after {healthy.elapsed:.1f} s")
+        _watchdog_hint(a, log)
+        self.start_canary()
+        return liveness_loop(
+            lambda left=a.liveness_timeout: http_probe(
+                liveness_url, max(0.05, round(min(a.liveness_timeout, left), 2))
+            ),
+            self.child.wait,
+            interval=a.liveness_interval,
+            log=log,
+            notify=self.notifier,
+            serving_status=serving,
+            should_stop=self.child.stopping,
+            hang_after=a.watchdog_secs,
+            duties=self.duties(liveness_url),
+        )
+
+    def finish(self, outcome: Outcome, served: bool) -> int:
+        """STOPPING → EXITED: leave the router, stop the child, say why, pick the exit status."""
+        a, child, log, role = self.args, self.child, self.log, self.role
+        self.enter("STOPPING")
+        if self.canary is not None:
+            self.canary.stop()
+        if self.membership is not None and child.process is not None:
+            self.membership.leave()  # first: no new request reaches an engine that drains
+        own_stop = outcome.kind in ("peer", "heal")
+        if own_stop:
+            assert child.process is not None
+            why = ("restarting with its peer" if outcome.kind == "peer"
+                   else "restarting to heal its pair")
+            log(f"{outcome.detail}; stopping the {role} (SIGTERM) and exiting {EXIT_PEER} so "
+                "that the process manager restarts it")
+            self.notifier.status(f"{why}: {outcome.detail}")
+            child.stop_time, child.forwarded = time.monotonic(), True
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signal.SIGTERM)
+        hung = outcome.kind == "hung"
+        if hung:
+            child.kill_now(
+                f"no successful liveness probe for {outcome.elapsed:.0f} s "
+                f"(--watchdog-secs {a.watchdog_secs:g}): the {role} is hung"
+            )
+        if outcome.kind == "stop":
+            child.forward_stop()
+            returncode = child.wait_after_stop(a.progress_every, a.stop_timeout)
+        elif own_stop:
+            # our own stop, not the manager's: its watchdog still runs, so keep it fed while
+            # the engine drains (bounded by --stop-timeout, which the units pass for this)
+            returncode = child.wait_after_stop(a.progress_every, a.stop_timeout,
+                                               tick=lambda: self.notifier("WATCHDOG=1"))
+        elif hung:
+            returncode = child.wait(KILL_WAIT_S)
+            returncode = -signal.SIGKILL if returncode is None else returncode
+        else:
+            returncode = outcome.returncode if outcome.returncode is not None else 1
+        child.kill_leftovers()
+        if self.jit is not None:
+            self.jit.release()
+        self.enter("EXITED")
+        status = exit_status(returncode)
+        last_error = child.tap.drain() if child.tap is not None and status != 0 else ""
+        asked = child.stop_signal is not None
+        said = f"; its last error: {last_error}" if last_error and not asked else ""
+        log(f"{role} exited with status {status}" + _signal_suffix(returncode) + said)
+        if said:
+            self.notifier.status(f"{role} exited with status {status}: {last_error}")
+        code = supervisor_exit_code(returncode, child.stop_signal)
+        ended = f"{role} exited with status {status}" + (f": {last_error}" if last_error else "")
+        if asked:
+            self.policy.on_stop(f"stopped ({signal.Signals(child.stop_signal).name})")
+            stop_name = signal.Signals(child.stop_signal).name
+            verdict = "a clean stop" if code == 0 else "a failed stop"
+            log(f"after {stop_name}: treating it as {verdict}; exiting {code}")
+            return code
+        if own_stop:
+            self.policy.on_stop(outcome.detail)
+            return EXIT_PEER
+        if hung:
+            self.policy.on_crash(f"hung: no good liveness probe for {outcome.elapsed:.0f} s")
+            log(f"exiting {EXIT_HUNG} so that the process manager restarts the {role}")
+            return EXIT_HUNG
+        if served:
+            self.policy.on_crash(ended)
+            return code
+        gave_up = self.policy.on_failed_start(ended)
+        if gave_up:
+            log(gave_up)
+            log(f"exiting {EXIT_GAVE_UP}: not restarted (RestartPreventExitStatus=); fix the "
+                "cause, then start the unit again")
+            self.notifier.status(gave_up)
+            return EXIT_GAVE_UP
+        return code
+
+
+def run(args: argparse.Namespace, command: Sequence[str]) -> int:
+    """Supervise one engine or the router; returns the exit status (see cli.EPILOG)."""
+    return Unit(args, command).run()

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evalua
 
 class Outcome(NamedTuple):
     kind: str  # "healthy", "exited" (returncode set), "stop" (a stop signal arrived), "hung",
-    # "peer" (a --restart-with peer restarted; detail says which)
+    # "peer" (a --restart-with peer restarted; detail says which), "heal" (the pair canary:
+    # this engine holds a broken pair's stale side; detail says why)
     returncode: int | None = None
     elapsed: float = 0.0
     detail: str = ""
@@ -138,9 +139,12 @@ def liveness_loop(
     clock: Clock = time.monotonic,
     hang_after: float | None = None,
     peers: PeerWatch | None = None,
+    duties: Callable[[bool], Outcome | None] | None = None,
 ) -> Outcome:
     """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``peers``: checked once
-    per interval too; a restarted peer ends the loop as ``"peer"``.
+    per interval too; a restarted peer ends the loop as ``"peer"``. ``duties``: called about
+    once a second with whether the last liveness probe passed (router membership, the pair
+    canary's verdicts); an Outcome it returns ends the loop.
 
     A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
     systemd kills and restarts the unit. Returns when the child exits or a stop arrives.
@@ -157,6 +161,7 @@ def liveness_loop(
     def left() -> float:
         return float("inf") if hang_after is None else last_ok + hang_after - clock()
 
+    alive = True
     while True:
         slice_s = min(CHILD_WAIT_SLICE_S, max(0.0, next_probe - clock()), max(0.0, left()))
         returncode = child_wait(slice_s)
@@ -166,6 +171,9 @@ def liveness_loop(
             return Outcome("stop")
         if left() <= 0:
             return Outcome("hung", elapsed=clock() - last_ok)
+        ended = duties(alive) if duties is not None else None
+        if ended is not None:
+            return ended
         if clock() < next_probe:
             continue
         next_probe = clock() + interval
@@ -180,7 +188,9 @@ def liveness_loop(
                 notify("WATCHDOG=1")
             failures = 0
             last_ok = clock()
+            alive = True
         else:
+            alive = False
             failures += 1
             log(f"liveness probe failed: {result.detail}")
             notify(

@@ -7,7 +7,8 @@ import signal
 
 EXIT_REFUSED = 1  # GPU busy, nvidia-smi broken, cache dir unusable: Restart= retries later
 EXIT_USAGE = 2  # argparse's own exit status for usage errors
-EXIT_PEER = 75  # a --restart-with peer restarted: stopped the engine to be restarted with it
+EXIT_PEER = 75  # EX_TEMPFAIL: stopped the engine to restart it (a peer restarted, a pair heal)
+EXIT_GAVE_UP = 78  # EX_CONFIG: failed to become healthy N starts in a row; not restarted
 EXIT_HUNG = 124  # --watchdog-secs ran out: killed a hung child (timeout(1)'s convention)
 EXIT_CANNOT_EXEC = 126  # the shell's convention for "found but could not run"
 EXIT_NOT_FOUND = 127  # the shell's convention for "command not found"

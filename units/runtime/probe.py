@@ -43,6 +43,54 @@ def _describe_error(reason: object, timeout: float) -> str:
     return str(reason) or type(reason).__name__
 
 
+class HttpReply(NamedTuple):
+    """One HTTP exchange: ``status`` None when no response came (``detail`` says why)."""
+
+    status: int | None
+    body: bytes
+    detail: str  # "HTTP 200", "HTTP 503 {...}", "connection refused", "timed out after 5 s"
+
+    def json(self) -> object:
+        """The body as JSON, or None when it is not JSON."""
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+
+
+def http_call(
+    url: str,
+    timeout: float,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    method: str | None = None,
+    opener: Callable[..., object] = _OPENER.open,
+) -> HttpReply:
+    """One request (GET, or POST when ``body`` is given, unless ``method``). Never raises."""
+    request = urllib.request.Request(
+        url, data=body, headers=dict(headers or {}),
+        method=method or ("GET" if body is None else "POST"),
+    )
+    try:
+        with opener(request, timeout=timeout) as response:  # type: ignore[attr-defined]
+            data = response.read(1 << 20)
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        try:
+            data = exc.read(1 << 16)
+        except Exception:  # noqa: BLE001 - the status alone is enough
+            data = b""
+        finally:
+            exc.close()
+        said = _snippet(data[:400])
+        return HttpReply(exc.code, data, f"HTTP {exc.code}" + (f" {said}" if said else ""))
+    except urllib.error.URLError as exc:
+        return HttpReply(None, b"", _describe_error(exc.reason, timeout))
+    except (OSError, http.client.HTTPException) as exc:
+        return HttpReply(None, b"", _describe_error(exc, timeout))
+    return HttpReply(status, data, f"HTTP {status}")
+
+
 def http_probe(
     url: str,
     timeout: float,
@@ -51,28 +99,32 @@ def http_probe(
     opener: Callable[..., object] = _OPENER.open,
 ) -> ProbeResult:
     """GET ``url`` (POST when ``body`` is given); ok only on HTTP 200. Never raises."""
-    request = urllib.request.Request(
-        url, data=body, headers=dict(headers or {}), method="GET" if body is None else "POST"
-    )
-    try:
-        with opener(request, timeout=timeout) as response:  # type: ignore[attr-defined]
-            response.read(1 << 20)
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        try:
-            said = _snippet(exc.read(400))
-        except Exception:  # noqa: BLE001 - the status alone is enough
-            said = ""
-        finally:
-            exc.close()
-        return ProbeResult(False, f"HTTP {exc.code}" + (f" {said}" if said else ""))
-    except urllib.error.URLError as exc:
-        return ProbeResult(False, _describe_error(exc.reason, timeout))
-    except (OSError, http.client.HTTPException) as exc:
-        return ProbeResult(False, _describe_error(exc, timeout))
-    if status != 200:
-        return ProbeResult(False, f"HTTP {status}")
-    return ProbeResult(True, "HTTP 200")
+    reply = http_call(url, timeout, body, headers, opener=opener)
+    return ProbeResult(reply.status == 200, reply.detail)
+
+
+def judge_generation(reply: HttpReply) -> str | None:
+    """Why a generation's reply is not a good completion, or None when it is one.
+
+    Judged by content, not status: a broken prefill/decode pair answers **HTTP 200** with
+    ``finish_reason`` of type abort (or error) and an empty text (smg-project/smg #2382, sglang
+    #33789); ``meta_info`` is SGLang's ``/generate`` reply (sglang/srt/managers/io_struct.py).
+    """
+    if reply.status != 200:
+        return reply.detail
+    doc = reply.json()
+    if not isinstance(doc, dict):
+        return "HTTP 200 but the body is not a JSON object: " + _snippet(reply.body)
+    meta = doc.get("meta_info") if isinstance(doc.get("meta_info"), dict) else {}
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    if kind in ("abort", "error"):
+        said = finish.get("message", "") if isinstance(finish, dict) else ""
+        return f"HTTP 200 with finish_reason {kind}" + (f": {said}" if said else "")
+    tokens = meta.get("completion_tokens")
+    if doc.get("text", "") == "" and not (isinstance(tokens, int) and tokens > 0):
+        return "HTTP 200 with an empty completion"
+    return None
 
 
 def router_start_probe(
@@ -81,8 +133,9 @@ def router_start_probe(
     api_key: str | None,
     generate_timeout: float,
     probe: Callable[..., ProbeResult] = http_probe,
+    call: Callable[..., HttpReply] = http_call,
 ) -> Callable[[], ProbeResult]:
-    """Probe for the router's start phase: ``/readiness`` 200, then one real generation 200.
+    """Probe for the router's start phase: ``/readiness`` 200, then one good completion.
 
     ``/readiness`` turns 200 as soon as workers are registered, before a prefill/decode pair
     has served a request; only a generation through the router proves the pair works.
@@ -96,10 +149,10 @@ def router_start_probe(
         ready = probe(readiness_url, START_PROBE_TIMEOUT_S)
         if not ready.ok:
             return ProbeResult(False, f"readiness: {ready.detail}")
-        generated = probe(generate_url, generate_timeout, body=body, headers=headers)
-        if not generated.ok:
-            return ProbeResult(False, f"readiness OK, generation failed: {generated.detail}")
-        return generated
+        bad = judge_generation(call(generate_url, generate_timeout, body, headers))
+        if bad:
+            return ProbeResult(False, f"readiness OK, generation failed: {bad}")
+        return ProbeResult(True, "HTTP 200, a good completion")
 
     return check
 

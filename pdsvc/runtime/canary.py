@@ -1,0 +1,234 @@
+"""The pair canary: a periodic one-token generation through every prefill×decode pair this
+engine is part of, sent exactly as the router sends a PD request, and judged by content.
+
+Why: a pair can be broken while both /health endpoints answer 200. A decode keeps the NIXL
+endpoints of a prefill that was replaced behind a stable address (sglang #33789, PR #34289); a
+prefill keeps stale NIXL/UCX agent state of decode peers that were replaced, and every transfer
+through it fails as **HTTP 200 with finish_reason abort** and no text (smg-project/smg #2382;
+vllm #49238 reports both directions). Only a real PD request shows it.
+
+The request: the same JSON body POSTed to the prefill's and the decode's ``/generate`` at
+once, with ``bootstrap_host`` (the host of the prefill's URL, verbatim), ``bootstrap_port`` and
+a fresh random ``bootstrap_room`` below 2^63, which is what the router adds (sglang-router
+``src/routers/http/pd_router.rs``); the decode's reply is the verdict.
+
+Which side heals. Each side runs the canary for its own pairs and acts only on itself: no unit
+gets the right to restart another. The stale side is the one that is *unchanged* since the pair
+last worked: it served this pair with its current engine, then the peer was replaced, and the
+state it kept about the old peer is what fails. The replaced side is fresh: it has never served
+this pair. So a side restarts its own engine when a pair fails ``failures`` rounds in a row
+while both engines answer /health, and it has had a good round with that peer since its
+engine started. A side without that history leaves the pair to the peer, unless it has no
+working pair at all for twice as long (both sides fresh and still failing: the pair restarts
+together, each side on its own word). A side with other healthy pairs never restarts for a pair
+it has never served, so one flapping pair does not take down the healthy pairs of an xPyD
+deployment; a heal budget (in the restart policy's file) bounds the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from .probe import START_PROBE_TIMEOUT_S, HttpReply, http_call, judge_generation
+
+CANARY_PROMPT = "pdsvc pair canary"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One prefill×decode pair, by the URLs the router uses for them."""
+
+    prefill: str  # http://HOST:PORT of the prefill
+    bootstrap_port: int | None
+    decode: str  # http://HOST:PORT of the decode
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefill} -> {self.decode}"
+
+    def body(self, room: int) -> bytes:
+        return json.dumps({
+            "text": CANARY_PROMPT,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True},
+            "stream": False,
+            "bootstrap_host": urllib.parse.urlsplit(self.prefill).hostname,
+            "bootstrap_port": self.bootstrap_port,
+            "bootstrap_room": room,
+        }).encode("utf-8")
+
+
+@dataclass
+class PairState:
+    """What this side knows of one pair (written to the canary file for `pdsvc status`)."""
+
+    pair: str
+    peer: str
+    state: str = "unknown"  # ok | failing | peer-down | unknown
+    failures: int = 0  # rounds in a row that failed while both engines were healthy
+    failing_since: float | None = None  # wall clock
+    last_error: str = ""
+    last_ok: float | None = None  # wall clock
+    served: bool = False  # a good round with this peer since this engine started
+
+
+@dataclass(frozen=True)
+class Round:
+    """One probe of one pair: ``ok``, or ``error`` (a pair failure), or ``skipped`` (the
+    peer's /health failed: not the pair's fault)."""
+
+    pair: Pair
+    ok: bool
+    error: str = ""
+    skipped: str = ""
+
+
+def probe_pair(pair: Pair, peer: str, timeout: float,
+               call: Callable[..., HttpReply] = http_call,
+               room: Callable[[], int] = lambda: random.getrandbits(63)) -> Round:
+    """One canary round for ``pair``: the peer's /health, then the PD request on both sides."""
+    health = call(f"{peer}/health", START_PROBE_TIMEOUT_S)
+    if health.status != 200:
+        return Round(pair, False, skipped=f"peer {peer} /health: {health.detail}")
+    body, headers = pair.body(room()), {"Content-Type": "application/json"}
+    replies: dict[str, HttpReply] = {}
+
+    def send(side: str, url: str) -> None:
+        replies[side] = call(f"{url}/generate", timeout, body, headers)
+
+    threads = [threading.Thread(target=send, args=(side, url), daemon=True)
+               for side, url in (("prefill", pair.prefill), ("decode", pair.decode))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1.0)
+    decode = replies.get("decode")
+    if decode is None:
+        return Round(pair, False, f"decode: no reply within {timeout:g} s")
+    bad = judge_generation(decode)
+    return Round(pair, bad is None, f"decode: {bad}" if bad else "")
+
+
+class Canary:
+    """The pairs this engine is part of, their recent rounds, and the heal decision."""
+
+    def __init__(self, me: str, pairs: Sequence[Pair], *, failures_to_act: int,
+                 log: Callable[[str], None], path: str | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.me = me.rstrip("/")
+        self.pairs = list(pairs)
+        self.failures_to_act = failures_to_act
+        self.log = log
+        self.path = path
+        self.wall = wall
+        self.states = {p.name: PairState(p.name, self.peer(p)) for p in self.pairs}
+
+    def peer(self, pair: Pair) -> str:
+        return pair.decode if pair.prefill.rstrip("/") == self.me else pair.prefill
+
+    def record(self, rounds: Sequence[Round]) -> None:
+        """Fold one round of every pair into the states (journal lines on every change)."""
+        now = self.wall()
+        for r in rounds:
+            s = self.states[r.pair.name]
+            if r.ok:
+                if s.state == "failing":
+                    self.log(f"pair canary {s.pair}: good again after {s.failures} failed "
+                             "round(s)")
+                s.state, s.failures, s.failing_since, s.last_ok, s.served = \
+                    "ok", 0, None, now, True
+            elif r.skipped:
+                if s.state != "peer-down":
+                    self.log(f"pair canary {s.pair}: not judged: {r.skipped}")
+                s.state, s.last_error = "peer-down", r.skipped
+            else:
+                if s.failures == 0:
+                    s.failing_since = now
+                s.failures += 1
+                s.state, s.last_error = "failing", r.error
+                self.log(f"pair canary {s.pair}: failed ({s.failures}x in a row) "
+                         f"while both engines are healthy: {r.error}")
+        self._save()
+
+    def verdict(self) -> str | None:
+        """Why this engine must restart to heal a pair, or None."""
+        states = list(self.states.values())
+        working = any(s.state == "ok" for s in states)
+        for s in states:
+            if s.failures < self.failures_to_act:
+                continue
+            if s.served:
+                return (f"pair {s.pair} failed {s.failures} canary rounds in a row while both "
+                        f"engines are healthy ({s.last_error}); this engine served that pair "
+                        "before, so it holds the stale NIXL state of a replaced peer "
+                        "(sglang #33789, smg #2382): restarting it")
+            if not working and s.failures >= 2 * self.failures_to_act:
+                return (f"no pair works from this engine: {s.pair} failed {s.failures} canary "
+                        f"rounds in a row ({s.last_error}) and neither side has served it "
+                        "since it started: restarting this side of the pair")
+        return None
+
+    def _save(self) -> None:
+        """The states as JSON beside the restart policy's file, for `pdsvc status`."""
+        if not self.path:
+            return
+        doc = {"me": self.me, "at": self.wall(), "pairs": [asdict(s) for s in self.states.values()]}
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".canary-", dir=os.path.dirname(self.path) or ".")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+class CanaryThread:
+    """Runs the rounds off the main loop (a generation may take seconds; the main loop must
+    keep feeding the watchdog): every ``interval`` s, all pairs at once; each finished round
+    is handed over through ``results`` for the main loop to decide on."""
+
+    def __init__(self, canary: Canary, interval: float, timeout: float,
+                 probe: Callable[[Pair, str, float], Round] = probe_pair) -> None:
+        self.canary = canary
+        self.interval = interval
+        self.timeout = timeout
+        self.probe = probe
+        self.results: list[list[Round]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pair-canary", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def take(self) -> list[list[Round]]:
+        with self._lock:
+            done, self.results = self.results, []
+        return done
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            rounds: list[Round] = []
+
+            def one(pair: Pair, out: list[Round] = rounds) -> None:
+                out.append(self.probe(pair, self.canary.peer(pair), self.timeout))
+
+            workers = [threading.Thread(target=one, args=(p,), daemon=True)
+                       for p in self.canary.pairs]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(self.timeout + START_PROBE_TIMEOUT_S + 2.0)
+            if not self._stop.is_set():
+                with self._lock:
+                    self.results.append(list(rounds))

@@ -1,0 +1,172 @@
+"""Router membership driven by the engine: join once healthy, leave before a stop, rejoin
+whenever the router lost this engine.
+
+The router takes its workers at run time (sglang-router 0.3.2 and smg, ``POST /workers``,
+``GET /workers``, ``DELETE /workers/{id}``; both answer 202 to an add). So the router starts with
+no workers, never waits for an engine and never needs a restart because one restarted: each
+engine's supervisor keeps its own engine registered. A router that restarted (empty) or dropped
+the worker is noticed on the next check and the worker is posted again. An entry the router
+keeps but has given up on (smg's ``failed``/``draining`` status, or unhealthy for long while
+the engine itself answers /health) is deleted and posted afresh.
+
+Re-posting a registered URL answers 202 on 0.3.2 and 409 ``WORKER_ALREADY_EXISTS`` on smg
+(smg ``model_gateway`` worker routes): both mean "it is there". The control plane needs the
+key given to the router's ``--control-plane-api-keys``, sent as ``Authorization: Bearer``; it
+is read from a file (a systemd credential) and never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .probe import HttpReply, http_call
+
+#: One control-plane call's timeout: the router answers these from memory.
+CALL_TIMEOUT_S = 3.0
+#: An entry the router lists as unhealthy this long while our engine is healthy is re-posted.
+STUCK_UNHEALTHY_S = 30.0
+
+
+class Worker(NamedTuple):
+    """What the router is told about this engine."""
+
+    url: str  # as the router must reach it: http://ADDRESS:PORT
+    role: str  # prefill | decode
+    bootstrap_port: int | None  # prefill only: the KV bootstrap server's port
+
+    def payload(self) -> bytes:
+        doc: dict[str, object] = {"url": self.url, "worker_type": self.role}
+        if self.role == "prefill":
+            doc["bootstrap_port"] = self.bootstrap_port
+        return json.dumps(doc).encode("utf-8")
+
+
+class Membership:
+    """This engine's entry in one router. Every method returns quickly and never raises."""
+
+    def __init__(self, router: str, worker: Worker, key: str | None,
+                 log: Callable[[str], None],
+                 call: Callable[..., HttpReply] = http_call,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.router = router.rstrip("/")
+        self.worker = worker
+        self.headers = {"Content-Type": "application/json"}
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+        self.log = log
+        self.call = call
+        self.clock = clock
+        self.joined = False
+        self.unhealthy_since: float | None = None
+        self._said = ""  # the last problem logged, so a long outage is one line, not hundreds
+
+    def _say(self, text: str) -> None:
+        if text != self._said:
+            self._said = text
+            self.log(text)
+
+    def _entry(self) -> tuple[dict | None, str | None]:
+        """(this worker's entry in GET /workers or None, an error text or None)."""
+        reply = self.call(f"{self.router}/workers", CALL_TIMEOUT_S, headers=self.headers)
+        doc = reply.json() if reply.status == 200 else None
+        if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
+            why = reply.detail if reply.status != 200 else "GET /workers: not a worker list"
+            return None, why
+        for entry in doc["workers"]:
+            if isinstance(entry, dict) and entry.get("url", "").rstrip("/") == self.worker.url:
+                return entry, None
+        return None, None
+
+    def _post(self) -> bool:
+        reply = self.call(f"{self.router}/workers", CALL_TIMEOUT_S, self.worker.payload(),
+                          self.headers)
+        if reply.status in (200, 201, 202, 409):
+            return True
+        self._say(f"router {self.router}: cannot register {self.worker.url}: {reply.detail}")
+        return False
+
+    def _delete(self, entry: dict) -> None:
+        worker_id = urllib.parse.quote(str(entry.get("id", "")), safe="")
+        self.call(f"{self.router}/workers/{worker_id}", CALL_TIMEOUT_S, headers=self.headers,
+                  method="DELETE")
+
+    def join(self) -> bool:
+        """Post this worker (once healthy). True when the router accepted it."""
+        if self._post():
+            if not self.joined:
+                self.log(f"registered {self.worker.role} {self.worker.url} with the router "
+                         f"{self.router}")
+            self.joined, self._said, self.unhealthy_since = True, "", None
+            return True
+        return False
+
+    def check(self, engine_healthy: bool) -> None:
+        """Make sure the router still has this worker, and one it has not given up on."""
+        entry, error = self._entry()
+        if error is not None:
+            self._say(f"router {self.router} unreachable ({error}): will register "
+                      f"{self.worker.url} once it answers")
+            self.joined = False
+            return
+        if entry is None:
+            if self.joined:
+                self.log(f"the router {self.router} no longer lists {self.worker.url} "
+                         "(restarted or dropped it): registering again")
+                self.joined = False
+            self.join()
+            return
+        status = str(entry.get("status", "")).lower()
+        healthy = entry.get("is_healthy") is not False and status not in ("failed", "draining")
+        now = self.clock()
+        if healthy or not engine_healthy:
+            self.unhealthy_since = None
+        elif self.unhealthy_since is None:
+            self.unhealthy_since = now
+        given_up = status == "failed" or (
+            self.unhealthy_since is not None and now - self.unhealthy_since >= STUCK_UNHEALTHY_S)
+        if engine_healthy and (given_up or status == "draining"):
+            self.log(f"the router lists {self.worker.url} as "
+                     f"{status or 'unhealthy'} while the engine is healthy: re-registering")
+            self._delete(entry)
+            self.joined = False
+            self.join()
+        else:
+            self.joined = True
+
+    def leave(self) -> None:
+        """Before a stop: take the worker out of rotation, so no new request reaches it while
+        it drains. Best effort: a router that is down has nothing to route here anyway."""
+        entry, error = self._entry()
+        if entry is not None:
+            self._delete(entry)
+            self.log(f"deregistered {self.worker.url} from the router {self.router}")
+        elif error is not None:
+            self.log(f"router {self.router} unreachable ({error}): nothing to deregister")
+        self.joined = False
+
+
+def read_key(spec: str | None, env: dict[str, str] | None = None) -> str | None:
+    """The control-plane key from ``spec``: ``credential:NAME`` (systemd's LoadCredential=,
+    in ``$CREDENTIALS_DIRECTORY``, systemd.exec(5)) or a file path. Raises OSError/ValueError
+    with a message that never contains the key."""
+    if not spec:
+        return None
+    import os
+
+    env = dict(os.environ) if env is None else env
+    if spec.startswith("credential:"):
+        directory = env.get("CREDENTIALS_DIRECTORY")
+        if not directory:
+            raise ValueError(f"{spec}: $CREDENTIALS_DIRECTORY is not set (no LoadCredential=?)")
+        path = os.path.join(directory, spec[len("credential:"):])
+    else:
+        path = spec
+    with open(path, encoding="utf-8") as fh:
+        key = fh.read().strip()
+    if not key or any(ch.isspace() for ch in key):
+        raise ValueError(f"{path}: the key must be one word, non-empty")
+    return key

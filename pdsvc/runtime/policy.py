@@ -1,0 +1,167 @@
+"""The restart policy: heal transient faults forever, give up only on real misconfiguration.
+
+systemd's ``StartLimitBurst=`` counts every start alike: the first one, an operator's
+``systemctl restart``, a restart that ``PartOf=`` propagated, and a crash's restart
+(systemd.unit(5)); a unit that trips it stays failed until ``systemctl reset-failed``. And
+systemd 252 has no ``RestartSteps=``/``RestartMaxDelaySec=`` (added in v254) to back off. So the
+units turn the start limit off and keep ``RestartSec=`` short, and this module, run by the
+unit's main process, keeps what systemd cannot: why the last run ended, in a small JSON file in
+the unit's ``StateDirectory=``.
+
+* An engine that crashes after it has served is always restarted. The delay doubles while
+  crashes repeat (``RestartSec=`` × 2^(n-1), at most ``max_delay``), and resets once the engine
+  has served ``reset_after`` seconds in a row.
+* An engine that fails to become healthy ``attempts`` starts in a row (a missing model, OOM at
+  load, a flag SGLang rejects) gives up: the main process exits ``EXIT_GAVE_UP``, which the
+  unit lists in ``RestartPreventExitStatus=``, with the reason in one line.
+* A stop (operator, ``PartOf=``, a pair heal) is neither a crash nor a failed start.
+* Giving up clears the count, so the operator's next ``systemctl start`` tries afresh.
+
+The state file is written atomically (rename) and read leniently: a missing or unreadable file
+is a first start, never a reason to refuse one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+#: How a run ended, as the next run reads it.
+STARTING, SERVING, STOPPED, CRASHED, FAILED_START, GAVE_UP = (
+    "starting", "serving", "stopped", "crashed", "failed-start", "gave-up")
+
+
+@dataclass
+class RunState:
+    """What one unit's previous runs left behind (the file's JSON object)."""
+
+    phase: str = STOPPED
+    failed_starts: int = 0  # starts in a row that ended before the engine was healthy
+    crashes: int = 0  # crashes in a row after serving, each less than reset_after after healthy
+    serving_since: float | None = None  # wall clock, while serving
+    ended_at: float | None = None  # wall clock of the last run's end
+    reason: str = ""  # the last run's end in one line (shown by `pdsvc status`)
+    heals: list[float] = field(default_factory=list)  # wall clock of each pair heal (canary)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do before this start: wait ``delay`` seconds (``why`` says why)."""
+
+    delay: float
+    why: str
+
+
+class RestartPolicy:
+    """The previous runs of one unit, and what they mean for this one."""
+
+    def __init__(self, path: str | None, *, restart_delay: float, max_delay: float,
+                 reset_after: float, attempts: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.restart_delay = restart_delay
+        self.max_delay = max_delay
+        self.reset_after = reset_after
+        self.attempts = attempts
+        self.clock = clock
+        self.state = self._load()
+
+    # ------------------------------------------------------------------ the file
+    def _load(self) -> RunState:
+        if not self.path:
+            return RunState()
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                raw = json.load(fh)
+            known = {k: v for k, v in raw.items() if k in RunState.__dataclass_fields__}
+            return RunState(**known)
+        except (OSError, ValueError, TypeError):
+            return RunState()
+
+    def _save(self) -> None:
+        if not self.path:
+            return
+        directory = os.path.dirname(self.path) or "."
+        with contextlib.suppress(OSError):
+            fd, tmp = tempfile.mkstemp(prefix=".restart-", dir=directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(asdict(self.state), fh)
+            os.replace(tmp, self.path)
+
+    # ------------------------------------------------------------------ transitions
+    def on_start(self) -> Verdict:
+        """Called once per run, before the engine starts: reads how the last run ended
+        (a run that never wrote its end was killed: a crash if it served, else a failed
+        start) and returns the delay this start must wait."""
+        s, now = self.state, self.clock()
+        if s.phase == SERVING:  # the main process itself died while serving (kill -9)
+            self._crashed(now, "the previous run ended without a word (killed while serving)")
+        elif s.phase == STARTING:
+            s.failed_starts += 1
+            s.reason = "the previous run ended without a word (killed while starting)"
+        verdict = Verdict(0.0, "")
+        if s.phase == CRASHED and s.crashes > 1:
+            delay = min(self.max_delay, self.restart_delay * (2 ** (s.crashes - 1) - 1))
+            verdict = Verdict(delay, f"crash #{s.crashes} in a row ({s.reason}): backing off "
+                              f"{delay:g} s more before the restart")
+        s.phase, s.serving_since = STARTING, None
+        self._save()
+        return verdict
+
+    def _crashed(self, now: float, reason: str) -> None:
+        s = self.state
+        served = now - s.serving_since if s.serving_since is not None else 0.0
+        s.crashes = 1 if served >= self.reset_after else s.crashes + 1
+        s.failed_starts = 0
+        s.phase, s.reason, s.ended_at, s.serving_since = CRASHED, reason, now, None
+
+    def on_healthy(self) -> None:
+        s = self.state
+        s.phase, s.serving_since, s.failed_starts = SERVING, self.clock(), 0
+        self._save()
+
+    def on_crash(self, reason: str) -> None:
+        """The engine exited (or hung) after it had served."""
+        self._crashed(self.clock(), reason)
+        self._save()
+
+    def on_failed_start(self, reason: str) -> str | None:
+        """The engine ended before it was healthy, no stop asked for. Returns the one-line
+        reason to give up with, or None to let the process manager restart it."""
+        s = self.state
+        s.failed_starts += 1
+        s.phase, s.reason, s.ended_at = FAILED_START, reason, self.clock()
+        if s.failed_starts < self.attempts:
+            self._save()
+            return None
+        why = (f"gave up after {s.failed_starts} starts in a row that never became healthy; "
+               f"last: {reason}")
+        s.phase, s.reason, s.failed_starts, s.crashes = GAVE_UP, why, 0, 0
+        self._save()
+        return why
+
+    def on_stop(self, reason: str) -> None:
+        """A stop that was asked for (operator, coupling, a pair heal): no count changes."""
+        s = self.state
+        was_serving = s.phase == SERVING
+        s.phase, s.reason, s.ended_at = STOPPED, reason, self.clock()
+        if was_serving and s.serving_since is not None and \
+                s.ended_at - s.serving_since >= self.reset_after:
+            s.crashes = 0
+        s.serving_since = None
+        self._save()
+
+    # ------------------------------------------------------------------ pair heals
+    def heals_left(self, budget: int, window: float) -> int:
+        now = self.clock()
+        self.state.heals = [t for t in self.state.heals if now - t < window]
+        return max(0, budget - len(self.state.heals))
+
+    def record_heal(self) -> None:
+        self.state.heals.append(self.clock())
+        self._save()
