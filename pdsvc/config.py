@@ -22,9 +22,11 @@ from pydantic import (
     StringConstraints,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
+from . import routers
 from .errors import ConfigError
 from .plan import DIST_INIT_SPAN
 
@@ -318,6 +320,12 @@ class HealthCheckConfig(Strict):
 
 
 class RouterConfig(Strict):
+    package: routers.PackageName = Field(
+        routers.DEFAULT,
+        description="Router package in router.python's venv: sglang-router (0.3.2) or its "
+        "successor smg (1.13.0, `python -m smg.launch_router`). Picks the module (unless "
+        "runtime.router_module is set) and the flags router.args may use.",
+    )
     python: str | None = Field(
         None,
         description="Interpreter with sglang-router (default: runtime.python). A venv without "
@@ -350,6 +358,13 @@ class RouterConfig(Strict):
     @classmethod
     def _not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _check_flags(v, OWNED_ROUTER_FLAGS)
+
+    @field_validator("args")
+    @classmethod
+    def _args_fit_package(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "package" in info.data:  # else package itself is the error reported
+            routers.check_args(info.data["package"], v)
+        return v
 
     @field_validator("env")
     @classmethod

@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from . import __version__
+from . import __version__, routers
 from .errors import TopologyError
 from .topology import Topology, format_cpulist
 
@@ -121,6 +121,7 @@ class RouterPlan:
     prefills: tuple[tuple[str, int], ...] = ()  # (URL, bootstrap port)
     decodes: tuple[str, ...] = ()
     options: tuple[str, ...] = ()  # every flag after the workers
+    package: str = "sglang-router"  # router.package (pdsvc/routers.py)
 
     @property
     def unit(self) -> str:
@@ -247,6 +248,7 @@ def plan_from_dict(d: dict) -> Plan:
         liveness_url=r["liveness_url"], after=tuple(r["after"]), machine=r["machine"],
         launcher=tuple(r["launcher"]), prefills=tuple((u, p) for u, p in r["prefills"]),
         decodes=tuple(r["decodes"]), options=tuple(r["options"]),
+        package=r.get("package", "sglang-router"),
     )
     return Plan(
         name=d["name"], target=d["target"], version=d["version"],
@@ -650,7 +652,10 @@ def _router(
         "--worker-startup-timeout-secs",
         str(REMOTE_WORKER_STARTUP_SECS if config.hosts else config.lifecycle.start_timeout_secs),
     ]
-    options += flag_args(rc.args)
+    pkg = routers.package(rc.package)
+    options += [*pkg.options, *flag_args(rc.args)]
+    # an explicit runtime.router_module (a wrapper, say) wins over the package's module
+    module = rt.router_module if "router_module" in rt.model_fields_set else pkg.module
     local = "127.0.0.1" if rc.host in ("0.0.0.0", "::") else rc.host
     base = f"http://{local}:{rc.port}"
     env = {"PYTHONUNBUFFERED": "1", **{k: _env_str(v) for k, v in rc.env.items()}}
@@ -671,11 +676,12 @@ def _router(
         # own readiness gate (a ready prefill/decode pair, then one generation)
         after=tuple(e.unit for e in engines if e.machine == machine),
         machine=machine,
-        launcher=(python, "-m", rt.router_module),
+        launcher=(python, "-m", module),
         # always with its port: a bare URL sends bootstrap_port=null (sglang-facts fact 4)
         prefills=tuple((e.url, e.bootstrap_port) for e in engines if e.role == "prefill"),
         decodes=tuple(e.url for e in engines if e.role == "decode"),
         options=tuple(options),
+        package=pkg.name,
     )
     return replace(router, argv=router_argv(router))
 

@@ -1,6 +1,7 @@
 """Every rendered engine command line is accepted by SGLang's own parser (sglang 0.5.23) and the
-router line by sglang-router 0.3.2's own parser — the argv systemd will exec, taken from the
-unit file, not from the plan. Needs the serve venv (tests/support/make_serve_venv.sh)."""
+router line by its router.package's own parser (sglang-router 0.3.2 or smg 1.13.0) — the argv
+systemd will exec, taken from the unit file, not from the plan. Needs the serve venv
+(tests/support/make_serve_venv.sh)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from conftest import REPO
 from pdsvc.clikit import load_plan
 from pdsvc.render import render_systemd
 from units import exec_words, parse_unit
+
+#: each router.package's module -> the argv_check kind that runs that package's own parser
+ROUTER_KINDS = {"sglang_router.launch_router": "router", "smg.launch_router": "smg"}
 
 CASES = [REPO / "etc/pdsvc.yaml"] + [
     p for p in sorted((REPO / "tests/cases").glob("*.yaml")) if "assert-error" not in p.read_text()
@@ -38,7 +42,7 @@ def checked(serve_python: Path, sysfs_hosts) -> list[tuple[str, str, list[str], 
                 continue
             words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
             argv = words[words.index("--") + 1:]
-            kind = "router" if f.path.endswith("-router.service") else "sglang"
+            kind = ROUTER_KINDS[argv[2]] if f.path.endswith("-router.service") else "sglang"
             items.append((case.stem, f.path, kind, argv))
     results = argv_check.run_checks(serve_python, [(kind, argv[3:]) for *_, kind, argv in items])
     return [(c, u, a, r) for (c, u, _, a), r in zip(items, results, strict=True)]
@@ -67,6 +71,29 @@ def test_parsed_values_are_the_plan(checked) -> None:
     assert (router["port"], router["prometheus_port"]) == (8000, 29000)
 
 
+def test_smg_case_parses_with_smgs_own_parser(checked) -> None:
+    """router.package: smg is checked by smg 1.13.0's parser, which takes its extra flags."""
+    (record,) = [r["record"] for c, u, _, r in checked if c == "router-smg" and "router" in u]
+    assert record["remove_unhealthy_workers"] is False  # --no-remove-unhealthy-workers
+    assert record["health_check_port"] == 8001  # router.args, an smg-only flag
+    assert record["prefill_urls"] == [["http://127.0.0.1:30000", 8998]]
+
+
+def test_each_router_parser_refuses_the_others_flag(serve_python: Path) -> None:
+    """The data in pdsvc/routers.py matches the parsers: 0.3.2 refuses an smg-only flag, smg
+    refuses 0.3.2's --mini-lb, so router.args is checked against the right one."""
+    pd = ["--pd-disaggregation", "--prefill", "http://127.0.0.1:30000", "8998",
+          "--decode", "http://127.0.0.1:30001"]
+    old, new, new_mini = argv_check.run_checks(serve_python, [
+        ("router", [*pd, "--health-check-port", "8001"]),
+        ("smg", [*pd, "--health-check-port", "8001"]),
+        ("smg", [*pd, "--mini-lb"]),
+    ])
+    assert not old["ok"] and "unrecognized arguments: --health-check-port" in old["error"]
+    assert new["ok"], new["error"]
+    assert not new_mini["ok"] and "unrecognized arguments: --mini-lb" in new_mini["error"]
+
+
 def test_the_check_rejects_a_typo(serve_python: Path) -> None:
     """The parser check can fail: a misspelt choice is refused with SGLang's own message."""
     (res,) = argv_check.run_checks(serve_python, [("sglang", ["--model-path", "/m",
@@ -91,8 +118,9 @@ def test_several_hosts_and_k8s_command_lines_parse(serve_python: Path, tmp_path:
         for f in render_systemd(plan.for_host(h.name), "test"):
             if f.path.endswith(".service"):
                 words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
-                kind = "router" if f.path.endswith("-router.service") else "sglang"
-                items.append((f"{h.name}/{f.path}", kind, words[words.index("--") + 1:]))
+                argv = words[words.index("--") + 1:]
+                kind = ROUTER_KINDS[argv[2]] if f.path.endswith("-router.service") else "sglang"
+                items.append((f"{h.name}/{f.path}", kind, argv))
     for f in render_k8s(plan, "test"):
         for doc in yaml.safe_load_all(f.content):
             spec = doc.get("spec", {})
@@ -105,7 +133,8 @@ def test_several_hosts_and_k8s_command_lines_parse(serve_python: Path, tmp_path:
                              .replace("$(LWS_WORKER_INDEX)", str(i)).replace("$$", "$")
                              for w in c["command"]]
                     items.append((f"k8s/{f.path}/{c['name']}/{i}",
-                                  "router" if c["name"] == "router" else "sglang", words))
+                                  ROUTER_KINDS[words[2]] if c["name"] == "router" else "sglang",
+                                  words))
     results = argv_check.run_checks(serve_python, [(k, argv[3:]) for _, k, argv in items])
     bad = [(name, r["error"]) for (name, *_), r in zip(items, results, strict=True)
            if not r["ok"] or r.get("abbreviated")]

@@ -1,4 +1,4 @@
-"""Check command lines with SGLang's and sglang-router's OWN argument parsers, without a GPU.
+"""Check command lines with SGLang's, sglang-router's and smg's OWN argument parsers, without a GPU.
 
 Run it with the serve venv's python (built by ``tests/support/make_serve_venv.sh``)::
 
@@ -12,7 +12,7 @@ argparse's usage text: SGLang's is 700 lines) and exits with the launcher's code
 argparse error, 1 for an exception raised while the launcher turns the parsed namespace into its
 args record (e.g. sglang-router's ``Invalid bootstrap port``).
 
-Batch mode reads ``[{"kind": "sglang"|"router", "argv": [...]}, ...]`` and prints the list of
+Batch mode reads ``[{"kind": "sglang"|"router"|"smg", "argv": [...]}, ...]`` and prints the list of
 results (same order), exiting 0 whenever it could produce them, so a test suite pays the import
 cost (about 3 s) once. A result is::
 
@@ -36,6 +36,10 @@ How each launcher is reproduced, without starting anything:
   ``parse_args`` + ``RouterArgs.from_cli_args``) then, in ``launch_router``,
   ``_validate_router_args()`` and ``Router.from_args()``, which builds the Rust router's config
   object; only ``router.start()`` binds ports. This script does all but ``start()``.
+* smg 1.13.0 (kind ``smg``): ``python -m smg.launch_router`` has the same shape
+  (smg/launch_router.py: ``parse_router_args`` then, in ``launch_router``, IGW on when a
+  discovery provider is selected, ``_validate_router_args()``, ``Router.from_args()``); this
+  script does all but ``start()`` too.
 
 SGLang imports ``triton`` at module level (``sglang/srt/utils/common.py``) for nothing the parser
 needs; a stub module is put on ``sys.meta_path`` first so the 1 GB package need not be installed.
@@ -64,7 +68,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-KINDS = ("sglang", "router")
+KINDS = ("sglang", "router", "smg")
 EX_USAGE = 64  # a misuse of this script itself, as opposed to a rejected command line
 
 
@@ -246,6 +250,21 @@ def _parse_router(argv: list[str]) -> _Parsed:
     import sglang_router.launch_router as launch_router
     from sglang_router.router import Router
 
+    return _parse_with(launch_router, Router, argv)
+
+
+def _parse_smg(argv: list[str]) -> _Parsed:
+    import smg.launch_router as launch_router
+    from smg.router import Router
+
+    def igw(router_args: Any) -> None:  # smg/launch_router.py, before _validate_router_args()
+        if router_args.selected_discovery_provider() and not router_args.enable_igw:
+            router_args.enable_igw = True
+
+    return _parse_with(launch_router, Router, argv, igw)
+
+
+def _parse_with(launch_router: Any, Router: Any, argv: list[str], before: Any = None) -> _Parsed:
     # argparse's prog comes from sys.argv[0]; make messages read as the launcher's own.
     saved_argv0 = sys.argv[0]
     sys.argv[0] = launch_router.__file__ or "launch_router.py"
@@ -256,12 +275,14 @@ def _parse_router(argv: list[str]) -> _Parsed:
         sys.argv[0] = saved_argv0
     # What launch_router() does next, short of router.start(). from_args() rewrites the
     # record's __dict__ in place, hence the copy.
+    if before:
+        before(router_args)
     router_args._validate_router_args()
     Router.from_args(copy.deepcopy(router_args))
     return (*capture.last(), router_args)
 
 
-_PARSERS = {"sglang": _parse_sglang, "router": _parse_router}
+_PARSERS = {"sglang": _parse_sglang, "router": _parse_router, "smg": _parse_smg}
 
 
 def check(kind: str, argv: Sequence[str]) -> dict[str, Any]:
@@ -334,13 +355,14 @@ def main(args: Sequence[str]) -> int:
         ]
         if bad:
             return _usage(
-                f"bad batch entries (kind must be sglang|router, argv a str list): {bad!r}"
+                f"bad batch entries (kind must be sglang|router|smg, argv a str list): {bad!r}"
             )
         results = [check(kind, argv) for kind, argv in items]
         json.dump(results, sys.stdout, sort_keys=True)
         sys.stdout.write("\n")
         return 0
-    return _usage("expected `sglang -- ARGV...`, `router -- ARGV...` or `batch FILE.json`")
+    return _usage("expected `sglang -- ARGV...`, `router -- ARGV...`, `smg -- ARGV...` or "
+                  "`batch FILE.json`")
 
 
 if __name__ == "__main__":

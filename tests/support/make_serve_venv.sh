@@ -2,6 +2,11 @@
 # Build the "serve" venv that the end-to-end tests use:
 #   * SGLang's own argument parser (sglang, CPU torch, the light deps its parser imports),
 #   * the real sglang-router (its parser, and the router binary itself),
+#   * the real smg, sglang-router's successor (router.package: smg), in the same venv: its deps
+#     (grpcio, grpcio-health-checking, pyyaml, setproctitle) agree with sglang-router's and
+#     `pip check` is clean. Both ship a `smg` console script (sglang-router 0.3.2's
+#     entry_points.txt names `smg=sglang_router.cli:main`); smg is installed second so
+#     bin/smg is smg's own. pdsvc never runs that script: it renders `python -m MODULE`.
 #   * supervisor (a real supervisord for the supervisord renderer's tests).
 #
 # Usage: tests/support/make_serve_venv.sh [DIR]     (default: .venv-serve in the repo root)
@@ -31,6 +36,7 @@ python="${PDSVC_SERVE_PYTHON:-/usr/bin/python3}"
 torch_pin="torch==2.13.0+cpu"
 sglang_pin="sglang==0.5.23"
 router_pin="sglang-router==0.3.2"
+smg_pin="smg==1.13.0"
 supervisor_pin="supervisor==4.3.0"
 # What SGLang 0.5.23's parser imports (found one missing module at a time; router-lab §8).
 light_deps=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec
@@ -39,7 +45,7 @@ light_deps=(numpy orjson psutil pybase64 requests packaging pillow starlette msg
 # Import names of everything above, checked at the end (sglang itself needs the triton stub:
 # argv_check.py checks it).
 import_check="numpy orjson psutil pybase64 requests packaging PIL starlette msgspec pydantic
-pydantic_core zmq tqdm IPython aiohttp huggingface_hub torch sglang_router supervisor click
+pydantic_core zmq tqdm IPython aiohttp huggingface_hub torch sglang_router smg supervisor click
 jinja2 yaml"
 system_constraints=/etc/xdg/pip/constraints.txt
 
@@ -59,10 +65,11 @@ recipe="python=$py_version
 $torch_pin
 $sglang_pin --no-deps
 $router_pin
+$smg_pin
 $supervisor_pin
 ${light_deps[*]}
 no-triton
-recipe-version=1"
+recipe-version=2"
 recipe_hash="$(printf '%s\n' "$recipe" | sha256sum | cut -d' ' -f1)"
 stamp="$venv_dir/.pdsvc-serve-venv.stamp"
 
@@ -109,6 +116,10 @@ t="$(now)"
 log "sglang-router, supervisor and light deps installed in $(elapsed "$t") s"
 
 t="$(now)"
+"${pip[@]}" install "${constraint_args[@]}" "$smg_pin"
+log "smg installed in $(elapsed "$t") s"
+
+t="$(now)"
 "${pip[@]}" install "${constraint_args[@]}" --no-deps "$sglang_pin"
 log "sglang (--no-deps) installed in $(elapsed "$t") s"
 
@@ -136,7 +147,9 @@ EOF
 "$venv_dir/bin/python" "$here/argv_check.py" sglang -- --model-path /nonexistent >/dev/null
 "$venv_dir/bin/python" "$here/argv_check.py" router -- --pd-disaggregation \
     --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001 >/dev/null
-log "imports and both parsers checked in $(elapsed "$t") s"
+"$venv_dir/bin/python" "$here/argv_check.py" smg -- --pd-disaggregation \
+    --prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001 >/dev/null
+log "imports and the three parsers checked in $(elapsed "$t") s"
 
 printf '%s\n' "$recipe_hash" >"$stamp"
 log "done in $(elapsed "$t_all") s: $venv_dir ($(du -sh "$venv_dir" | cut -f1))"
