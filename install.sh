@@ -114,7 +114,7 @@ dry_note() { if [ "$DRY" = 1 ]; then printf ' (dry run: nothing changes)'; fi; }
 # Parse install.list into globals (tab-separated; see the renderer's template).
 read_list() {
     NAME="" TARGET="" SVC_USER="" SVC_GROUP="" STATE_HOME=""
-    UNITS=() FILES=() DIRS=() ENVFILES=()
+    UNITS=() FILES=() DIRS=() ENVFILES=() SECRETS=()
     local kind a b c d
     while IFS=$'\t' read -r kind a b c d; do
         case "$kind" in
@@ -126,6 +126,7 @@ read_list() {
             file) FILES+=("$a	$b	$c") ;;
             dir) DIRS+=("$a	$c	$d") ;;
             envfile) ENVFILES+=("$a	$c	$d") ;;
+            secret) SECRETS+=("$a	$c	$d") ;;
             *) die "$LIST: unknown entry '$kind' (rendered by a newer pdsvc?)" ;;
         esac
     done < "$LIST"
@@ -140,6 +141,7 @@ read_list() {
 #   dir     a directory from install.list it created (the JIT cache, state dir, env dir)
 #   parent  a missing parent directory it created on the way (removed again when empty)
 #   envfile an env file it created empty (removed on uninstall while still empty)
+#   secret  a key it generated (the router's control-plane key; removed by --purge only)
 #   user, group, member (INFO: the group)   accounts it created / group memberships it added
 #   enabled the target, once install.sh enabled it (or found it enabled): from then on the
 #           admin's `systemctl disable` is respected
@@ -154,7 +156,7 @@ load_manifest() {
         case "$kind" in
             ''|'#'*) ;;
             target) M_UNIT_DIR="$info" ;;
-            file|dir|parent|envfile|user|group|member|enabled) OLD+=("$kind	$path	$info") ;;
+            file|dir|parent|envfile|secret|user|group|member|enabled) OLD+=("$kind	$path	$info") ;;
             *) warn "$MANIFEST: unknown entry '$kind' ignored" ;;
         esac
     done < "$MANIFEST"
@@ -410,6 +412,29 @@ ensure_user() {
     done
 }
 
+# ensure_secret PATH MODE OWNER: a random key, made once and never shown: the router's
+# control-plane key (its /workers API), which the engines' runtimes use to register. Created
+# 0600 first and filled before it is given to the service group, so no one reads a partial key.
+ensure_secret() {
+    local path="$1" mode="$2" owner="$3" d="$DEST$1"
+    if [ -s "$d" ]; then
+        report kept "$d (the existing key)"
+        if old_info secret "$path" >/dev/null; then add_entry secret "$path" generated; fi
+        return 0
+    fi
+    make_parents "$(dirname "$d")"
+    run install -m 0600 /dev/null "$d"
+    if [ "$DRY" = 1 ]; then
+        printf '    would write: 32 random bytes (hex) to %s\n' "$d"
+    else
+        od -An -vtx1 -N32 /dev/urandom | tr -d ' \n' > "$d"
+    fi
+    if [ -z "$DEST" ]; then run chown "$owner" "$d"; fi
+    run chmod "$mode" "$d"
+    report created "$d (a new control-plane key; never printed)"; CHANGED=1
+    add_entry secret "$path" generated
+}
+
 # What the previous manifest lists and this bundle no longer has (e.g. runtime.libexec_dir or
 # runtime.jit_cache changed): remove it if unmodified/empty, else keep it recorded. Accounts,
 # env files and parent directories of earlier installs stay recorded.
@@ -421,7 +446,7 @@ clean_stale() {
         d="$DEST$p"
         case "$k" in
             user|group|member|enabled) add_entry "$k" "$p" "$i" ;;
-            envfile) if [ -e "$d" ]; then add_entry "$k" "$p" "$i"; fi ;;
+            envfile|secret) if [ -e "$d" ]; then add_entry "$k" "$p" "$i"; fi ;;
             parent) parents+=("$e") ;;
             file)
                 if [ ! -e "$d" ]; then continue; fi
@@ -488,6 +513,10 @@ do_install() {
             report created "$d (empty: put secrets such as API keys here)"; CHANGED=1
             add_entry envfile "$path" empty
         fi
+    done
+    for entry in "${SECRETS[@]}"; do
+        IFS=$'\t' read -r path mode owner <<<"$entry"
+        ensure_secret "$path" "$mode" "$owner"
     done
     for unit in "${UNITS[@]}"; do
         FILE_CHANGED=0
@@ -613,6 +642,14 @@ do_uninstall() {
             file)
                 if [ ! -e "$d" ]; then report gone "$d"; continue; fi
                 run rm -f "$d"; GONE[$d]=1; report removed "$d" ;;
+            secret)
+                [ -e "$d" ] || continue
+                if [ "$purge" = 1 ]; then
+                    run rm -f "$d"; GONE[$d]=1; report removed "$d"
+                else
+                    report kept "$d (a key the router and engines share; --purge removes it)"
+                    kept+=("$e")
+                fi ;;
             envfile)
                 [ -e "$d" ] || continue
                 if [ "$purge" = 1 ] || [ ! -s "$d" ]; then

@@ -67,6 +67,7 @@ OWNED_ENGINE_FLAGS = {
 #: router flags pdsvc derives from the plan.
 OWNED_ROUTER_FLAGS = {
     "pd-disaggregation": "(always on)",
+    "control-plane-api-keys": "router.control_plane_key (a file; engines register with it)",
     "prefill": "prefill",
     "decode": "decode",
     "host": "router.host",
@@ -346,6 +347,16 @@ class RouterConfig(Strict):
     env: dict[EnvName, str | int | float | bool] = Field(
         default_factory=dict, description="Env for the router."
     )
+    control_plane_key: str | None = Field(
+        None, description="File with the key of the router's control plane (/workers), with "
+        "which the engines register (default: /etc/NAME/router.key, made by install.sh).")
+
+    @field_validator("control_plane_key")
+    @classmethod
+    def _absolute_key(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v
 
     @field_validator("python")
     @classmethod
@@ -375,18 +386,32 @@ class RouterConfig(Strict):
 class LifecycleConfig(Strict):
     start_timeout_secs: Seconds = Field(3600, description="Load + JIT + warmup budget per start.")
     stop_timeout_secs: Seconds = Field(180, description="Drain budget before the cgroup is killed.")
-    restart_secs: Seconds = Field(30, description="Pause before a restart (GPU memory release).")
-    start_limit_burst: Annotated[int, Field(ge=1)] = Field(
-        3, description="Failed starts within the interval before systemd stops retrying."
-    )
-    start_limit_interval_secs: Seconds = Field(
-        7200, description="Window for start_limit_burst; must exceed a few slow starts."
-    )
+    restart_secs: Seconds = Field(
+        1, description="RestartSec=: the first restart's pause; the GPU idle check guards an "
+        "early start, so this need not cover the GPU memory release (0.3 s on an H200).")
+    restart_backoff_max_secs: Seconds = Field(
+        300, description="Crashes in a row double the pause, up to this.")
+    restart_reset_secs: Seconds = Field(
+        600, description="Serving this long in a row forgives earlier crashes.")
+    start_attempts: Annotated[int, Field(ge=1)] = Field(
+        3, description="Starts in a row that never become healthy before a unit gives up "
+        "(exit 78, not restarted); stops and restarts of a healthy engine never count.")
+    gpu_wait_secs: Seconds = Field(
+        600, description="At start, how long to wait (with progress) for busy GPUs to be freed.")
     liveness_interval_secs: Seconds = Field(10, description="Health probe period once serving.")
     liveness_timeout_secs: Seconds = Field(30, description="One probe's timeout.")
     liveness_failures: Annotated[int, Field(ge=1)] = Field(
         3, description="WatchdogSec = interval × failures + timeout: the hang-detection bound."
     )
+    canary_interval_secs: Seconds = Field(
+        30, description="Pair canary period: a one-token PD request through each pair.")
+    canary_failures: Annotated[int, Field(ge=1)] = Field(
+        3, description="Failed canary rounds in a row (both engines healthy) before the stale "
+        "side of the pair restarts itself.")
+    canary_timeout_secs: Seconds = Field(60, description="One canary request's timeout.")
+    canary_heals_per_hour: Annotated[int, Field(ge=0)] = Field(
+        2, description="Restarts an engine may make in an hour to heal its pairs; then it only "
+        "reports (0: the canary only reports).")
 
 
 class SupervisordConfig(Strict):

@@ -25,7 +25,6 @@ DIST_INIT_SPAN = 100
 #: The oldest systemd that knows every directive the units use: ProtectClock= (245).
 SYSTEMD_MIN = 245
 #: With `hosts`: how long the router keeps trying to register an engine of another host.
-REMOTE_WORKER_STARTUP_SECS = 30 * 24 * 3600
 #: The topology of a plan without a host: a scheduler (Kubernetes) places the engines.
 UNPLACED = "none: placed by the scheduler"
 
@@ -89,6 +88,9 @@ class EnginePlan:
     model_args: tuple[str, ...] = ()
     transfer_backend: str = ""
     extra_args: tuple[str, ...] = ()  # the role's `args`
+    # membership and the pair canary (rank 0 only: the process that serves HTTP)
+    router_url: str = ""  # the router as this engine reaches it (its /workers API)
+    pairs: tuple[tuple[str, int, str], ...] = ()  # (prefill URL, bootstrap port, decode URL)
 
     @property
     def unit(self) -> str:
@@ -142,6 +144,7 @@ class HostPlan:
 @dataclass(frozen=True)
 class Paths:
     supervisor: str  # the stdlib-only runtime (a directory Python runs) every unit's main process
+    router_key: str  # the router's control-plane key (install.sh makes it; root:group 0640)
     env_dir: str  # optional per-unit EnvironmentFile= (secrets: root + service user only)
     state_dir: str  # StateDirectory=, the service user's HOME
     jit_cache: str
@@ -236,7 +239,8 @@ def plan_from_dict(d: dict) -> Plan:
             peer_health=tuple(e["peer_health"]), machine=e["machine"],
             nnodes=e["nnodes"], node_rank=e["node_rank"], launcher=tuple(e["launcher"]),
             model_args=tuple(e["model_args"]), transfer_backend=e["transfer_backend"],
-            extra_args=tuple(e["extra_args"]),
+            extra_args=tuple(e["extra_args"]), router_url=e["router_url"],
+            pairs=tuple((p, b, d) for p, b, d in e["pairs"]),
         )
 
     r = d["router"]
@@ -286,6 +290,7 @@ def build_plan(
     paths = Paths(
         supervisor=f"{config.runtime.libexec_dir}/{name}/runtime",
         env_dir=f"/etc/{name}",
+        router_key=config.router.control_plane_key or f"/etc/{name}/router.key",
         state_dir=f"/var/lib/{name}",
         jit_cache=jit,
         cache_directory=jit.removeprefix("/var/cache/") if jit.startswith("/var/cache/") else None,
@@ -367,7 +372,7 @@ def build_plan(
         p for p in (config.runtime.python, config.model.path, jit, *config.runtime.read_write_paths)
         if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
     ]
-    return Plan(
+    return _members(Plan(
         name=name,
         target=f"{name}-pd.target",
         version=__version__,
@@ -391,7 +396,21 @@ def build_plan(
         supervisord=config.supervisord.model_dump(),
         hosts=tuple(hosts),
         k8s=config.k8s.model_dump(),
-    )
+    ))
+
+
+def _members(plan: Plan) -> Plan:
+    """Each serving engine's router (where it registers itself) and the prefill x decode pairs
+    it is part of (its canary's pairs): every prefill with every decode, as the router pairs
+    them. Ranks > 0 of an engine spanning hosts serve no HTTP: neither."""
+    serving = [e for e in plan.engines if e.node_rank == 0]
+    pairs = [(p.url, p.bootstrap_port, d.url) for p in serving if p.role == "prefill"
+             for d in serving if d.role == "decode"]
+    reach = plan.reachable_router().url
+    return replace(plan, engines=tuple(
+        e if e.node_rank else replace(
+            e, router_url=reach, pairs=tuple(x for x in pairs if e.url in (x[0], x[2])))
+        for e in plan.engines))
 
 
 def unit_name(name: str, inst: Instance, count: int) -> str:
@@ -645,12 +664,10 @@ def _router(
         "--health-check-timeout-secs", str(hc.timeout_secs),
         "--health-failure-threshold", str(hc.failure_threshold),
         "--health-success-threshold", str(hc.success_threshold),
-        # one host: the router starts after the engines are healthy, so this only bounds a
-        # re-registration. Several: systemd cannot order it after remote engines, and router
-        # 0.3.2 drops for good a worker not up within this (router-lab §3): keep retrying
-        # (every 5 s) for as long as anyone would wait for a remote engine
-        "--worker-startup-timeout-secs",
-        str(REMOTE_WORKER_STARTUP_SECS if config.hosts else config.lifecycle.start_timeout_secs),
+        # engines register themselves once healthy (POST /workers), so this only bounds the
+        # router's own add-worker workflow; a worker listed at start (the k8s manifests) that is
+        # not up within it is dropped for good by router 0.3.2
+        "--worker-startup-timeout-secs", str(config.lifecycle.start_timeout_secs),
     ]
     pkg = routers.package(rc.package)
     options += [*pkg.options, *flag_args(rc.args)]

@@ -37,7 +37,10 @@ from .render import (
     header_lines,
     jinja_environment,
     liveness_flags,
+    member_flags,
     peer_watch_flags,
+    policy_flags,
+    router_command,
     router_supervise_flags,
     runtime_files,
 )
@@ -187,6 +190,7 @@ def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
     pinning = _numactl(plan, e, numactl)
     # NIXL: a prefill on another host is watched (the restart listener is per host)
     flags = [*engine_supervise_flags(plan, e), *_common_flags(plan, prefix),
+             *policy_flags(plan), *member_flags(plan, e, "supervisord"),
              *peer_watch_flags(plan, e)]
     return {
         "name": e.name,
@@ -206,17 +210,16 @@ def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
 def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
     r = plan.router
     assert r is not None
-    waits = [e.health_url for e in plan.engines if e.unit in r.after]
-    flags = [*router_supervise_flags(r), *_common_flags(plan, prefix)]
-    for url in waits:
-        flags += ["--wait-for", url]
+    flags = [*router_supervise_flags(r), *_common_flags(plan, prefix), *policy_flags(plan)]
+    # the engines register themselves once healthy: the router starts at once, with no workers
+    launch = router_command(plan, r, "supervisord")
     return {
         "name": r.name,
-        "waits": waits,
         "command": [
             " ".join([*_supervise(plan), "router"]),
             sv_command(flags, f"{r.name} option"),
-            "-- " + sv_command(r.argv, f"{r.name} command word"),
+            "-- " + " ".join([*_supervise(plan), sv_command(launch[2:],
+                                                            f"{r.name} command word")]),
         ],
         "environment": [sv_env(k, v, r.name) for k, v in r.env],
     }
@@ -281,14 +284,16 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
         "listener": listener,
         "strict": strict,
         "startsecs": STARTSECS,
-        # start_limit_burst counts every start, so the retries after the first are one fewer
-        "startretries": max(0, lc["start_limit_burst"] - 1),
+        # quick deaths of the runtime itself (it waits for health, busy GPUs, the JIT lock);
+        # the engine's failed starts are the runtime's to count (it exits 78 to give up)
+        "startretries": max(0, lc["start_attempts"] - 1),
         "stopwaitsecs": lc["stop_timeout_secs"] + STOP_MARGIN_SECS,
         "stop_margin": STOP_MARGIN_SECS,
         "log_maxbytes": LOG_MAXBYTES,
         "log_backups": LOG_BACKUPS,
         "prepare": shlex.join(["install", "-d", "-m", "0750", "-o", plan.user, "-g", plan.group,
                                *prepare]),
+        "keygen": keygen_command(plan),
         "cpuset_cpus": _union_cpus(strict),
         "cpuset_mems": ",".join(sorted({str(e.pinning.numa_node) for e in strict
                                         if e.pinning.numa_node is not None})),
@@ -296,6 +301,13 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
     where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
     return [File(CONF, conf), *runtime_files(plan, where)]
+
+
+def keygen_command(plan: Plan) -> str:
+    """The shell line that makes the control-plane key once (install.sh's ensure_secret)."""
+    key, q = plan.paths.router_key, shlex.quote
+    return (f"[ -s {q(key)} ] || {{ (umask 077 && od -An -vtx1 -N32 /dev/urandom | tr -d ' \\n' "
+            f"> {q(key)}) && chgrp {q(plan.group)} {q(key)} && chmod 0640 {q(key)}; }}")
 
 
 def _union_cpus(engines: list[EnginePlan]) -> str:

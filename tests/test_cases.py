@@ -12,6 +12,9 @@ Verbs (unit = prefill | decode | router | target, or an instance: prefill-0, dec
   assert-argv UNIT W...              the words W... appear, in order and adjacent, in the
                                      service's command (after supervise.py's `--`)
   assert-no-argv UNIT W
+  assert-runtime UNIT W...           the words W... appear, in order and adjacent, in the
+                                     runtime's own options (before its `--`)
+  assert-no-runtime UNIT W
   assert-warning TEXT                stderr warns with TEXT
   assert-error CODE TEXT             render exits CODE with TEXT on stderr, one line, writes nothing
   assert-error-hint TEXT
@@ -75,6 +78,10 @@ def test_case(case: Path, sysfs_hosts: dict[str, Path], runner, tmp_path: Path) 
         words = exec_words(values(unit, "Service", "ExecStart")[0])
         return words[words.index("--") + 1:]
 
+    def runtime(unit: str) -> list[str]:
+        words = exec_words(values(unit, "Service", "ExecStart")[0])
+        return words[:words.index("--")]
+
     def contains(seq: list[str], sub: list[str]) -> bool:
         return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
@@ -106,6 +113,11 @@ def test_case(case: Path, sysfs_hosts: dict[str, Path], runner, tmp_path: Path) 
             assert contains(command(unit), words), (unit, words, command(unit))
         elif verb == "assert-no-argv":
             assert args[1] not in command(args[0])
+        elif verb == "assert-runtime":
+            unit, *words = args
+            assert contains(runtime(unit), words), (unit, words, runtime(unit))
+        elif verb == "assert-no-runtime":
+            assert args[1] not in runtime(args[0])
         elif verb == "assert-warning":
             assert args[0] in result.stderr, result.stderr
         elif verb != "host":

@@ -49,9 +49,12 @@ def test_three_hosts_plan_routes_over_the_hosts_addresses() -> None:
     ra = list(r.argv)
     assert ra[ra.index("--prefill") + 1: ra.index("--prefill") + 3] == [
         "http://10.0.0.2:30000", "8998"]
-    # remote engines may come up long after the router: it must not drop them for good
-    assert ra[ra.index("--worker-startup-timeout-secs") + 1] == str(30 * 24 * 3600)
     assert ra[ra.index("--decode") + 1] == "http://10.0.0.3:30001"
+    # membership: each engine registers itself with the router, at the router host's address,
+    # as the router reaches it, so no registration timeout can drop a late remote engine
+    assert (prefill.router_url, prefill.url) == ("http://10.0.0.1:8000", "http://10.0.0.2:30000")
+    assert decode.pairs == prefill.pairs == (
+        ("http://10.0.0.2:30000", 8998, "http://10.0.0.3:30001"),)
     # NIXL coupling across hosts: not PartOf= (one host only) but a watch of prefill's /health
     assert decode.restarts_with == () and decode.peer_health == ("http://10.0.0.2:30000/health",)
     assert prefill.peer_health == ()
@@ -78,8 +81,9 @@ def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
         "dsv4-pd.target", "dsv4-router.service", "install.list", "runtime"]
     assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
     decode = (out / "gpu-b/dsv4-decode.service").read_text()
-    assert ("--restart-with http://10.0.0.2:30000/health --peer-down-probes 3 "
-            "--stop-timeout 180 --") in decode
+    assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3 --" in decode
+    assert "--router http://10.0.0.1:8000 --role decode --advertise http://10.0.0.3:30001" \
+        in decode
     router = (out / "lb/dsv4-router.service").read_text()
     assert "Wants=dsv4" not in router and "After=network-online.target" in router
     lst = (out / "lb/install.list").read_text()
