@@ -67,8 +67,11 @@ def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
         },
         "lifecycle": {
             "start_timeout_secs": 120, "stop_timeout_secs": 20, "restart_secs": 1,
-            "start_limit_burst": 10, "start_limit_interval_secs": 600,
+            "restart_backoff_max_secs": 8, "restart_reset_secs": 30, "start_attempts": 3,
+            "gpu_wait_secs": 60,
             "liveness_interval_secs": 1, "liveness_timeout_secs": 1, "liveness_failures": 2,
+            "canary_interval_secs": 1, "canary_failures": 3, "canary_timeout_secs": 5,
+            "canary_heals_per_hour": 4,
         },
     }
     for dotted, value in overrides.items():
