@@ -18,6 +18,8 @@ from sysfs import H200X2_VM, LAPTOP, N0, SEED, Dev, Host, build_sysfs
 
 from pdsvc import doctor as dr
 from pdsvc.doctor import doctor
+from pdsvc.doctor import limits as dr_limits
+from pdsvc.doctor.ports import describe_use
 
 SEED_TOPOLOGY = REPO / "etc/seed-host.topology.json"
 H200_MIB = 143771
@@ -197,7 +199,7 @@ def make_box(tmp: Path, host: Host = SEED, **smi) -> Box:
 @pytest.fixture(autouse=True)
 def big_disks(monkeypatch: pytest.MonkeyPatch) -> None:
     """/dev/shm and the JIT cache disk are large unless a test says otherwise."""
-    monkeypatch.setattr(dr, "fs_space", lambda path: (64 * dr.GIB, 60 * dr.GIB))
+    monkeypatch.setattr(dr_limits, "fs_space", lambda path: (64 * dr.GIB, 60 * dr.GIB))
 
 
 @pytest.fixture
@@ -405,6 +407,53 @@ def test_real_parsers_of_the_serve_venv(runner, box: Box, serve_python: Path) ->
     assert "ambiguous option: --cuda-graph-max-bs could match" in found["flags decode"]["detail"]
 
 
+FAKE_SERVER_ARGS = """\
+import argparse
+
+
+def prepare_server_args(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--tp-size", type=int)
+    return parser.parse_args(argv)
+"""
+
+
+def test_the_probe_files_under_another_interpreter(tmp_path: Path) -> None:
+    """The probes are files doctor runs as `PY -I FILE`: a venv without pdsvc runs them (the
+    parser probe against a stand-in sglang whose parser is plain argparse)."""
+    import subprocess
+
+    from pdsvc.doctor.probes import result_line, run_probe
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin/python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "sglang/srt").mkdir(parents=True)
+    (Path(site) / "sglang/__init__.py").write_text("")
+    (Path(site) / "sglang/srt/__init__.py").write_text("")
+    (Path(site) / "sglang/srt/server_args.py").write_text(FAKE_SERVER_ARGS)
+
+    wanted = {"sglang": {"dists": ["sglang"], "module": "sglang"},
+              "pdsvc": {"dists": ["no-such-dist"], "module": "pdsvc"}}
+    answer = result_line(run_probe(python, "versions.py", [json.dumps(wanted)], 60).stdout)
+    assert answer["versions"] == {"sglang": "(importable, version unknown)", "pdsvc": None}
+
+    items = [{"kind": "sglang", "argv": ["--model-path", "/m", "--tp-size", "2"], "env": {}},
+             {"kind": "sglang", "argv": ["--model", "/m"], "env": {}},
+             {"kind": "sglang", "argv": ["--model-path", "/m", "--bogus"], "env": {}},
+             {"kind": "router", "argv": ["--pd-disaggregation"], "env": {}}]
+    proc = run_probe(python, "parser.py", [], 60, stdin=json.dumps(items))
+    good, short, bogus, router = result_line(proc.stdout)
+    assert good == {"ok": True, "error": None, "parser": True, "abbreviated": []}
+    assert short["ok"] and short["abbreviated"] == [["--model", "--model-path"]]
+    assert not bogus["ok"] and "unrecognized arguments: --bogus" in bogus["error"]
+    assert (router["ok"], router["parser"]) == (False, False)
+    assert router["error"].startswith("ModuleNotFoundError: No module named 'sglang_router'")
+
+
 # --------------------------------------------------------------------------------------------
 # Ports
 
@@ -463,7 +512,7 @@ def test_port_use_reads_proc_net_tcp(tmp_path: Path) -> None:
           "       0 0 3 0000000000000000\n")
     listen = dr.port_use(tmp_path, 30000)
     assert listen.states == {"0A"} and listen.uids == {999} and listen.holders == ()
-    assert "listening, uid 999" in dr._describe_use(listen)
+    assert "listening, uid 999" in describe_use(listen)
     assert dr.port_use(tmp_path, 8000).states == {"06"}
     assert dr.port_use(tmp_path, 1234).states == frozenset()
 
@@ -487,6 +536,40 @@ def test_topology_mismatch_against_a_plan_rendered_elsewhere(runner, tmp_path: P
     assert "fix: re-render on this host" in line
     same = runner.invoke(doctor, make_box(tmp_path / "same").args(config, topology=True))
     assert " ✓ topology " in same.output
+
+
+ONE_NODE_SEED = dataclasses.replace(SEED, nodes={0: "0-223"}, devices=tuple(
+    Dev(d.bdf, 0, "0-223", d.klass, d.vendor) for d in SEED.devices))
+
+
+def test_one_finding_per_fact_and_a_fix_said_once(runner, tmp_path: Path) -> None:
+    """Issue 14, item 8: a plan made for the seed host (decode pinned to node 1) on a host
+    with one NUMA node. The missing node is one ✗ row, not one more per GPU that is therefore
+    on node 0; no ✓ row vouches for the pinning that ✗ refutes; no fix is printed twice."""
+    box = make_box(tmp_path, host=ONE_NODE_SEED)
+    config = write_config(tmp_path / "pdsvc.yaml", box.python)
+    result = runner.invoke(doctor, box.args(config, topology=True))
+    assert result.exit_code == 3
+    lines = result.output.splitlines()[1:-1]
+    (failed,) = [x for x in lines if x.startswith(" ✗ ")]
+    assert failed.startswith(" ✗ topology ")
+    assert "dsv4-decode is pinned to NUMA node 1, which this host lacks (nodes 0" in failed
+    assert not [x for x in lines if x.startswith(" ✓ ") and "node 1" in x], result.output
+    assert any(x.startswith(" ✓ numa ") and "dsv4-prefill pinned to node 0" in x
+               for x in lines), result.output
+    fixes = [x.split("   fix: ", 1)[1] for x in lines if "   fix: " in x]
+    assert len(fixes) == len(set(fixes)), result.output
+
+    # a host with neither the plan's GPUs nor its nodes: many findings, each fix said once
+    many = make_box(tmp_path / "vm", host=H200X2_VM)
+    result = runner.invoke(doctor, many.args(config, topology=True))
+    lines = result.output.splitlines()
+    fixes = [x.split("   fix: ", 1)[1] for x in lines if "   fix: " in x]
+    assert len(fixes) == len(set(fixes)), result.output
+    assert any(x.endswith("(fix as above)") for x in lines), result.output
+    assert not any(x.startswith(" ✓ gpus idle") for x in lines), result.output
+    report = json.loads(runner.invoke(doctor, many.args(config, "--json", topology=True)).output)
+    assert all(r["fix"] for r in report["checks"] if r["status"] != "ok")  # JSON keeps each fix
 
 
 def test_numa_minus_one_is_a_warning_with_what_the_plan_did(runner, tmp_path: Path) -> None:
@@ -566,18 +649,18 @@ def test_shm_and_jit_cache_thresholds(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
     plan = load_plan(REPO / "etc/pdsvc.yaml", None, SEED_TOPOLOGY)
     for free_gib, status in ((100, "ok"), (10, "warning"), (2, "failed")):
-        monkeypatch.setattr(dr, "fs_space", lambda p, f=free_gib: (f * dr.GIB, f * dr.GIB))
+        monkeypatch.setattr(dr_limits, "fs_space", lambda p, f=free_gib: (f * dr.GIB, f * dr.GIB))
         (row,) = dr.check_jit_cache(plan)
         assert row.status == status, row
         assert row.detail.startswith("/var/cache/dsv4/jit")
-    monkeypatch.setattr(dr, "fs_space", lambda p: (64 << 20, 64 << 20))
+    monkeypatch.setattr(dr_limits, "fs_space", lambda p: (64 << 20, 64 << 20))
     (row,) = dr.check_shm(dr.Host(shm_path=tmp_path))
     assert row.status == "warning" and "64.0 MiB" in row.detail and "--shm-size" in row.fix
 
     def missing(path: Path) -> tuple[int, int]:
         raise FileNotFoundError(2, "No such file or directory")
 
-    monkeypatch.setattr(dr, "fs_space", missing)
+    monkeypatch.setattr(dr_limits, "fs_space", missing)
     (row,) = dr.check_shm(dr.Host(shm_path=tmp_path / "none"))
     assert row.status == "failed"
 

@@ -1,0 +1,82 @@
+"""Every check, in report order: a table of plain functions, each bound to the facts it reads
+and run by one guarded loop (Homebrew's diagnostic.rb has its ``check_*`` methods; here a
+check returns rows, and a crash in one is a row too)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..plan import Plan
+from .facts import Facts
+from .gpu_checks import (
+    check_driver,
+    check_gpu_memory,
+    check_gpus,
+    check_gpus_idle,
+    check_idle_guard,
+)
+from .host import Host
+from .limits import check_jit_cache, check_memlock, check_shm
+from .network import check_network
+from .placement import check_numa, check_topology
+from .ports import check_ports
+from .rows import Row, guarded
+from .systemd import check_systemd
+from .venv import check_flags, check_python
+
+
+def _always(f: Facts) -> bool:
+    return True
+
+
+def _planned(f: Facts) -> bool:
+    return f.plan is not None
+
+
+def _engines(f: Facts) -> bool:
+    """The plan runs engines here (not only the router), so there are GPUs to check."""
+    return f.plan is not None and bool(f.plan.engines)
+
+
+def _gpu_host(f: Facts) -> bool:
+    """Engines run here, or no plan could be made (the driver says why there are no GPUs)."""
+    return f.plan is None or bool(f.plan.engines)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # the row name a crash of the check is reported under
+    run: Callable[[Facts], list[Row]]
+    when: Callable[[Facts], bool] = _always
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("driver", lambda f: check_driver(f.host.proc_root, f.driver_version, f.gpus),
+          _gpu_host),
+    Check("gpus", lambda f: check_gpus(f.plan, f.driver_version, f.gpus), _planned),
+    Check("gpus idle", lambda f: check_gpus_idle(f.plan, f.gpus), _engines),
+    Check("gpu memory", lambda f: check_gpu_memory(f.plan, f.gpus), _engines),
+    Check("gpus idle", lambda f: check_idle_guard(f.gpus), _engines),
+    Check("topology", lambda f: check_topology(f.plan, f.topology, f.host.sysfs_root),
+          _engines),
+    Check("numa", lambda f: check_numa(f.plan, f.topology), _engines),
+    Check("network", lambda f: check_network(f.plan, f.host.sysfs_root), _planned),
+    Check("ports", lambda f: check_ports(f.plan, f.host.proc_root), _planned),
+    Check("python", lambda f: check_python(f.plan, f.installed), _planned),
+    Check("flags", lambda f: check_flags(f.plan, f.installed), _planned),
+    Check("jit cache", lambda f: check_jit_cache(f.plan), _engines),
+    Check("memlock", lambda f: check_memlock(f.host)),
+    Check("/dev/shm", lambda f: check_shm(f.host)),
+    Check("systemd", lambda f: check_systemd(f.plan, f.host)),
+)
+
+
+def run_checks(plan: Plan | None, host: Host) -> list[Row]:
+    """Every check that applies to the plan (None: none could be made) on this host."""
+    facts = Facts(host, plan)
+    rows: list[Row] = []
+    for check in CHECKS:
+        if check.when(facts):
+            rows += guarded(check.name, lambda c=check: c.run(facts))
+    return rows
