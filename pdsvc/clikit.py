@@ -26,8 +26,8 @@ DEFAULT_CONFIG = Path("etc/pdsvc.yaml")
 DEFAULT_OUTPUT = Path("units")
 
 EPILOG = """\b
-Exit codes: 0 ok, 1 output not written, 2 bad config or usage,
-            3 the plan does not fit the host (or no GPU topology found).
+Exit codes: 0 ok, 1 output not written (render --diff: differences),
+            2 bad config or usage, 3 the plan does not fit the host (or no GPU found).
 """
 
 
