@@ -563,7 +563,7 @@ do_install() {
 
     if [ "$start" = 1 ]; then
         status "starting $TARGET (returns when the stack serves; follow: journalctl -f -u '$NAME-*')"
-        run systemctl start "$TARGET" || true
+        if [ "$DRY" = 1 ]; then run systemctl start "$TARGET"; else start_with_progress || true; fi
     fi
     [ "$CHANGED" = 1 ] || status "nothing changed"
     show_state "${UNITS[@]}"
@@ -589,6 +589,43 @@ do_install() {
     else
         status "$TARGET is active but not ${inactive[*]}: systemctl status ${inactive[0]}"
     fi
+}
+
+# start_with_progress: `systemctl start TARGET`, which returns once the stack serves — with a
+# cold JIT cache that can take up to an hour (lifecycle.start_budget_secs). Meanwhile, every
+# PDSVC_PROGRESS_SECS (default 15) seconds, one line per service not yet active: the time
+# elapsed, its phase (the supervisor's status line, else systemd's state) and the engine's last
+# log line. Returns systemctl's exit status.
+start_with_progress() {
+    local every="${PDSVC_PROGRESS_SECS:-15}" t0="$SECONDS" next pid rc=0 u act phase last
+    next=$((t0 + every))
+    systemctl start "$TARGET" &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        if [ "$SECONDS" -lt "$next" ] || ! kill -0 "$pid" 2>/dev/null; then continue; fi
+        next=$((SECONDS + every))
+        for u in "${UNITS[@]}"; do
+            case "$u" in *.service) ;; *) continue ;; esac
+            act="$(systemctl show -p ActiveState --value "$u" 2>/dev/null || true)"
+            [ "$act" != active ] || continue
+            phase="$(systemctl show -p StatusText --value "$u" 2>/dev/null || true)"
+            last="$(journalctl -u "$u" -n 1 -o cat --no-pager -q 2>/dev/null | tail -n 1 || true)"
+            printf '... %s  %s: %s%s\n' "$(elapsed $((SECONDS - t0)))" "$u" "${phase:-${act:-?}}" \
+                "${last:+ | log: ${last:0:160}}"
+        done
+    done
+    wait "$pid" || rc=$?
+    status "systemctl start $TARGET returned after $(elapsed $((SECONDS - t0)))"
+    return "$rc"
+}
+
+# elapsed SECONDS: 42s, 3m05s, 1h02m
+elapsed() {
+    local s="$1"
+    if [ "$s" -lt 60 ]; then printf '%ds' "$s"
+    elif [ "$s" -lt 3600 ]; then printf '%dm%02ds' $((s / 60)) $((s % 60))
+    else printf '%dh%02dm' $((s / 3600)) $((s % 3600 / 60)); fi
 }
 
 # show_state UNIT...: what systemd itself says
@@ -730,4 +767,5 @@ do_uninstall() {
     fi
 }
 
-main "$@"
+# sourced (tests call its functions): define them only
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

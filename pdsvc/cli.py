@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shlex
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,13 +26,15 @@ from .clikit import (
     handle_errors,
     json_option,
     load_plan,
+    no_color,
     sysfs_option,
     topology_option,
+    usage_error_line,
     warn_plan,
 )
 from .errors import TopologyError
 from .plan import Plan
-from .render import File, diff_bundle, hosts_index, render_systemd, write_bundle
+from .render import File, Origin, diff_bundle, hosts_index, render_systemd, write_bundle
 from .topology import format_cpulist, read_sysfs
 
 
@@ -58,11 +63,29 @@ class _Commands(click.Group):
             self.add_command(getattr(importlib.import_module(module), attr), name)
         return super().get_command(ctx, name)
 
+    def main(self, *args: Any, standalone_mode: bool = True, **extra: Any) -> Any:
+        """As click's, but every usage error is one line (click's own are three, with the
+        usage and a "Try" line), and NO_COLOR turns colour off."""
+        if no_color():
+            extra.setdefault("color", False)
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **extra)
+        try:
+            rv = super().main(*args, standalone_mode=False, **extra)
+        except click.ClickException as err:
+            usage_error_line(err)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("pdsvc: aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
-@click.group(cls=_Commands, epilog=EPILOG,
+
+@click.group(cls=_Commands, epilog=EPILOG, invoke_without_command=True,
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pdsvc")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Run a prefill-decode disaggregated SGLang deployment as systemd services.
 
     \b
@@ -77,6 +100,9 @@ def main() -> None:
       systemctl start dsv4-pd.target     # returns once the stack serves
       journalctl -u dsv4-decode          # one engine's log
     """
+    if ctx.invoked_subcommand is None:  # `pdsvc` alone: the help, and that is no error
+        click.echo(ctx.get_help())
+        ctx.exit(0)
 
 
 @main.command(epilog=EPILOG)
@@ -95,16 +121,24 @@ def main() -> None:
               help="Print the files that would be written; write nothing.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Show what would change in --output (a unified diff); write nothing. "
-              "Exit 0 either way.")
+              "Exit 0 when nothing would change, 1 when something would (as `diff`).")
+@click.option("--force", is_flag=True,
+              help="Replace files edited since pdsvc wrote them, or a bundle of another "
+              "config or format in --output (what is lost is listed). Files pdsvc did not "
+              "write are never replaced.")
+@json_option
 @handle_errors
 def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: Path | None,
-           topology_file: Path | None, dry_run: bool, show_diff: bool) -> None:
+           topology_file: Path | None, dry_run: bool, show_diff: bool, force: bool,
+           as_json: bool) -> None:
     """Render the deployment into --output: systemd units (one bundle per host when the
     config has `hosts:`), a supervisord config, or Kubernetes manifests.
 
     Nothing is half-written: all files are staged first and renamed into place together; a
-    bad config or a plan that does not fit the host writes nothing. Files in --output that
-    pdsvc did not write are never overwritten.
+    bad config or a plan that does not fit the host writes nothing. One render at a time
+    writes into a directory. Files in --output that pdsvc did not write are never
+    overwritten; files edited since pdsvc wrote them, and a bundle of another config or
+    format, only with --force.
     """
     if fmt is None:  # the config's `format`, from a plan that reads no host (plan cache: cheap)
         fmt = load_plan(config_path, None, None, scheduled=True).format
@@ -131,26 +165,80 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         files = per_host(plan, command, lambda p: render_systemd(p, command))
         output = output or DEFAULT_OUTPUT
     if show_diff:
-        click.echo(diff_bundle(files, output) or f"{output}: up to date", nl=False)
-        return
+        diff = diff_bundle(files, output)
+        if as_json:
+            _emit_json("render", output=str(output), bundle=fmt, changed=bool(diff), diff=diff)
+        else:
+            click.echo(diff or f"{output}: up to date", nl=not diff)
+        sys.exit(1 if diff else 0)
     if dry_run:
+        if as_json:
+            _emit_json("render", output=str(output), bundle=fmt, dry_run=True, files=[
+                {"path": f.path, "status": "would write", "bytes": len(f.content),
+                 "mode": f"{f.mode:o}"} for f in files])
+            return
         for f in files:
             click.echo(f"would write {output / f.path} ({len(f.content)} bytes, mode {f.mode:o})")
         return
-    for path, status in write_bundle(files, output):
-        click.echo(f"{status:>9}  {output / path}")
+    report = write_bundle(files, output, origin=Origin(fmt, config_path), force=force)
+    step = next_step(fmt, plan, output)
+    if as_json:
+        _emit_json("render", output=str(output), bundle=fmt, files=[
+            {"path": path, "status": status} for path, status in report], next=step)
+        return
+    for path, status in report:
+        click.echo(f"{status:>11}  {output / path}")
+    click.echo(step)
+
+
+def _emit_json(command: str, **doc: Any) -> None:
+    """A --json document, tagged with its schema as doctor's and topology's are."""
+    click.echo(json.dumps({"format": f"pdsvc-{command}/1", **doc}, indent=2))
+
+
+def install_script() -> Path | None:
+    """The install.sh that comes with this pdsvc: the checkout's (pip install -e .), or the
+    copy a package installs under PREFIX/share/pdsvc."""
+    for script in (Path(__file__).resolve().parent.parent / "install.sh",
+                   Path(sys.prefix) / "share" / "pdsvc" / "install.sh"):
+        if script.is_file():
+            return script
+    return None
+
+
+def shown(path: Path, *, command: bool = False) -> str:
+    """A path as the user types it from where they stand: relative below the working
+    directory (a command gets its `./`), else absolute; quoted for the shell."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        rel = absolute.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return shlex.quote(str(absolute))
+    if command and "/" not in rel:
+        rel = f"./{rel}"
+    return shlex.quote(rel)
+
+
+def next_step(fmt: str, plan: Plan, output: Path) -> str:
+    """The command to run next, as it works from the working directory: the bundle is where
+    --output put it, and install.sh is named by its path and told the bundle (--bundle)
+    unless that is the units/ beside it, which it installs by default."""
     if fmt == "supervisord":
         conf = output / ("HOST" if plan.hosts else "") / "supervisord.conf"
         on = "on each host: " if plan.hosts else ""
-        click.echo(f"next, {on}supervisord -c {conf}   (see its header)")
-    elif fmt == "k8s":
-        click.echo(f"next: kubectl apply -k {output}   (an engine on several hosts needs the "
-                   "LeaderWorkerSet controller)")
-    elif plan.hosts:
-        click.echo(f"next, on each host: sudo ./install.sh --bundle {output}/HOST   "
-                   f"(then: systemctl start {plan.target}; engines first, the router waits)")
-    else:
-        click.echo(f"next: sudo ./install.sh   (then: systemctl start {plan.target})")
+        return f"next, {on}supervisord -c {shown(conf)}   (see its header)"
+    if fmt == "k8s":
+        return (f"next: kubectl apply -k {shown(output)}   (an engine on several hosts needs "
+                "the LeaderWorkerSet controller)")
+    script = install_script()
+    run = f"sudo {shown(script, command=True)}" if script else "sudo PDSVC_SOURCE/install.sh"
+    if plan.hosts:
+        return (f"next, on each host: {run} --bundle {shown(output)}/HOST   "
+                f"(then: systemctl start {plan.target}; engines first, the router waits)")
+    beside = script is not None and os.path.realpath(output) == os.path.realpath(
+        script.parent / "units")
+    bundle = "" if beside else f" --bundle {shown(output)}"
+    return f"next: {run}{bundle}   (then: systemctl start {plan.target})"
 
 
 def per_host(plan: Plan, command: str, render_one: Callable[[Plan], list[File]]) -> list[File]:
@@ -167,10 +255,17 @@ def per_host(plan: Plan, command: str, render_one: Callable[[Plan], list[File]])
 @config_option
 @sysfs_option
 @topology_option
+@json_option
 @handle_errors
-def validate(config_path: Path, sysfs_root: Path | None, topology_file: Path | None) -> None:
+def validate(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
+             as_json: bool) -> None:
     """Check the config and that its plan fits the host; write nothing."""
     plan = load_plan(config_path, sysfs_root, topology_file)
+    if as_json:
+        _emit_json("validate", ok=True, config=str(config_path),
+                   topology=plan.topology_source, units=list(plan.units),
+                   warnings=list(plan.warnings))
+        return
     warn_plan(plan)
     click.echo(f"ok: {config_path} fits {plan.topology_source} ({len(plan.units)} units)")
 
@@ -185,8 +280,8 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
              as_json: bool) -> None:
     """Show the resolved plan: role, GPUs, NUMA node, CPUs, ports, cache dir, command lines."""
     plan = load_plan(config_path, sysfs_root, topology_file)
-    if as_json:
-        click.echo(json.dumps(plan.to_dict(), indent=2))
+    if as_json:  # the plan's own `format` is its bundle's: the schema tag is `schema`
+        click.echo(json.dumps({"schema": "pdsvc-plan/1", **plan.to_dict()}, indent=2))
         return
     warn_plan(plan)
     click.echo(f"{plan.target}  (config {plan.config_source}, topology {plan.topology_source})\n")
@@ -267,11 +362,12 @@ def topology(sysfs_root: Path | None, as_json: bool) -> None:
     on the GPU host to render for it elsewhere.
     """
     topo = read_sysfs(sysfs_root or Path("/sys"))
+    if not topo.gpus:  # with --json too: a file of no GPU would only fail later
+        raise TopologyError(f"no NVIDIA GPU found ({topo.source})",
+                            hint="run it on the GPU host")
     if as_json:
         click.echo(topo.to_json(), nl=False)
         return
-    if not topo.gpus:
-        raise TopologyError(f"no NVIDIA GPU found ({topo.source})")
     click.echo(f"{len(topo.gpus)} GPUs, {len(topo.nodes)} NUMA nodes ({topo.source})")
     for g in topo.gpus:
         node = "unknown (-1)" if g.numa_node is None else str(g.numa_node)

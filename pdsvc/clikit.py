@@ -7,6 +7,7 @@ imports its options from here, so an option means the same thing everywhere.
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -25,14 +26,33 @@ DEFAULT_CONFIG = Path("etc/pdsvc.yaml")
 DEFAULT_OUTPUT = Path("units")
 
 EPILOG = """\b
-Exit codes: 0 ok, 1 output not written, 2 bad config or usage,
-            3 the plan does not fit the host (or no GPU topology found).
+Exit codes: 0 ok, 1 output not written (render --diff: differences),
+            2 bad config or usage, 3 the plan does not fit the host (or no GPU found).
 """
 
 
+def no_color() -> bool:
+    """NO_COLOR (no-color.org): set and not empty, pdsvc writes no colour."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def error_line(message: str) -> None:
+    """One error, one line on stderr (red on a terminal unless NO_COLOR)."""
+    line = " ".join(message.split("\n"))
+    click.secho(f"pdsvc: error: {line}", fg="red", err=True)
+
+
 def _fail(err: PdsvcError) -> None:
-    click.secho(f"pdsvc: error: {err}", fg="red", err=True)
+    error_line(str(err))
     sys.exit(err.exit_code)
+
+
+def usage_error_line(err: click.ClickException) -> None:
+    """click's usage errors (usage line, "Try …" line, "Error: …" line) as one line, like
+    every other error of pdsvc: what is wrong, and where the help is."""
+    ctx = getattr(err, "ctx", None)
+    where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+    error_line(" ".join(err.format_message().split()) + where)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,11 +78,12 @@ config_option = click.option(
     help="The deployment config (YAML). Unknown keys are errors.",
 )
 sysfs_option = click.option(
-    "--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    "--sysfs-root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
     help="Read GPUs/NUMA from this /sys-like tree instead of /sys (DIR/bus/pci/devices/…).",
 )
 topology_option = click.option(
-    "--topology", "topology_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    "--topology", "topology_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
     help="Read the host layout from a file written by `pdsvc topology --json` on the GPU host "
     "(render on a laptop for the GPU host). etc/seed-host.topology.json is the seed host's.",
 )
@@ -152,6 +173,21 @@ def load_host_plan(config_path: Path, sysfs_root: Path | None, topology_file: Pa
     name = _host_name(whole, host_name)
     whole = load_plan(config_path, sysfs_root, topology_file, only_host=name)
     return whole, whole.for_host(name)
+
+
+def load_host_plan_anyway(config_path: Path, sysfs_root: Path | None,
+                          topology_file: Path | None, host_name: str | None,
+                          ) -> tuple[Plan, Plan, TopologyError | None]:
+    """load_host_plan for status: a plan that does not fit this host's topology (a GPU fell
+    off the bus) still names every unit and URL, so it is laid on no host instead, and why it
+    does not fit comes back as a finding, not as the end of the command."""
+    try:
+        return (*load_host_plan(config_path, sysfs_root, topology_file, host_name), None)
+    except TopologyError as err:
+        whole = load_plan(config_path, sysfs_root, topology_file, scheduled=True)
+        if not whole.hosts:
+            return whole, whole, err
+        return whole, whole.for_host(_host_name(whole, host_name)), err
 
 
 def _host_name(plan: Plan, host_name: str | None) -> str:

@@ -843,23 +843,27 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
 def _port_problems(config: Config) -> list[tuple[tuple, str]]:
     """Every port the plan opens is distinct, and dist-init bases keep their port span free.
     A port allocated from an instance's index is named as such: giving it is the fix."""
-    ports: list[tuple[tuple, int, str]] = []
+    # the router's first: the port clients know; an engine's that clashes with it is named
+    r = config.router  # a router port left out is its default, not allocated from an index
+    ports: list[tuple[tuple, int, str]] = [
+        (("router", key), getattr(r, key), "" if key in r.model_fields_set else
+         f"router.{key} is its default") for key in ("port", "prometheus_port")]
     for inst in config.engines:
         for key in ("port", "bootstrap_port") if inst.role == "prefill" else ("port",):
             ports.append(_port_of(inst, key))
-    r = config.router
-    ports += [(("router", "port"), r.port, "router.port"),
-              (("router", "prometheus_port"), r.prometheus_port, "router.prometheus_port")]
     spans: list[tuple[tuple, int, str]] = [
         _port_of(inst, "dist_init_port") for inst in config.engines
     ]
     problems: list[tuple[tuple, str]] = []
-    seen: dict[int, str] = {}
-    for loc, port, name in ports:
-        if port in seen:
-            problems.append((loc, f"port {port} is also {seen[port]}; each service needs its own"
-                             + _allocated_hint(name)))
-        seen.setdefault(port, dotted(loc))
+    seen: dict[int, tuple[tuple, int, str]] = {}
+    for now in ports:
+        if now[1] in seen:  # named at the key the user wrote: the other one is explained
+            here, there = (seen[now[1]], now) if now[2] and not seen[now[1]][2] else (
+                now, seen[now[1]])
+            problems.append((here[0], f"port {now[1]} is also {dotted(there[0])}"
+                             + _why_there(there[2]) + "; each service needs its own"
+                             + _allocated_hint(here[2])))
+        seen.setdefault(now[1], now)
     for i, (loc, base, name) in enumerate(spans):
         for other_loc, other, _ in spans[:i]:
             if abs(base - other) < DIST_INIT_SPAN:
@@ -878,13 +882,24 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
 
 
 def _port_of(inst: Instance, key: str) -> tuple[tuple, int, str]:
-    """(key path, port, its name in a hint: '' when given, the key when allocated)."""
+    """(key path, port, how it got a port the user did not write: '' when given)."""
     loc = inst.loc + (key,)
-    return loc, getattr(inst.cfg, key), dotted(loc) if key in inst.allocated else ""
+    if key in inst.allocated:
+        why = f"{dotted(loc)} was allocated from the instance's index"
+    elif inst.index is None and key not in inst.cfg.model_fields_set:
+        why = f"{dotted(loc)} is its default"
+    else:
+        why = ""
+    return loc, getattr(inst.cfg, key), why
 
 
-def _allocated_hint(name: str) -> str:
-    return f" ({name} was allocated from the instance's index; set it)" if name else ""
+def _allocated_hint(why: str) -> str:
+    return f" ({why}; set it)" if why else ""
+
+
+def _why_there(why: str) -> str:
+    """Why the other key of a clash has its port, when the user did not write it."""
+    return f" ({why})" if why else ""
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster

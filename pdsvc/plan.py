@@ -310,6 +310,8 @@ def build_plan(
                 f"no NVIDIA GPU found {where}({topo.source})",
                 hint=(f"set hosts.{machine}.topology to the file `pdsvc topology --json` "
                       "writes on that host") if machine else (
+                    "that file lists no GPU: write it on the GPU host with `pdsvc topology "
+                    "--json > host.json`" if topo.source.startswith("file:") else
                     "on a machine without the GPUs pass --topology FILE, written on the GPU "
                     "host by `pdsvc topology --json > host.json` (the seed host's is "
                     "etc/seed-host.topology.json)"),

@@ -43,7 +43,7 @@ from .clikit import (
     handle_errors,
     host_option,
     json_option,
-    load_host_plan,
+    load_host_plan_anyway,
     sysfs_option,
     topology_option,
 )
@@ -72,8 +72,11 @@ UNIT_PROPERTIES = (
 
 STATUS_EPILOG = """\b
 Exit codes: 0 serving (every unit active, router /readiness 200), 1 not serving,
-            2 bad config or usage, 3 the plan does not fit the host.
+            2 bad config or usage. A plan that does not fit the host's topology (a GPU
+            fell off the bus) is one more finding: the units are shown all the same.
 """
+#: The schema tag of `status --json` (as doctor's and topology's carry theirs).
+STATUS_SCHEMA = "pdsvc-status/1"
 
 BACKENDS = ("auto", "systemd", "supervisord")
 
@@ -531,13 +534,15 @@ def collect(
     hostname: str,
     http_timeout: float = HTTP_TIMEOUT,
     whole: Plan | None = None,
+    findings: tuple[str, ...] = (),
 ) -> Report:
     """Ask the service manager about every unit and probe every endpoint, all at once (a
     hung endpoint costs one timeout, not one per probe).
 
     ``plan`` is what runs here; ``whole``, for one host of several (Plan.for_host), the whole
     deployment: the router is then probed where it runs, and every engine is expected in its
-    view of the workers."""
+    view of the workers. ``findings``: what else is wrong (the plan does not fit this host's
+    topology), one more problem each."""
     whole = whole or plan
     router = plan.router or whole.reachable_router()
     headers = router_headers(router)
@@ -569,10 +574,12 @@ def collect(
     expected = tuple(dict.fromkeys((e.role, e.url) for e in whole.engines))
     serving, problems = judge(views, workers, workers_error, expected,
                               None if plan.router else readiness)
+    # the router of another host: where this host reaches it, not at this host's name
+    url = client_url(router, hostname) if plan.router else f"{router.url}/v1/chat/completions"
     return Report(
         name=plan.name, backend=backend.name, units=views, workers=workers,
-        workers_probe=workers_probe, workers_error=workers_error,
-        url=client_url(router, hostname), serving=serving, problems=tuple(problems),
+        workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,
+        problems=(*problems, *findings),
     )
 
 
@@ -677,6 +684,7 @@ def format_text(report: Report) -> str:
 def report_dict(report: Report) -> dict[str, Any]:
     """The same facts as the table, for machines."""
     return {
+        "format": STATUS_SCHEMA,
         "name": report.name,
         "backend": report.backend,
         "serving": report.serving,
@@ -741,12 +749,14 @@ def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
     Under supervisord the first row is the bundle's group and the supervisord that runs it
     (there is no target), and RESTARTS is `-`: supervisord does not count restarts.
     """
-    whole, plan = load_host_plan(config_path, sysfs_root, topology_file, host_name)
+    whole, plan, misfit = load_host_plan_anyway(config_path, sysfs_root, topology_file,
+                                                host_name)
+    findings = (f"the plan does not fit this host: {misfit}",) if misfit else ()
     manager = make_backend(plan, backend, systemctl=systemctl, socket_path=socket_path)
     hostname = socket.gethostname()
 
     def frame() -> tuple[str, int]:
-        report = collect(plan, manager, hostname=hostname, whole=whole)
+        report = collect(plan, manager, hostname=hostname, whole=whole, findings=findings)
         code = 0 if report.serving else 1
         if as_json:
             doc = report_dict(report)

@@ -22,6 +22,7 @@ def test_render_writes_the_bundle_and_reports_each_file(runner, tmp_path: Path) 
     result = runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == sorted([
+        ".pdsvc-bundle.json",  # the record: what pdsvc wrote, each file's sha256
         "dsv4-pd.target", "dsv4-prefill.service", "dsv4-decode.service", "dsv4-router.service",
         "runtime", "install.list",
     ])
@@ -37,11 +38,11 @@ def test_dry_run_and_diff_write_nothing(runner, tmp_path: Path) -> None:
     assert dry.exit_code == 0 and "would write" in dry.output
     assert not out.exists()
     diff = runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out), "--diff"])
-    assert diff.exit_code == 0 and "+++ b/dsv4-decode.service" in diff.output
+    assert diff.exit_code == 1 and "+++ b/dsv4-decode.service" in diff.output
     assert not out.exists()
     runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out)])
     assert runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out), "--diff"]).output \
-        .endswith("up to date")
+        .endswith("up to date\n")
 
 
 def test_render_refuses_to_overwrite_a_file_it_did_not_write(runner, tmp_path: Path) -> None:

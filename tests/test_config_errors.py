@@ -53,15 +53,18 @@ CASES = [
     ("bad-flag-name", BASE + "decode:\n  args:\n    --cuda-graph-max-bs: 8\n", "decode.args"),
     # xPyD: roles as lists of instances; keys are named with the list index, lines are exact
     ("xpyd-dup-bootstrap", BASE + P2 + "    bootstrap_port: 8998\n",
-     ":5: prefill[1].bootstrap_port: port 8998 is also prefill[0].bootstrap_port; each service "
+     ":5: prefill[1].bootstrap_port: port 8998 is also prefill[0].bootstrap_port "
+     "(prefill[0].bootstrap_port was allocated from the instance's index); each service "
      "needs its own"),
     ("xpyd-allocated-clash", BASE + "prefill:\n  - {gpus: [0, 1], port: 30002}\n"
      "  - {gpus: [2, 3]}\n",
-     ":4: prefill[1].port: port 30002 is also prefill[0].port; each service needs its own "
-     "(prefill[1].port was allocated from the instance's index; set it)"),
+     # named where the user wrote it (issue 14), the allocated one explained
+     ":3: prefill[0].port: port 30002 is also prefill[1].port (prefill[1].port was allocated "
+     "from the instance's index); each service needs its own"),
     ("xpyd-bootstrap-vs-http", BASE + "prefill:\n  - {gpus: [0, 1], bootstrap_port: 30002}\n"
      "  - {gpus: [2, 3]}\n",
-     ":4: prefill[1].port: port 30002 is also prefill[0].bootstrap_port"),
+     ":3: prefill[0].bootstrap_port: port 30002 is also prefill[1].port (prefill[1].port was "
+     "allocated"),
     ("xpyd-shared-gpu", BASE + "prefill:\n  - gpus: [0, 1]\n  - gpus: [1, 2]\n",
      ":4: prefill[1].gpus: GPU 1 is also in prefill[0].gpus; give each engine its own GPUs"),
     ("xpyd-shared-gpu-across-roles", BASE + "decode:\n  - gpus: [4, 5]\n  - gpus: [3]\n",

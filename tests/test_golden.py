@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from pdsvc.clikit import load_plan
-from pdsvc.render import render_systemd
+from pdsvc.render import RECORD, Origin, bundle_record, render_systemd
 
 REPO = Path(__file__).resolve().parent.parent
 COMMAND = "pdsvc render --config etc/pdsvc.yaml --topology etc/seed-host.topology.json"
@@ -22,8 +22,10 @@ def test_units_dir_is_the_rendered_default_bundle(monkeypatch) -> None:
     plan = load_plan(Path("etc/pdsvc.yaml"), None, Path("etc/seed-host.topology.json"))
     files = render_systemd(plan, COMMAND)
     stale = [f.path for f in files if (REPO / "units" / f.path).read_text() != f.content]
+    record = bundle_record(files, REPO / "units", Origin("systemd", Path("etc/pdsvc.yaml")))
+    stale += [RECORD] * ((REPO / "units" / RECORD).read_text() != record.content)
     extra = sorted({str(p.relative_to(REPO / "units")) for p in (REPO / "units").rglob("*")
-                    if p.is_file()} - {f.path for f in files})
+                    if p.is_file()} - {f.path for f in files} - {RECORD})
     assert not stale and not extra, (
         f"units/ is stale ({stale or extra}); run: {COMMAND}"
     )

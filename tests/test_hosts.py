@@ -76,7 +76,8 @@ def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
     out = tmp_path / "units"
     result = runner.invoke(main, ["render", "-c", str(THREE), *SEED, "-o", str(out)])
     assert result.exit_code == 0, result.output + result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["gpu-a", "gpu-b", "hosts.list", "lb"]
+    assert sorted(p.name for p in out.iterdir() if p.name[0] != ".") == [
+        "gpu-a", "gpu-b", "hosts.list", "lb"]
     assert sorted(p.name for p in (out / "lb").iterdir()) == [
         "dsv4-pd.target", "dsv4-router.service", "install.list", "runtime"]
     assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
@@ -230,7 +231,8 @@ def test_supervisord_bundles_one_per_host(runner, tmp_path: Path) -> None:
     result = runner.invoke(main, ["render", "-c", str(THREE), *SEED, "-o", str(out),
                                   "--format", "supervisord"])
     assert result.exit_code == 0, result.output + result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["gpu-a", "gpu-b", "hosts.list", "lb"]
+    assert sorted(p.name for p in out.iterdir() if p.name[0] != ".") == [
+        "gpu-a", "gpu-b", "hosts.list", "lb"]
     assert f"on each host: supervisord -c {out}/HOST/supervisord.conf" in result.output
     lb, b = ((out / h / "supervisord.conf").read_text() for h in ("lb", "gpu-b"))
     assert "programs=dsv4-router\n" in lb and "[program:dsv4-prefill]" not in lb
@@ -314,7 +316,8 @@ def test_a_render_never_reaches_outside_its_output_directory(runner, tmp_path: P
     keep.write_text((out / "lb" / "dsv4-router.service").read_text())  # pdsvc-marked
     with (out / "hosts.list").open("a") as fh:
         fh.write("..\t10.0.0.9\tx\n")
-    assert runner.invoke(main, render).exit_code == 0
+    assert runner.invoke(main, render).exit_code == 1  # hosts.list was edited: refused …
+    assert runner.invoke(main, [*render, "--force"]).exit_code == 0  # … unless forced
     assert keep.exists()
     elsewhere = tmp_path / "installed"
     elsewhere.mkdir()

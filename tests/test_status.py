@@ -322,8 +322,8 @@ def test_json_has_the_same_facts(dep: Deployment) -> None:
     result = dep.invoke("--json")
     assert result.exit_code == 0
     doc = json.loads(result.output)
-    assert set(doc) == {"name", "backend", "serving", "verdict", "problems", "url", "units",
-                        "workers", "workers_error", "workers_probe"}
+    assert set(doc) == {"format", "name", "backend", "serving", "verdict", "problems", "url",
+                        "units", "workers", "workers_error", "workers_probe"}
     assert (doc["name"], doc["backend"], doc["serving"], doc["verdict"], doc["problems"]) == (
         "dsv4", "systemd", True, "serving", [])
     assert doc["url"].endswith(f":{dep.router.port}/v1/chat/completions")
