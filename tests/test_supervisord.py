@@ -193,7 +193,7 @@ def test_every_word_and_value_survives_supervisords_own_reader(serve_python: Pat
 def test_a_value_supervisord_cannot_hold_is_a_config_error_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"dsv4-prefill: environment variable X="):
         conf_of(with_(**{"prefill.env": {"X": "a ;b"}}))
-    with pytest.raises(ConfigError, match="line break"):
+    with pytest.raises(ConfigError, match="newline"):  # refused at load (issue 11)
         conf_of(with_(**{"prefill.args": {"chat-template": "a\nb"}}))
     with pytest.raises(ConfigError, match=r"replaces the text %\(here\)s everywhere"):
         conf_of(with_(**{"prefill.args": {"chat-template": "/x/%(here)s"}}))
