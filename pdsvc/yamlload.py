@@ -9,12 +9,13 @@ anything is constructed.
 
 from __future__ import annotations
 
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from .encode import one_line
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # yaml is imported when a config is parsed, not when a cached plan is read
+    import yaml
 
 #: Largest config accepted: a real one is a few KiB; this keeps every rendered line (an
 #: ExecStart= of all `args`, escaped) far below systemd's LONG_LINE_MAX (1 MiB).
@@ -22,9 +23,6 @@ MAX_CONFIG_BYTES = 256 * 1024
 #: Most nodes the document may expand to, aliases counted at each use.
 MAX_NODES = 50_000
 MERGE_TAG = "tag:yaml.org,2002:merge"
-
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
-
 
 def decode_config(data: bytes, source: str) -> str:
     """The config file's bytes as text: UTF-8, else a one-line error
@@ -41,11 +39,13 @@ def decode_config(data: bytes, source: str) -> str:
 
 def load(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     """(the data, its node graph for line numbers) of one YAML document, strictly."""
+    import yaml
+
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{source}: the config is {size} bytes; at most {MAX_CONFIG_BYTES} "
                           "are read (a real one is a few KiB)")
-    loader = _Loader(text)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml: ~10x faster
     try:
         node = loader.get_single_node()
         if node is not None:
@@ -63,6 +63,8 @@ def load(text: str, source: str) -> tuple[Any, yaml.Node | None]:
 
 def _check_graph(root: yaml.Node, source: str) -> None:
     """Refuse duplicate keys and documents whose aliases expand past MAX_NODES."""
+    import yaml
+
     count = 0
     stack = [root]
     checked: set[int] = set()  # mappings already checked for duplicates (an alias repeats one)
@@ -84,6 +86,8 @@ def _check_graph(root: yaml.Node, source: str) -> None:
 
 
 def _no_duplicate_keys(node: yaml.MappingNode, source: str) -> None:
+    import yaml
+
     seen: dict[tuple[str, str], int] = {}
     for key, _ in node.value:
         if not isinstance(key, yaml.ScalarNode) or key.tag == MERGE_TAG:
