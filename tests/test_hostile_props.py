@@ -57,7 +57,12 @@ FIELDS: list[tuple[str, str]] = [
     ("router.python", "/opt/{}/python"), ("supervisord.log_dir", "/var/log/{}"),
     ("supervisord.run_dir", "/run/{}"), ("supervisord.numactl", "/usr/bin/{}"),
     ("k8s.image", "{}"), ("k8s.python", "{}"), ("k8s.node_selector.gpu", "{}"),
-    ("k8s.jit_cache_claim", "{}"), ("name", "{}"),
+    ("k8s.jit_cache_claim", "{}"), ("k8s.node_selector.*", "x"), ("name", "{}"),
+]
+#: ... and in a config over two hosts (rendered per host, as `pdsvc render` does).
+HOST_FIELDS: list[tuple[str, str]] = [
+    ("hosts.b.env.WEIRD", "{}"), ("hosts.b.env.*", "1"), ("hosts.b.ucx_net_devices", "{}"),
+    ("hosts.b.topology", "{}"), ("hosts.b.address", "{}"), ("hosts.*.address", "10.0.0.3"),
 ]
 
 
@@ -76,6 +81,22 @@ def _config(path: str, shape: str, hostile: str) -> dict:
         node[hostile] = value
     else:
         node[leaf] = value
+    return data
+
+
+def _hosts_config(path: str, shape: str, hostile: str) -> dict:
+    data = _config("model.path", "/srv/models/m", "")
+    data["hosts"] = {"a": {"address": "10.0.0.1", "run": ["router", "prefill"]},
+                     "b": {"address": "10.0.0.2", "run": ["decode"]}}
+    if path == "hosts.*.address":  # a hostile host name
+        data["hosts"][hostile] = {"address": "10.0.0.3", "run": ["decode"]}
+        data["hosts"]["b"]["run"] = ["prefill"]
+        return data
+    leaf = path.rsplit(".", 1)[1]
+    node = data["hosts"]["b"]
+    if path.startswith("hosts.b.env."):
+        node = node.setdefault("env", {})
+    node[hostile if leaf == "*" else leaf] = shape.format(hostile)
     return data
 
 
@@ -151,6 +172,8 @@ def check_supervisord(plan: Plan, read, conf: Path) -> None:
         assert prog["argv"][prog["argv"].index("--") + 1:] == list(e.argv)
         assert prog["environment"] == dict(e.env)
         assert prog["uid"] == f"uid:{plan.user}"
+    if plan.router is None:
+        return
     router = out["programs"][plan.router.name]
     assert router["argv"][router["argv"].index("--") + 1:] == list(plan.router.argv)
     assert router["environment"] == dict(plan.router.env)
@@ -188,6 +211,8 @@ def check_every_output(plan: Plan, read_supervisord) -> None:
                 conf.parent.mkdir()
                 conf.write_text(sv[0].content)
                 check_supervisord(plan, read_supervisord, conf)
+        if plan.hosts:
+            return  # a host's view; Kubernetes places the engines itself (test_render_k8s)
         try:
             k8s = render_k8s(plan, "pdsvc render --format k8s")
         except ConfigError as e:  # e.g. a router host a pod cannot listen on
@@ -224,3 +249,14 @@ def test_the_default_values_survive_alongside_a_hostile_env_value(
     plan = _parse(data)
     if plan is not None:
         check_every_output(plan, read_supervisord)
+
+
+@SMALL_BUDGET
+@given(field=st.sampled_from(HOST_FIELDS), hostile=HOSTILE)
+def test_a_hostile_string_in_a_host_is_refused_or_reaches_its_bundle_intact(
+        field: tuple[str, str], hostile: str, read_supervisord) -> None:
+    plan = _parse(_hosts_config(*field, hostile))
+    event("refused" if plan is None else "rendered")
+    if plan is not None:
+        for host in plan.hosts:
+            check_every_output(plan.for_host(host.name), read_supervisord)
