@@ -4,6 +4,7 @@ sdsyntax.py."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
@@ -12,22 +13,24 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-#: Reads a supervisord.conf with supervisor's own reader, prints what it would run as JSON.
+#: Reads supervisord.conf paths from stdin, one a line, and answers each with what supervisor's
+#: own reader makes of it, as one line of JSON (one interpreter for every example).
 PARSE_SUPERVISORD = textwrap.dedent('''
     import json, shlex, sys
     import supervisor.options as so
     so.name_to_uid = lambda name: "uid:" + name  # the service user need not exist here
     so.existing_dirpath = lambda v: v  # nor the run and log directories
-    opts = so.ServerOptions()
-    opts.configfile = sys.argv[1]
-    opts.process_config(do_usage=False)
-    out = {"programs": {}, "pidfile": opts.pidfile,
-           "sockets": [s["file"] for s in opts.configroot.supervisord.server_configs]}
-    for g in opts.process_group_configs:
-        for pc in g.process_configs:
-            out["programs"][pc.name] = {"argv": shlex.split(pc.command),
-                                        "environment": pc.environment or {}, "uid": pc.uid}
-    print(json.dumps(out))
+    for line in sys.stdin:
+        opts = so.ServerOptions()
+        opts.configfile = line.rstrip("\\n")
+        opts.process_config(do_usage=False)
+        out = {"programs": {}, "pidfile": opts.pidfile,
+               "sockets": [s["file"] for s in opts.configroot.supervisord.server_configs]}
+        for g in opts.process_group_configs:
+            for pc in g.process_configs:
+                out["programs"][pc.name] = {"argv": shlex.split(pc.command),
+                                            "environment": pc.environment or {}, "uid": pc.uid}
+        print(json.dumps(out), flush=True)
 ''')
 
 
@@ -37,13 +40,20 @@ def supervisord_reader(serve_venv: Path) -> Callable[[Path], dict] | None:
     if importlib.util.find_spec("supervisor") is not None:
         return _read_here
     python = serve_venv / "bin" / "python"
-    if python.exists():
-        def read(conf: Path) -> dict:
-            out = subprocess.run([str(python), "-c", PARSE_SUPERVISORD, str(conf)],
-                                 capture_output=True, text=True, timeout=60, check=True)
-            return json.loads(out.stdout)
-        return read
-    return None
+    if not python.exists():
+        return None
+    proc = subprocess.Popen([str(python), "-c", PARSE_SUPERVISORD], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    atexit.register(proc.kill)
+
+    def read(conf: Path) -> dict:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{conf}\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, f"supervisor's reader exited ({proc.poll()}) on {conf}"
+        return json.loads(line)
+    return read
 
 
 def _read_here(conf: Path) -> dict:
