@@ -104,9 +104,12 @@ def host_topology(sysfs_root: Path | None, topology_file: Path | None) -> Topolo
 
 
 def read_config_text(path: Path) -> str:
-    """The config file's text, or a one-line ConfigError saying what is wrong with the path."""
+    """The config file's text, or a one-line ConfigError saying what is wrong with the path
+    (or that it is not UTF-8)."""
+    from .yamlload import decode_config
+
     try:
-        return path.read_text(encoding="utf-8")
+        return decode_config(path.read_bytes(), str(path))
     except FileNotFoundError:
         raise ConfigError(
             f"{path}: config file not found", hint="pass --config PATH (see etc/pdsvc.yaml)"

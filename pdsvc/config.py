@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -25,16 +26,49 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic import Strict as StrictType
 
-from . import routers
+from . import routers, yamlload
+from .encode import check_account, check_path, check_text, one_line
 from .errors import ConfigError
+from .owned import (  # noqa: F401  (OWNED_ENV: re-exported, the config's owned names)
+    OWNED_ENGINE_FLAGS,
+    OWNED_ENV,
+    OWNED_ROUTER_FLAGS,
+    check_arg_values,
+    check_env,
+    check_flags,
+    check_host,
+    check_unicast,
+)
 from .plan import DIST_INIT_SPAN
 
-Port = Annotated[int, Field(ge=1, le=65535)]
-EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-FlagName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")]
-ArgValue = str | int | float | bool | list[str | int | float]
-Seconds = Annotated[int, Field(ge=1)]
+#: Every string of the schema is one of these (encode.py: what every output can carry).
+Text = Annotated[str, AfterValidator(check_text)]
+AbsPath = Annotated[str, AfterValidator(check_path)]
+Account = Annotated[str, AfterValidator(check_account)]
+#: Integers are YAML integers: `port: true` or `gpus: [0, true]` is refused, not read as 1
+#: (pydantic's lax mode would take a bool, a float or a numeric string), and so is `1e20`.
+Int = Annotated[int, StrictType()]
+Port = Annotated[int, StrictType(), Field(ge=1, le=65535)]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=255)]
+FlagName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=255)]
+EnvValue = Text | Int | float | bool
+ArgValue = Text | Int | float | bool | list[Text | Int | float]
+#: Bounded by what systemd and a sane deployment accept (issue 11): a value systemd cannot
+#: hold (`1e20`) would be ignored and its default would apply silently.
+DAY, HOUR = 86400, 3600
+
+
+HourSecs = Annotated[int, StrictType(), Field(ge=1, le=HOUR)]
+DaySecs = Annotated[int, StrictType(), Field(ge=1, le=DAY)]
+WeekSecs = Annotated[int, StrictType(), Field(ge=1, le=7 * DAY)]
+Count100 = Annotated[int, StrictType(), Field(ge=1, le=100)]
+Count1000 = Annotated[int, StrictType(), Field(ge=1, le=1000)]
+TpSize = Annotated[int, StrictType(), Field(ge=1, le=4096)]
+GpuIndex = Annotated[int, StrictType(), Field(ge=0, le=1023)]
+Module = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=255)]
 
 #: Ports of instance i of a role, when the config does not give them (i = 0 is also the
 #: single-mapping default): HTTP ports interleave (prefill even, decode odd), each prefill gets
@@ -44,70 +78,25 @@ PREFILL_PORT, DECODE_PORT, PORT_STEP = 30000, 30001, 2
 BOOTSTRAP_PORT = 8998
 PREFILL_DIST_INIT, DECODE_DIST_INIT, DIST_INIT_STEP = 30335, 30435, 2 * DIST_INIT_SPAN
 
-#: launch_server flags pdsvc derives from the plan; setting them in `args` would contradict it.
-OWNED_ENGINE_FLAGS = {
-    "model-path": "model.path",
-    "model": "model.path",
-    "served-model-name": "model.served_name",
-    "trust-remote-code": "model.trust_remote_code",
-    "host": "hosts.NAME.address (engines bind 127.0.0.1 without hosts)",
-    "nnodes": "hosts (an engine listed on several hosts spans them)",
-    "node-rank": "hosts (the order of the hosts that run the engine)",
-    "port": "<role>.port",
-    "tp": "<role>.tp",
-    "tp-size": "<role>.tp",
-    "tensor-parallel-size": "<role>.tp",
-    "dist-init-addr": "<role>.dist_init_port",
-    "nccl-init-addr": "<role>.dist_init_port",
-    "disaggregation-mode": "the role (prefill/decode)",
-    "disaggregation-transfer-backend": "transfer.backend",
-    "disaggregation-bootstrap-port": "prefill.bootstrap_port",
-    "base-gpu-id": "<role>.gpus (CUDA_VISIBLE_DEVICES)",
-}
-#: router flags pdsvc derives from the plan.
-OWNED_ROUTER_FLAGS = {
-    "pd-disaggregation": "(always on)",
-    "control-plane-api-keys": "router.control_plane_key (a file; engines register with it)",
-    "prefill": "prefill",
-    "decode": "decode",
-    "host": "router.host",
-    "port": "router.port",
-    "policy": "router.policy",
-    "prometheus-port": "router.prometheus_port",
-    "prometheus-host": "router.prometheus_host",
-    "health-check-interval-secs": "router.health_check.interval_secs",
-    "health-check-timeout-secs": "router.health_check.timeout_secs",
-    "health-failure-threshold": "router.health_check.failure_threshold",
-    "health-success-threshold": "router.health_check.success_threshold",
-    "worker-startup-timeout-secs": "lifecycle.start_timeout_secs (30 days with hosts)",
-}
-#: environment variables pdsvc owns: the plan sets them, a user value would contradict it.
-OWNED_ENV = {
-    "CUDA_VISIBLE_DEVICES": "<role>.gpus",
-    "CUDA_DEVICE_ORDER": "(always PCI_BUS_ID, so indices match nvidia-smi)",
-    "SGLANG_DISAGGREGATION_NIXL_BACKEND": "transfer.nixl_backend",
-    "SGLANG_HOST_IP": "hosts.NAME.address",
-}
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelConfig(Strict):
-    path: str = Field(description="Local directory of the model weights (or a hub id).")
-    served_name: str | None = Field(None, description="Name on /v1/models (same on P and D).")
+    path: Text = Field(description="Local directory of the model weights (or a hub id).")
+    served_name: Text | None = Field(None, description="Name on /v1/models (same on P and D).")
     trust_remote_code: bool = Field(True, description="Pass --trust-remote-code (DeepSeek: yes).")
 
 
 class RuntimeConfig(Strict):
-    python: str = Field("/opt/sglang/venv/bin/python", description="Interpreter with sglang.")
-    engine_module: str = Field("sglang.launch_server", description="Module run for each engine.")
-    router_module: str = Field("sglang_router.launch_router", description="Module for the router.")
-    user: str = Field("sglang", description="Service user of every unit (one JIT cache owner).")
-    group: str = Field("sglang", description="Its group; install.sh creates both.")
-    jit_cache: str = Field("/var/cache/pdsvc/jit", description="JIT cache shared by P and D.")
-    env: dict[EnvName, str | int | float | bool] = Field(
+    python: Text = Field("/opt/sglang/venv/bin/python", description="Interpreter with sglang.")
+    engine_module: Module = Field("sglang.launch_server", description="Module run for each engine.")
+    router_module: Module = Field(
+        "sglang_router.launch_router", description="Module for the router.")
+    user: Account = Field("sglang", description="Service user of every unit (one JIT cache owner).")
+    group: Account = Field("sglang", description="Its group; install.sh creates both.")
+    jit_cache: AbsPath = Field("/var/cache/pdsvc/jit", description="JIT cache shared by P and D.")
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Env for every engine (e.g. SGLANG_DSV4_FP4_EXPERTS)."
     )
     pinning: Literal["numa", "strict", "off"] = Field(
@@ -117,19 +106,19 @@ class RuntimeConfig(Strict):
     numa_policy: Literal["preferred", "bind"] = Field(
         "preferred", description="NUMAPolicy=: bind fails allocations when the node is full."
     )
-    libexec_dir: str = Field(
+    libexec_dir: AbsPath = Field(
         "/usr/local/lib/pdsvc",
         description="Where install.sh puts supervise.py (NAME/supervise.py below it); "
         "use e.g. /opt/pdsvc on hosts with a read-only /usr.",
     )
-    read_write_paths: list[str] = Field(
+    read_write_paths: list[AbsPath] = Field(
         default_factory=list, description="Extra writable paths under ProtectSystem=strict."
     )
 
     @field_validator("env")
     @classmethod
     def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _check_env(v)
+        return check_env(v)
 
     @field_validator("pinning", mode="before")
     @classmethod
@@ -143,12 +132,18 @@ class RuntimeConfig(Strict):
             raise ValueError(f"must be an absolute path, got {v!r} (systemd runs no shell PATH)")
         return v
 
-    @field_validator("jit_cache", "libexec_dir")
+    @field_validator("jit_cache")
     @classmethod
-    def _absolute_dir(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"must be an absolute path, got {v!r}")
-        return v.rstrip("/") or "/"
+    def _cache_directory(cls, v: str) -> str:
+        # under /var/cache it is CacheDirectory=, where systemd 254+ reads `a:b` as "a, and a
+        # symlink b to it" and keeps backslashes for a second, C-style unescaping pass
+        # (systemd.exec(5)); older ones take both literally: no encoding means the same to both
+        bad = [c for c in ':\\"' if c in v] if v.startswith("/var/cache/") else []
+        if bad:
+            raise ValueError(f"must not hold {bad[0]!r} under /var/cache, got {v!r}: it becomes "
+                             "CacheDirectory=, which systemd 254+ reads differently from older "
+                             "ones there (':' names a symlink, '\\' escapes)")
+        return v
 
 
 class TransferConfig(Strict):
@@ -162,12 +157,12 @@ class TransferConfig(Strict):
 
 
 class RoleConfig(Strict):
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    gpus: list[GpuIndex] = Field(min_length=1, max_length=1024)
     numa_node: Literal["auto"] | int = Field(
         "auto", description="auto: the node of the role's GPUs, read from the host; or a node id."
     )
     port: Port
-    tp: Annotated[int, Field(ge=1)] | None = Field(
+    tp: TpSize | None = Field(
         None, description="Default: len(gpus) × the number of hosts that run the engine."
     )
     dist_init_port: Port
@@ -175,16 +170,16 @@ class RoleConfig(Strict):
         default_factory=dict,
         description="Extra launch_server flags, `flag-name: value` (true: bare flag).",
     )
-    env: dict[EnvName, str | int | float | bool] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Env for this role only."
     )
 
     @field_validator("numa_node", mode="before")
     @classmethod
     def _numa(cls, v: Any) -> Any:
-        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1024):
             return v
-        raise ValueError(f"must be 'auto' or a NUMA node number (0, 1, …), got {v!r}")
+        raise ValueError(f"must be 'auto' or a NUMA node number (0, 1, … 1023), got {v!r}")
 
     @field_validator("gpus")
     @classmethod
@@ -194,17 +189,18 @@ class RoleConfig(Strict):
     @field_validator("args")
     @classmethod
     def _not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _check_flags(v, OWNED_ENGINE_FLAGS)
+        return check_arg_values(check_flags(v, OWNED_ENGINE_FLAGS, "launch_server"))
 
     @field_validator("env")
     @classmethod
     def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _check_env(v)
+        return check_env(v)
 
 
 class PrefillConfig(RoleConfig):
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(
-        [0, 1, 2, 3], min_length=1, description="GPU indices (nvidia-smi / PCI bus order)."
+    gpus: list[GpuIndex] = Field(
+        [0, 1, 2, 3], min_length=1, max_length=1024,
+        description="GPU indices (nvidia-smi / PCI bus order).",
     )
     port: Port = Field(PREFILL_PORT, description="HTTP port (bound on 127.0.0.1).")
     dist_init_port: Port = Field(
@@ -217,8 +213,9 @@ class PrefillConfig(RoleConfig):
 
 
 class DecodeConfig(RoleConfig):
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(
-        [4, 5, 6, 7], min_length=1, description="GPU indices (nvidia-smi / PCI bus order)."
+    gpus: list[GpuIndex] = Field(
+        [4, 5, 6, 7], min_length=1, max_length=1024,
+        description="GPU indices (nvidia-smi / PCI bus order).",
     )
     port: Port = Field(DECODE_PORT, description="HTTP port (bound on 127.0.0.1).")
     dist_init_port: Port = Field(DECODE_DIST_INIT, description="≥100 from prefill's.")
@@ -239,8 +236,8 @@ class DecodeConfig(RoleConfig):
 class PrefillInstance(PrefillConfig):
     """One item of `prefill:` in list form."""
 
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(
-        min_length=1,
+    gpus: list[GpuIndex] = Field(
+        min_length=1, max_length=1024,
         description="List form, `prefill: [{gpus: …}, …]`: one engine per item (units "
         "NAME-prefill-0, NAME-prefill-1, … when several), each with its own GPUs (required, "
         "disjoint), args and env; ports left out are allocated from the index i.",
@@ -259,8 +256,8 @@ class PrefillInstance(PrefillConfig):
 class DecodeInstance(DecodeConfig):
     """One item of `decode:` in list form."""
 
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(
-        min_length=1,
+    gpus: list[GpuIndex] = Field(
+        min_length=1, max_length=1024,
         description="List form, `decode: [{gpus: …}, …]`: one engine per item (units "
         "NAME-decode-0, NAME-decode-1, … when several), each with its own GPUs (required, "
         "disjoint), args and env; ports left out are allocated from the index i.",
@@ -310,12 +307,13 @@ def model_forms(annotation: Any) -> tuple[Any, Any]:
 
 
 class HealthCheckConfig(Strict):
-    interval_secs: Seconds = Field(5, description="Router health probe period (its default: 60).")
-    timeout_secs: Seconds = Field(5, description="Router health probe timeout.")
-    failure_threshold: Annotated[int, Field(ge=1)] = Field(
+    interval_secs: HourSecs = Field(
+        5, description="Router health probe period (its default: 60).")
+    timeout_secs: HourSecs = Field(5, description="Router health probe timeout.")
+    failure_threshold: Count1000 = Field(
         2, description="Failed probes before a worker leaves rotation."
     )
-    success_threshold: Annotated[int, Field(ge=1)] = Field(
+    success_threshold: Count1000 = Field(
         1, description="Good probes before it returns."
     )
 
@@ -327,15 +325,15 @@ class RouterConfig(Strict):
         "successor smg (1.13.0, `python -m smg.launch_router`). Picks the module (unless "
         "runtime.router_module is set) and the flags router.args may use.",
     )
-    python: str | None = Field(
+    python: Text | None = Field(
         None,
         description="Interpreter with sglang-router (default: runtime.python). A venv without "
         "sglang starts the router ~3 s faster: launch_router imports mini_lb, which imports "
         "all of sglang when it is installed.",
     )
-    host: str = Field("0.0.0.0", description="Where clients reach the router.")
+    host: Text = Field("0.0.0.0", description="Where clients reach the router.")
     port: Port = Field(8000, description="Client port (the router's own default, 30000, clashes).")
-    prometheus_host: str = Field("127.0.0.1", description="Metrics listener address.")
+    prometheus_host: Text = Field("127.0.0.1", description="Metrics listener address.")
     prometheus_port: Port = Field(29000, description="Metrics port (always bound by the router).")
     policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"] = Field(
         "cache_aware", description="--policy."
@@ -344,19 +342,12 @@ class RouterConfig(Strict):
     args: dict[FlagName, ArgValue] = Field(
         default_factory=dict, description="Extra launch_router flags, `flag-name: value`."
     )
-    env: dict[EnvName, str | int | float | bool] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Env for the router."
     )
-    control_plane_key: str | None = Field(
+    control_plane_key: AbsPath | None = Field(
         None, description="File with the key of the router's control plane (/workers), with "
         "which the engines register (default: /etc/NAME/router.key, made by install.sh).")
-
-    @field_validator("control_plane_key")
-    @classmethod
-    def _absolute_key(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError(f"must be an absolute path, got {v!r}")
-        return v
 
     @field_validator("python")
     @classmethod
@@ -365,10 +356,15 @@ class RouterConfig(Strict):
             raise ValueError(f"must be an absolute path, got {v!r} (systemd runs no shell PATH)")
         return v
 
+    @field_validator("host", "prometheus_host")
+    @classmethod
+    def _listen_address(cls, v: str) -> str:
+        return check_host(v)
+
     @field_validator("args")
     @classmethod
     def _not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _check_flags(v, OWNED_ROUTER_FLAGS)
+        return check_arg_values(check_flags(v, OWNED_ROUTER_FLAGS, "launch_router"))
 
     @field_validator("args")
     @classmethod
@@ -380,36 +376,39 @@ class RouterConfig(Strict):
     @field_validator("env")
     @classmethod
     def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _check_env(v)
+        return check_env(v)
 
 
 class LifecycleConfig(Strict):
-    start_timeout_secs: Seconds = Field(3600, description="Load + JIT + warmup budget per start.")
-    stop_timeout_secs: Seconds = Field(180, description="Drain budget before the cgroup is killed.")
-    restart_secs: Seconds = Field(
+    start_timeout_secs: DaySecs = Field(
+        3600, description="Load + JIT + warmup budget per start (at most a day).")
+    stop_timeout_secs: DaySecs = Field(
+        180, description="Drain budget before the cgroup is killed.")
+    restart_secs: HourSecs = Field(
         1, description="RestartSec=: the first restart's pause; the GPU idle check guards an "
         "early start, so this need not cover the GPU memory release (0.3 s on an H200).")
-    restart_backoff_max_secs: Seconds = Field(
+    restart_backoff_max_secs: HourSecs = Field(
         300, description="Crashes in a row double the pause, up to this.")
-    restart_reset_secs: Seconds = Field(
+    restart_reset_secs: DaySecs = Field(
         600, description="Serving this long in a row forgives earlier crashes.")
-    start_attempts: Annotated[int, Field(ge=1)] = Field(
+    start_attempts: Count1000 = Field(
         3, description="Starts in a row that never become healthy before a unit gives up "
         "(exit 78, not restarted); stops and restarts of a healthy engine never count.")
-    gpu_wait_secs: Seconds = Field(
+    gpu_wait_secs: DaySecs = Field(
         600, description="At start, how long to wait (with progress) for busy GPUs to be freed.")
-    liveness_interval_secs: Seconds = Field(10, description="Health probe period once serving.")
-    liveness_timeout_secs: Seconds = Field(30, description="One probe's timeout.")
-    liveness_failures: Annotated[int, Field(ge=1)] = Field(
+    liveness_interval_secs: HourSecs = Field(
+        10, description="Health probe period once serving.")
+    liveness_timeout_secs: HourSecs = Field(30, description="One probe's timeout.")
+    liveness_failures: Count100 = Field(
         3, description="WatchdogSec = interval × failures + timeout: the hang-detection bound."
     )
-    canary_interval_secs: Seconds = Field(
+    canary_interval_secs: HourSecs = Field(
         30, description="Pair canary period: a one-token PD request through each pair.")
-    canary_failures: Annotated[int, Field(ge=1)] = Field(
+    canary_failures: Count100 = Field(
         3, description="Failed canary rounds in a row (both engines healthy) before the stale "
         "side of the pair restarts itself.")
-    canary_timeout_secs: Seconds = Field(60, description="One canary request's timeout.")
-    canary_heals_per_hour: Annotated[int, Field(ge=0)] = Field(
+    canary_timeout_secs: HourSecs = Field(60, description="One canary request's timeout.")
+    canary_heals_per_hour: Annotated[int, StrictType(), Field(ge=0, le=100)] = Field(
         2, description="Restarts an engine may make in an hour to heal its pairs; then it only "
         "reports (0: the canary only reports).")
 
@@ -418,7 +417,7 @@ class SupervisordConfig(Strict):
     """The supervisord bundle (`pdsvc render --format supervisord`): hosts and containers
     without systemd. The plan is the same; only how it is run differs."""
 
-    numactl: str | None = Field(
+    numactl: Text | None = Field(
         "/usr/bin/numactl",
         description="numactl that pins each engine to its plan's CPUs and NUMA node "
         "(supervisord has no pinning of its own); null: not installed, then runtime.pinning "
@@ -429,10 +428,10 @@ class SupervisordConfig(Strict):
         description="stdout: every program's output on supervisord's stdout (containers); "
         "files: LOG_DIR/PROGRAM.log, rotated at 50 MB.",
     )
-    log_dir: str = Field(
+    log_dir: AbsPath = Field(
         "/var/log/pdsvc", description="For logs: files; must exist, writable by supervisord."
     )
-    run_dir: str = Field(
+    run_dir: AbsPath = Field(
         "/run",
         description="Holds supervisord's control socket and pid file (NAME-supervisord.sock, "
         ".pid); must exist (e.g. /tmp in a container without root).",
@@ -455,13 +454,6 @@ class SupervisordConfig(Strict):
             raise ValueError(f"must be an absolute path or null, got {v!r}")
         return v
 
-    @field_validator("log_dir", "run_dir")
-    @classmethod
-    def _absolute_dirs(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"must be an absolute path, got {v!r}")
-        return v.rstrip("/") or "/"
-
 
 
 #: What a host's `run` list may name: the router, a role (every engine of it), or one item of a
@@ -472,27 +464,28 @@ RUN_REF = re.compile(r"^(router|prefill|decode)(?:\[(\d+)\])?$")
 class HostConfig(Strict):
     """One machine of a deployment over several hosts (`hosts:`)."""
 
-    address: str = Field(
+    address: Text = Field(
         description="The host's routable IP: engines bind it (--host, and the bootstrap server "
         "with it), it is their SGLANG_HOST_IP, and the router and decode reach them there.",
     )
-    run: list[str] = Field(
+    run: list[Text] = Field(
         min_length=1,
         description="What runs here: `router`, `prefill`/`decode` (every engine of the role), "
         "`prefill[I]`/`decode[I]` (item I of the list form). An engine on several hosts spans "
         "them: --nnodes, --node-rank in the order of `hosts`, --dist-init-addr on the first.",
     )
-    topology: str | None = Field(
+    topology: Text | None = Field(
         None,
         description="The host's `pdsvc topology --json` file (relative to the config's "
         "directory); default: the layout pdsvc reads where it runs (/sys or --topology).",
     )
-    ucx_net_devices: str | None = Field(
+    ucx_net_devices: Annotated[str, StringConstraints(
+        pattern=r"^[A-Za-z0-9_.:,-]+$", max_length=1024)] | None = Field(
         None,
         description="UCX_NET_DEVICES for this host's engines: the NIC NIXL moves KV over "
         "(e.g. mlx5_0:1 or eth1). Unset across hosts: warned, UCX may pick the wrong NIC.",
     )
-    env: dict[EnvName, str | int | float | bool] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Env for this host's engines."
     )
 
@@ -508,7 +501,7 @@ class HostConfig(Strict):
             ) from None
         if ip.is_unspecified:
             raise ValueError(f"must be the host's own IP, not {v} (decode and router dial it)")
-        return str(ip)
+        return check_unicast(ip)
 
     @field_validator("run")
     @classmethod
@@ -525,7 +518,7 @@ class HostConfig(Strict):
     @field_validator("env")
     @classmethod
     def _env_not_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _check_env(v)
+        return check_env(v)
 
     @field_validator("topology", "ucx_net_devices", mode="before")
     @classmethod
@@ -543,15 +536,15 @@ class K8sConfig(Strict):
     namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
                            description="Namespace of every object; part of the URLs the router "
                            "and decode dial (SERVICE.NAMESPACE.svc).")
-    image: str = Field("lmsysorg/sglang:latest",
+    image: Text = Field("lmsysorg/sglang:latest",
                        description="Engine image with sglang and nixl; pin a tag or digest.")
-    router_image: str | None = Field(None, description="Router image (default: image).")
-    python: str = Field("python3", description="The interpreter inside the images.")
-    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource of one GPU.")
-    node_selector: dict[str, str] = Field(
+    router_image: Text | None = Field(None, description="Router image (default: image).")
+    python: Text = Field("python3", description="The interpreter inside the images.")
+    gpu_resource: Text = Field("nvidia.com/gpu", description="Extended resource of one GPU.")
+    node_selector: dict[Text, Text] = Field(
         default_factory=dict, description="nodeSelector of the engine pods (e.g. GPU type)."
     )
-    jit_cache_claim: str | None = Field(
+    jit_cache_claim: Text | None = Field(
         None,
         description="A ReadWriteMany PVC for the JIT cache (shared by every engine pod); "
         "default: a hostPath at runtime.jit_cache, shared by the pods of a node.",
@@ -568,7 +561,7 @@ HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 
 class Config(Strict):
-    name: str = Field("dsv4", description="Prefix of every unit name.")
+    name: Text = Field("dsv4", description="Prefix of every unit name.")
     format: Literal["systemd", "supervisord", "k8s"] = Field(
         "systemd",
         description="What `pdsvc render` writes by default (--format overrides): systemd units, "
@@ -693,43 +686,15 @@ def _no_repeats(items: list, what: str = "") -> list:
     return items
 
 
-def _check_flags(args: dict[str, Any], owned: dict[str, str]) -> dict[str, Any]:
-    """Refuse a flag in `args` that the plan derives from a config key (naming that key)."""
-    for flag in args:
-        if flag in owned:
-            raise ValueError(f"--{flag} is set by pdsvc from {owned[flag]}; set that instead")
-    return args
-
-
-def _check_env(env: dict[str, Any]) -> dict[str, Any]:
-    for key, value in env.items():
-        if key in OWNED_ENV:
-            raise ValueError(f"{key} is set by pdsvc from {OWNED_ENV[key]}; set that instead")
-        if key == "SGLANG_SET_CPU_AFFINITY" and str(value).lower() not in ("0", "false", ""):
-            raise ValueError(
-                "SGLANG_SET_CPU_AFFINITY overrides the unit's NUMA pinning (it spreads ranks over "
-                "all sockets); remove it and let pdsvc pin"
-            )
-    return env
-
-
 # --------------------------------------------------------------------------- loading
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
-    """Validate YAML text against the schema; errors name the key, the line and the fix."""
-    loader = _Loader(text)
-    try:
-        # one parse: the node tree gives line numbers, the same tree gives the data
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
-    finally:
-        loader.dispose()
+    """Validate YAML text against the schema; errors name the key, the line and the fix, on
+    one line whatever the config holds (keys and values are shown escaped)."""
+    source = one_line(source)
+    # one parse: the node tree gives line numbers, the same tree gives the data
+    data, node = yamlload.load(text, source)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -738,11 +703,11 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_describe(e.errors()[0], lines, source)) from None
+        raise ConfigError(one_line(_describe(e.errors()[0], lines, source))) from None
     for loc, problem in cross_field_problems(config):
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
-        raise ConfigError(f"{where}: {dotted(loc)}: {problem}")
+        raise ConfigError(one_line(f"{where}: {dotted(loc)}: {problem}"))
     return config
 
 
@@ -902,9 +867,6 @@ def _why_there(why: str) -> str:
     return f" ({why})" if why else ""
 
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
-
-
 def _line_index(node: yaml.Node | None, path: tuple = ()) -> dict[tuple, int]:
     """Map each key path (as pydantic writes `loc`) to its 1-based line in the YAML text."""
     index: dict[tuple, int] = {}
@@ -950,15 +912,19 @@ def _describe(err: dict[str, Any], lines: dict[tuple, int], source: str) -> str:
         )
     given = err.get("input")
     shown = "" if isinstance(given, (dict, list)) or kind.startswith("value_error") else (
-        f" (got {given!r})"
+        f" (got {_short(repr(given))})"
     )
     return f"{where}: {shown_key}: {msg}{shown}"
+
+
+def _short(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else text[:most] + "…"
 
 
 def _is_union_tag(part: str) -> bool:
     # pydantic inserts the union member's type name into loc ("literal['auto']", "int", …)
     scalar = part in {"int", "str", "float", "bool"}
-    return scalar or part.startswith(("literal[", "list[", "constrained-"))
+    return scalar or part.startswith(("literal[", "list[", "constrained-", "function-"))
 
 
 def _nearest_line(loc: tuple, lines: dict[tuple, int]) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .encode import one_line
+
 
 class PdsvcError(Exception):
     """Base class: a message meant for the user, one line, plus an exit code."""
@@ -14,7 +16,8 @@ class PdsvcError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return f"{self.message}; {self.hint}" if self.hint else self.message
+        # one line whatever a path or value in it holds (issue 11): line breaks are escaped
+        return one_line(f"{self.message}; {self.hint}" if self.hint else self.message)
 
 
 class ConfigError(PdsvcError):

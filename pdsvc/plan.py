@@ -702,7 +702,9 @@ def _router(
         options=tuple(options),
         package=pkg.name,
     )
-    return replace(router, argv=router_argv(router))
+    # the router as units run it has no workers on its command line: the engines register
+    # themselves once healthy (POST /workers); the k8s manifests list them (router_pod_argv)
+    return replace(router, argv=router_argv(router, prefills=(), decodes=()))
 
 
 def router_argv(

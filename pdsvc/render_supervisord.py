@@ -218,8 +218,8 @@ def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
         "command": [
             " ".join([*_supervise(plan), "router"]),
             sv_command(flags, f"{r.name} option"),
-            "-- " + " ".join([*_supervise(plan), sv_command(launch[2:],
-                                                            f"{r.name} command word")]),
+            "-- " + " ".join([sv_word(r.python, "router.python"), f"'%(here)s/{RUNTIME_DIR}'",
+                              sv_command(launch[2:], f"{r.name} command word")]),
         ],
         "environment": [sv_env(k, v, r.name) for k, v in r.env],
     }

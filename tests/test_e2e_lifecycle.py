@@ -53,12 +53,14 @@ def test_router_is_ready_only_once_both_engines_registered(stack: Stack) -> None
     # the router starts at once (no After= on the engines) and waits for its workers: READY=1
     # only after both engines were healthy, registered themselves, and a completion came back
     router_ready = mono(stack, "router", "ActiveEnterTimestampMonotonic")
-    last_engine = max(mono(stack, r, "ActiveEnterTimestampMonotonic") for r in ("prefill", "decode"))
+    last_engine = max(mono(stack, r, "ActiveEnterTimestampMonotonic")
+                      for r in ("prefill", "decode"))
     assert router_ready >= last_engine
     for role in ("prefill", "decode"):
         assert (f"registered {role} http://127.0.0.1:3000{role == 'decode':d} with the router"
                 in stack.c.journal(stack.unit(role)))
-    print(f"\nBENCH last engine ready -> router serving: {(router_ready - last_engine) / 1e6:.3f} s")
+    seconds = (router_ready - last_engine) / 1e6
+    print(f"\nBENCH last engine ready -> router serving: {seconds:.3f} s")
 
 
 def test_control_plane_refuses_a_worker_without_the_key(stack: Stack) -> None:

@@ -46,10 +46,10 @@ def test_three_hosts_plan_routes_over_the_hosts_addresses() -> None:
     assert env["SGLANG_HOST_IP"] == "10.0.0.3" and env["UCX_NET_DEVICES"] == "mlx5_0:1"
     r = plan.router
     assert r.machine == "lb" and r.after == ()  # remote engines: no systemd ordering
-    ra = list(r.argv)
-    assert ra[ra.index("--prefill") + 1: ra.index("--prefill") + 3] == [
-        "http://10.0.0.2:30000", "8998"]
-    assert ra[ra.index("--decode") + 1] == "http://10.0.0.3:30001"
+    # the router's workers, as it reaches them (the k8s manifests list them; units register)
+    assert r.prefills == (("http://10.0.0.2:30000", 8998),)
+    assert r.decodes == ("http://10.0.0.3:30001",)
+    assert "--prefill" not in r.argv and "--decode" not in r.argv
     # membership: each engine registers itself with the router, at the router host's address,
     # as the router reaches it, so no registration timeout can drop a late remote engine
     assert (prefill.router_url, prefill.url) == ("http://10.0.0.1:8000", "http://10.0.0.2:30000")
@@ -136,8 +136,9 @@ def test_an_engine_listed_on_two_hosts_spans_them() -> None:
         assert argv[argv.index("--host") + 1] == dict(e.env)["SGLANG_HOST_IP"]
         assert e.health_url == "http://10.0.0.2:30000/health"  # only rank 0 serves HTTP
     assert plan.units.count("dsv4-prefill.service") == 1
-    ra = list(plan.router.argv)
-    assert ra.count("--prefill") == 1  # the router knows rank 0 only
+    assert len(plan.router.prefills) == 1  # the router knows rank 0 only
+    assert [(e.name, e.node_rank, bool(e.router_url)) for e in ranks] == [
+        ("dsv4-prefill", 0, True), ("dsv4-prefill", 1, False)]  # rank 0 registers
 
 
 @pytest.mark.parametrize("change, message", [

@@ -13,7 +13,7 @@ from conftest import REPO
 
 from pdsvc.clikit import load_plan
 from pdsvc.render import render_systemd
-from units import exec_words, parse_unit
+from units import exec_words, launched_argv, parse_unit
 
 #: each router.package's module -> the argv_check kind that runs that package's own parser
 ROUTER_KINDS = {"sglang_router.launch_router": "router", "smg.launch_router": "smg"}
@@ -41,7 +41,7 @@ def checked(serve_python: Path, sysfs_hosts) -> list[tuple[str, str, list[str], 
             if not f.path.endswith(".service"):
                 continue
             words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
-            argv = words[words.index("--") + 1:]
+            argv = launched_argv(words[words.index("--") + 1:])
             kind = ROUTER_KINDS[argv[2]] if f.path.endswith("-router.service") else "sglang"
             items.append((case.stem, f.path, kind, argv))
     results = argv_check.run_checks(serve_python, [(kind, argv[3:]) for *_, kind, argv in items])
@@ -66,8 +66,8 @@ def test_parsed_values_are_the_plan(checked) -> None:
     assert (p["dist_init_addr"], d["dist_init_addr"]) == ("127.0.0.1:30335", "127.0.0.1:30435")
     assert d["cuda_graph_max_bs_decode"] == 32 and p["mem_fraction_static"] == 0.7
     assert router["pd_disaggregation"] is True
-    assert router["prefill_urls"] == [["http://127.0.0.1:30000", 8998]]
-    assert router["decode_urls"] == ["http://127.0.0.1:30001"]
+    # no workers on the command line: the engines register themselves (POST /workers)
+    assert router["prefill_urls"] == [] and router["decode_urls"] == []
     assert (router["port"], router["prometheus_port"]) == (8000, 29000)
 
 
@@ -76,7 +76,7 @@ def test_smg_case_parses_with_smgs_own_parser(checked) -> None:
     (record,) = [r["record"] for c, u, _, r in checked if c == "router-smg" and "router" in u]
     assert record["remove_unhealthy_workers"] is False  # --no-remove-unhealthy-workers
     assert record["health_check_port"] == 8001  # router.args, an smg-only flag
-    assert record["prefill_urls"] == [["http://127.0.0.1:30000", 8998]]
+    assert record["prefill_urls"] == []  # the engines register themselves
 
 
 def test_each_router_parser_refuses_the_others_flag(serve_python: Path) -> None:
@@ -118,7 +118,7 @@ def test_several_hosts_and_k8s_command_lines_parse(serve_python: Path, tmp_path:
         for f in render_systemd(plan.for_host(h.name), "test"):
             if f.path.endswith(".service"):
                 words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
-                argv = words[words.index("--") + 1:]
+                argv = launched_argv(words[words.index("--") + 1:])
                 kind = ROUTER_KINDS[argv[2]] if f.path.endswith("-router.service") else "sglang"
                 items.append((f"{h.name}/{f.path}", kind, argv))
     for f in render_k8s(plan, "test"):
@@ -145,8 +145,7 @@ def test_several_hosts_and_k8s_command_lines_parse(serve_python: Path, tmp_path:
     assert a["dist_init_addr"] == c["dist_init_addr"] == "10.0.0.2:30335"
     assert (a["host"], c["host"], a["tp_size"]) == ("10.0.0.2", "10.0.0.4", 8)
     router = parsed["lb/dsv4-router.service"]
-    assert router["prefill_urls"] == [["http://10.0.0.2:30000", 8998]]
-    assert router["decode_urls"] == ["http://10.0.0.3:30001"]
+    assert router["prefill_urls"] == [] and router["decode_urls"] == []
     lws = parsed["k8s/dsv4-prefill.yaml/prefill/1"]  # the worker template, rank 1
     assert (lws["dist_init_addr"], lws["node_rank"], lws["host"]) == ("10.9.9.9:30335", 1,
                                                                      "0.0.0.0")

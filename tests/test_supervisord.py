@@ -45,7 +45,13 @@ from test_supervise import (  # noqa: F401  (procs: a fixture, used by name)
 from pdsvc.config import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
-from pdsvc.render import MARKER, render_systemd, runtime_modules, write_bundle
+from pdsvc.render import (
+    MARKER,
+    render_systemd,
+    router_command,
+    runtime_modules,
+    write_bundle,
+)
 from pdsvc.render_supervisord import (
     STARTSECS,
     STOP_MARGIN_SECS,
@@ -171,7 +177,7 @@ def test_every_word_and_value_survives_supervisords_own_reader(serve_python: Pat
     rng = random.Random(20261129)
     alphabet = [chr(c) for c in range(32, 127)] + ["é", "→", "\t"]
     nasty = ["a ;b", "x #y", "#start", ";start", "100%", "%(there)s", "%%", "it's", 'say "hi"',
-             "$HOME", "back\\slash", "a,b", "k=v", "  lead", "trail  ", "", "--", "é→"]
+             "$HOME", "back\\slash", "a,b", "k=v", "  lead", "trail  ", "", "é→"]
     nasty += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24)))
               for _ in range(60)]
     env = {"A_PERCENT": "100% sure", "A_COMMA": "a,b,c", "A_SINGLE": "it's", "A_DOUBLE":
@@ -186,14 +192,15 @@ def test_every_word_and_value_survives_supervisords_own_reader(serve_python: Pat
         assert after_dashes(prog["argv"]) == list(e.argv)
         assert prog["environment"] == dict(e.env)
     router = programs["dsv4-router"]
-    assert after_dashes(router["argv"]) == list(plan.router.argv)
+    assert after_dashes(router["argv"]) == [plan.router.argv[0], f"{tmp_path}/bundle/runtime",
+                                            *router_command(plan, plan.router, "supervisord")[2:]]
     assert router["environment"] == dict(plan.router.env)
 
 
 def test_a_value_supervisord_cannot_hold_is_a_config_error_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"dsv4-prefill: environment variable X="):
         conf_of(with_(**{"prefill.env": {"X": "a ;b"}}))
-    with pytest.raises(ConfigError, match="line break"):
+    with pytest.raises(ConfigError, match="newline"):  # refused at load (issue 11)
         conf_of(with_(**{"prefill.args": {"chat-template": "a\nb"}}))
     with pytest.raises(ConfigError, match=r"replaces the text %\(here\)s everywhere"):
         conf_of(with_(**{"prefill.args": {"chat-template": "/x/%(here)s"}}))
@@ -233,17 +240,18 @@ def test_default_bundle_as_supervisord_reads_it(serve_python: Path, tmp_path: Pa
         # the hang bound is the plan's, the same number as the units' WatchdogSec=
         assert option(argv, "--watchdog-secs") == [str(plan.watchdog_secs)], name
         assert prog["uid"] == "uid:sglang" and prog["umask"] == 0o027
-        assert prog["autorestart"] == "RestartWhenExitUnexpected" and prog["exitcodes"] == [0]
+        # 78: the runtime gave up (a service never healthy): not restarted, as in the units
+        assert prog["autorestart"] == "RestartWhenExitUnexpected" and prog["exitcodes"] == [0, 78]
         assert prog["startsecs"] == STARTSECS
-        assert prog["startretries"] == lc["start_limit_burst"] - 1
+        assert prog["startretries"] == lc["start_attempts"] - 1
         assert prog["stopsignal"] == signal.SIGTERM
         assert prog["stopwaitsecs"] == lc["stop_timeout_secs"] + STOP_MARGIN_SECS
         assert (prog["stopasgroup"], prog["killasgroup"]) == (False, True)
         assert prog["redirect_stderr"] is True
         assert (prog["stdout_logfile"], prog["stdout_logfile_maxbytes"]) == ("/dev/stdout", 0)
     router = programs["dsv4-router"]["argv"]
-    assert option(router, "--wait-for") == [e.health_url for e in plan.engines]
-    assert after_dashes(router) == list(plan.router.argv)
+    assert option(router, "--wait-for") == []  # the engines register themselves
+    assert after_dashes(router)[2:] == list(router_command(plan, plan.router, "supervisord")[2:])
     assert programs["dsv4-prefill"]["priority"] < programs["dsv4-decode"]["priority"] < \
         programs["dsv4-router"]["priority"]
     listener = out["groups"]["dsv4-restarts"]

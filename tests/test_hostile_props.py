@@ -1,0 +1,266 @@
+"""Property tests of issue 11: a hostile string in any string field of the schema either is
+refused with one line, or reaches every output exactly — read back the way each consumer reads
+it: systemd's unquoting (sdsyntax), supervisor's own config reader, a YAML loader with
+Kubernetes' `$` rules, and bash's `read` as install.sh splits install.list.
+
+The example budget is fixed and derandomized, so CI time stays small and the same each run.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import sdsyntax as sd
+import yaml
+from conftest import REPO, require, serve_venv
+from consumers import install_list_rows, k8s_unescape, supervisord_reader
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from pdsvc.config import parse_config
+from pdsvc.errors import ConfigError
+from pdsvc.plan import Plan, build_plan
+from pdsvc.render import render_systemd, router_command
+from pdsvc.render_k8s import pod_argv, render_k8s
+from pdsvc.render_supervisord import render_supervisord
+from pdsvc.topology import load_topology_file
+
+SEED = load_topology_file(REPO / "etc/seed-host.topology.json")
+BUDGET = settings(max_examples=150, deadline=None, derandomize=True,
+                  suppress_health_check=[HealthCheck.too_slow])
+SMALL_BUDGET = settings(BUDGET, max_examples=50)
+
+#: Pieces that mean something to some consumer: line and field separators, quotes, escapes,
+#: specifiers, variables, comments, option prefixes, supervisord's %(here)s.
+NASTY = ["\n", "\r", "\x00", "\t", "\x0b", "\x85", "\u2028", "\\", '"', "'", "%", "%n", "$",
+         "${X}", "$X", ";", " ;", " #", "#", " ", ":", "=", ",", "-", "--", "--port=1",
+         "%(here)s", "[Install]", "ExecStartPre=/bin/evil", "é", "→", "*", "{", "}", "&"]
+HOSTILE = st.one_of(
+    st.lists(st.sampled_from(NASTY) | st.text("abc/.", min_size=1, max_size=3),
+             min_size=1, max_size=6).map("".join),
+    st.text(st.characters(codec="utf-8"), min_size=1, max_size=12),
+)
+
+#: Where a hostile string goes: a dotted key path (a `*` is replaced by the string itself,
+#: for keys), and how the string is shaped to be plausible there.
+FIELDS: list[tuple[str, str]] = [
+    ("model.path", "{}"), ("model.path", "/srv/{}"), ("model.served_name", "{}"),
+    ("runtime.python", "/opt/{}/python"), ("runtime.user", "{}"), ("runtime.group", "{}"),
+    ("runtime.jit_cache", "/var/cache/{}"), ("runtime.jit_cache", "/data/{}"),
+    ("runtime.libexec_dir", "/opt/{}"), ("runtime.read_write_paths", "/srv/{}"),
+    ("runtime.env.WEIRD", "{}"), ("prefill.env.WEIRD", "{}"), ("router.env.WEIRD", "{}"),
+    ("runtime.env.*", "1"), ("prefill.args.*", "1"), ("router.args.*", "x"),
+    ("prefill.args.chat-template", "{}"), ("decode.args.extra-words", "[{}]"),
+    ("router.args.log-level", "{}"), ("router.host", "{}"), ("router.prometheus_host", "{}"),
+    ("router.python", "/opt/{}/python"), ("supervisord.log_dir", "/var/log/{}"),
+    ("supervisord.run_dir", "/run/{}"), ("supervisord.numactl", "/usr/bin/{}"),
+    ("k8s.image", "{}"), ("k8s.python", "{}"), ("k8s.node_selector.gpu", "{}"),
+    ("k8s.jit_cache_claim", "{}"), ("k8s.node_selector.*", "x"), ("name", "{}"),
+]
+#: ... and in a config over two hosts (rendered per host, as `pdsvc render` does).
+HOST_FIELDS: list[tuple[str, str]] = [
+    ("hosts.b.env.WEIRD", "{}"), ("hosts.b.env.*", "1"), ("hosts.b.ucx_net_devices", "{}"),
+    ("hosts.b.topology", "{}"), ("hosts.b.address", "{}"), ("hosts.*.address", "10.0.0.3"),
+]
+
+
+def _config(path: str, shape: str, hostile: str) -> dict:
+    data: dict = {"model": {"path": "/srv/models/m"}}
+    *parents, leaf = path.split(".")
+    node = data
+    for p in parents:
+        node = node.setdefault(p, {})
+    value: object = shape.format(hostile)
+    if shape == "[{}]":
+        value = [hostile]
+    if path == "runtime.read_write_paths":
+        value = [value]
+    if leaf == "*":
+        node[hostile] = value
+    else:
+        node[leaf] = value
+    return data
+
+
+def _hosts_config(path: str, shape: str, hostile: str) -> dict:
+    data = _config("model.path", "/srv/models/m", "")
+    data["hosts"] = {"a": {"address": "10.0.0.1", "run": ["router", "prefill"]},
+                     "b": {"address": "10.0.0.2", "run": ["decode"]}}
+    if path == "hosts.*.address":  # a hostile host name
+        data["hosts"][hostile] = {"address": "10.0.0.3", "run": ["decode"]}
+        data["hosts"]["b"]["run"] = ["prefill"]
+        return data
+    leaf = path.rsplit(".", 1)[1]
+    node = data["hosts"]["b"]
+    if path.startswith("hosts.b.env."):
+        node = node.setdefault("env", {})
+    node[hostile if leaf == "*" else leaf] = shape.format(hostile)
+    return data
+
+
+def _parse(data: dict) -> Plan | None:
+    """The plan, or None when the config was refused (with one line)."""
+    text = yaml.safe_dump(data, allow_unicode=True)
+    try:
+        config = parse_config(text, "hostile.yaml")
+    except ConfigError as e:
+        assert "\n" not in str(e) and "\r" not in str(e), repr(str(e))
+        return None
+    return build_plan(config, SEED, config_source="hostile.yaml", config_text=text)
+
+
+# --------------------------------------------------------------------------- each consumer
+
+
+KNOWN_SECTIONS = {"Unit", "Service", "Install"}
+
+
+def check_systemd(plan: Plan, bundle: dict[str, str]) -> None:
+    for unit in (plan.target, *plan.units):
+        settings_ = sd.unit_settings(bundle[unit])
+        assert {s for s, _, _ in settings_} <= KNOWN_SECTIONS
+        units = sd.sections(bundle[unit])
+        assert units["Install"] == {"WantedBy": [
+            "multi-user.target" if unit == plan.target else plan.target]}
+    for e in plan.engines:
+        svc = sd.sections(bundle[e.unit])["Service"]
+        _check_service(plan, svc, list(e.env), list(e.argv), plan.python)
+        cache = svc.get("CacheDirectory", [])
+        assert [i for v in cache for i in sd.list_items(v)] == (
+            [plan.paths.cache_directory] if plan.paths.cache_directory else [])
+    if plan.router:
+        svc = sd.sections(bundle[plan.router.unit])["Service"]
+        _check_service(plan, svc, list(plan.router.env),
+                       list(router_command(plan, plan.router, "systemd")), plan.router.python)
+
+
+def _check_service(plan: Plan, svc: dict[str, list[str]], env: list, argv: list[str],
+                   python: str) -> None:
+    assert [sd.plain(v) for v in svc["User"]] == [plan.user]
+    assert [sd.plain(v) for v in svc["Group"]] == [plan.group]
+    got_env: dict[str, str] = {}
+    for line in svc.get("Environment", []):
+        got_env.update(sd.environment(line))
+    assert got_env == dict(env)
+    (exec_start,) = svc["ExecStart"]
+    words = sd.exec_argv(exec_start)
+    assert words[:2] == [python, plan.paths.supervisor]
+    assert words[words.index("--") + 1:] == argv
+    paths = [i for v in svc.get("ReadWritePaths", []) for i in sd.list_items(v)]
+    assert paths == list(plan.read_write_paths)
+
+
+def check_install_list(plan: Plan, path: Path) -> None:
+    rows = install_list_rows(path)
+    assert rows[:3] == [["name", plan.name], ["target", plan.target],
+                        ["user", plan.user, plan.group, plan.paths.state_dir]]
+    assert ["file", "runtime/cli.py", f"{plan.paths.supervisor}/cli.py", "0644", "root"] in rows
+    assert ["dir", plan.paths.jit_cache, "-", "0750", f"{plan.user}:{plan.group}"] in rows
+    assert ["secret", plan.paths.router_key, "-", "0640", f"root:{plan.group}"] in rows
+    assert {r[0] for r in rows} <= {"name", "target", "user", "unit", "file", "dir", "envfile",
+                                    "secret"}
+    assert len([r for r in rows if r[0] == "dir"]) == 3
+
+
+def check_supervisord(plan: Plan, read, conf: Path) -> None:
+    out = read(conf)
+    run_dir = plan.supervisord["run_dir"].rstrip("/")
+    assert out["pidfile"] == f"{run_dir}/{plan.name}-supervisord.pid"
+    assert out["sockets"] == [f"{run_dir}/{plan.name}-supervisord.sock"]
+    for e in plan.engines:
+        prog = out["programs"][e.name]
+        assert prog["argv"][prog["argv"].index("--") + 1:] == list(e.argv)
+        assert prog["environment"] == dict(e.env)
+        assert prog["uid"] == f"uid:{plan.user}"
+    if plan.router is None:
+        return
+    router = out["programs"][plan.router.name]
+    got = router["argv"][router["argv"].index("--") + 1:]
+    assert got[0] == plan.router.argv[0] and got[1].endswith("/runtime")  # %(here)s/runtime
+    assert got[2:] == list(router_command(plan, plan.router, "supervisord")[2:])
+    assert router["environment"] == dict(plan.router.env)
+
+
+def check_k8s(plan: Plan, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        head = text.split("\n", 5)[:4]
+        assert all(line.startswith("# ") for line in head), name
+        list(yaml.safe_load_all(text))
+    for e in plan.engines:
+        docs = list(yaml.safe_load_all(files[f"{e.name}.yaml"]))
+        pod = docs[0]["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert [k8s_unescape(w) for w in container["command"]] == list(pod_argv(plan, e))
+        got = {v["name"]: k8s_unescape(v["value"]) for v in container["env"] if "value" in v}
+        want = {k: v for k, v in e.env if k not in ("CUDA_VISIBLE_DEVICES", "SGLANG_HOST_IP")}
+        assert got == want
+        assert pod.get("nodeSelector", {}) == plan.k8s["node_selector"]
+
+
+def check_every_output(plan: Plan, read_supervisord) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {f.path: f.content for f in render_systemd(plan, "pdsvc render")}
+        check_systemd(plan, files)
+        (Path(tmp) / "install.list").write_text(files["install.list"])
+        check_install_list(plan, Path(tmp) / "install.list")
+        try:
+            sv = render_supervisord(plan, "pdsvc render --format supervisord", plan.supervisord)
+        except ConfigError as e:  # a value supervisord alone cannot hold: refused, one line
+            assert "\n" not in str(e)
+        else:
+            if read_supervisord is not None:
+                conf = Path(tmp) / "sv" / "supervisord.conf"
+                conf.parent.mkdir()
+                conf.write_text(sv[0].content)
+                check_supervisord(plan, read_supervisord, conf)
+        if plan.hosts:
+            return  # a host's view; Kubernetes places the engines itself (test_render_k8s)
+        try:
+            k8s = render_k8s(plan, "pdsvc render --format k8s")
+        except ConfigError as e:  # e.g. a router host a pod cannot listen on
+            assert "\n" not in str(e)
+        else:
+            check_k8s(plan, {f.path: f.content for f in k8s})
+
+
+@pytest.fixture(scope="module")
+def read_supervisord():
+    read = supervisord_reader(serve_venv())
+    if read is None:
+        require("supervisor is neither importable nor in the serve venv "
+                "(tests/support/make_serve_venv.sh)")
+    return read
+
+
+@BUDGET
+@given(field=st.sampled_from(FIELDS), hostile=HOSTILE)
+def test_a_hostile_string_is_refused_or_reaches_every_output_intact(
+        field: tuple[str, str], hostile: str, read_supervisord) -> None:
+    plan = _parse(_config(*field, hostile))
+    event("refused" if plan is None else "rendered")
+    if plan is not None:
+        check_every_output(plan, read_supervisord)
+
+
+@SMALL_BUDGET
+@given(hostile=HOSTILE)
+def test_the_default_values_survive_alongside_a_hostile_env_value(
+        hostile: str, read_supervisord) -> None:
+    data = _config("runtime.env.WEIRD", "{}", hostile)
+    data["runtime"]["read_write_paths"] = ["/srv/my data", "/srv/100%", '/srv/q"\\']
+    plan = _parse(data)
+    if plan is not None:
+        check_every_output(plan, read_supervisord)
+
+
+@SMALL_BUDGET
+@given(field=st.sampled_from(HOST_FIELDS), hostile=HOSTILE)
+def test_a_hostile_string_in_a_host_is_refused_or_reaches_its_bundle_intact(
+        field: tuple[str, str], hostile: str, read_supervisord) -> None:
+    plan = _parse(_hosts_config(*field, hostile))
+    event("refused" if plan is None else "rendered")
+    if plan is not None:
+        for host in plan.hosts:
+            check_every_output(plan.for_host(host.name), read_supervisord)
