@@ -141,7 +141,7 @@ read_list() {
 #   dir     a directory from install.list it created (the JIT cache, state dir, env dir)
 #   parent  a missing parent directory it created on the way (removed again when empty)
 #   envfile an env file it created empty (removed on uninstall while still empty)
-#   secret  a key it generated (the router's control-plane key; removed by --purge only)
+#   secret  a key it generated (the router's control-plane key; removed on uninstall)
 #   user, group, member (INFO: the group)   accounts it created / group memberships it added
 #   enabled the target, once install.sh enabled it (or found it enabled): from then on the
 #           admin's `systemctl disable` is respected
@@ -418,8 +418,11 @@ ensure_user() {
 ensure_secret() {
     local path="$1" mode="$2" owner="$3" d="$DEST$1"
     if [ -s "$d" ]; then
-        report kept "$d (the existing key)"
-        if old_info secret "$path" >/dev/null; then add_entry secret "$path" generated; fi
+        if old_info secret "$path" >/dev/null; then
+            report unchanged "$d (the control-plane key)"; add_entry secret "$path" generated
+        else
+            report kept "$d (yours: never overwritten)"
+        fi
         return 0
     fi
     make_parents "$(dirname "$d")"
@@ -679,14 +682,9 @@ do_uninstall() {
             file)
                 if [ ! -e "$d" ]; then report gone "$d"; continue; fi
                 run rm -f "$d"; GONE[$d]=1; report removed "$d" ;;
-            secret)
+            secret)  # made by install.sh, never the admin's: it goes with the units
                 [ -e "$d" ] || continue
-                if [ "$purge" = 1 ]; then
-                    run rm -f "$d"; GONE[$d]=1; report removed "$d"
-                else
-                    report kept "$d (a key the router and engines share; --purge removes it)"
-                    kept+=("$e")
-                fi ;;
+                run rm -f "$d"; GONE[$d]=1; report removed "$d" ;;
             envfile)
                 [ -e "$d" ] || continue
                 if [ "$purge" = 1 ] || [ ! -s "$d" ]; then

@@ -408,9 +408,9 @@ class LifecycleConfig(Strict):
         3, description="Failed canary rounds in a row (both engines healthy) before the stale "
         "side of the pair restarts itself.")
     canary_timeout_secs: HourSecs = Field(60, description="One canary request's timeout.")
-    canary_heals_per_hour: Annotated[int, StrictType(), Field(ge=0, le=100)] = Field(
-        2, description="Restarts an engine may make in an hour to heal its pairs; then it only "
-        "reports (0: the canary only reports).")
+    canary_heal_attempts: Annotated[int, StrictType(), Field(ge=0, le=100)] = Field(
+        2, description="Heals in a row (within an hour) that do not bring a pair back before an "
+        "engine stops restarting for it and only reports (0: the canary only reports).")
 
 
 class SupervisordConfig(Strict):

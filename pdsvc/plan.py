@@ -145,6 +145,7 @@ class HostPlan:
 class Paths:
     supervisor: str  # the stdlib-only runtime (a directory Python runs) every unit's main process
     router_key: str  # the router's control-plane key (install.sh makes it; root:group 0640)
+    run_dir: str  # RuntimeDirectory=: the runtime's restart policy and canary state
     env_dir: str  # optional per-unit EnvironmentFile= (secrets: root + service user only)
     state_dir: str  # StateDirectory=, the service user's HOME
     jit_cache: str
@@ -291,6 +292,7 @@ def build_plan(
         supervisor=f"{config.runtime.libexec_dir}/{name}/runtime",
         env_dir=f"/etc/{name}",
         router_key=config.router.control_plane_key or f"/etc/{name}/router.key",
+        run_dir=f"/run/{name}",
         state_dir=f"/var/lib/{name}",
         jit_cache=jit,
         cache_directory=jit.removeprefix("/var/cache/") if jit.startswith("/var/cache/") else None,

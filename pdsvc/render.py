@@ -181,10 +181,12 @@ def key_spec(plan: Plan, manager: str) -> str:
     return f"credential:{KEY_CREDENTIAL}" if manager == "systemd" else plan.paths.router_key
 
 
-def policy_flags(plan: Plan) -> list[str]:
-    """The restart policy's knobs and where it keeps its state (every unit)."""
+def policy_flags(plan: Plan, state_dir: str) -> list[str]:
+    """The restart policy's knobs and where it keeps its state (every unit): a tmpfs directory
+    that outlives a restart, not a reboot (a boot is a first start), and leaves no file behind
+    on disk."""
     lc = plan.lifecycle
-    return ["--state-dir", plan.paths.state_dir,
+    return ["--state-dir", state_dir,
             "--restart-delay", str(lc["restart_secs"]),
             "--restart-max-delay", str(lc["restart_backoff_max_secs"]),
             "--restart-reset", str(lc["restart_reset_secs"]),
@@ -208,7 +210,7 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
         flags += ["--canary-interval", str(lc["canary_interval_secs"]),
                   "--canary-failures", str(lc["canary_failures"]),
                   "--canary-timeout", str(lc["canary_timeout_secs"]),
-                  "--canary-heals", str(lc["canary_heals_per_hour"])]
+                  "--canary-heals", str(lc["canary_heal_attempts"])]
     return flags
 
 
@@ -242,13 +244,13 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
         # stop is: systemd's TimeoutStopSec= does not cover them
         drain = ["--stop-timeout", str(plan.lifecycle["stop_timeout_secs"])]
         flags = [*engine_supervise_flags(plan, e), *liveness_flags(plan), *poll, *drain,
-                 *policy_flags(plan), *member_flags(plan, e, "systemd"),
+                 *policy_flags(plan, plan.paths.run_dir), *member_flags(plan, e, "systemd"),
                  *peer_watch_flags(plan, e)]
         files.append(File(e.unit, env.get_template("systemd/engine.service.j2").render(
             e=e, flags=flags, key=KEY_CREDENTIAL, **ctx)))
     if plan.router:
         flags = [*router_supervise_flags(plan.router), *liveness_flags(plan),
-                 "--poll-interval", ROUTER_POLL_INTERVAL, *policy_flags(plan)]
+                 "--poll-interval", ROUTER_POLL_INTERVAL, *policy_flags(plan, plan.paths.run_dir)]
         files.append(File(plan.router.unit, env.get_template(
             "systemd/router.service.j2").render(
                 flags=flags, key=KEY_CREDENTIAL,

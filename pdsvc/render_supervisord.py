@@ -185,12 +185,12 @@ def _common_flags(plan: Plan, prefix_output: bool) -> list[str]:
     ]
 
 
-def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
-                    ) -> dict[str, Any]:
+def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool,
+                    settings: Mapping[str, Any]) -> dict[str, Any]:
     pinning = _numactl(plan, e, numactl)
     # NIXL: a prefill on another host is watched (the restart listener is per host)
     flags = [*engine_supervise_flags(plan, e), *_common_flags(plan, prefix),
-             *policy_flags(plan), *member_flags(plan, e, "supervisord"),
+             *policy_flags(plan, state_dir(plan, settings)), *member_flags(plan, e, "supervisord"),
              *peer_watch_flags(plan, e)]
     return {
         "name": e.name,
@@ -207,10 +207,11 @@ def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
     }
 
 
-def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
+def _router_program(plan: Plan, prefix: bool, settings: Mapping[str, Any]) -> dict[str, Any]:
     r = plan.router
     assert r is not None
-    flags = [*router_supervise_flags(r), *_common_flags(plan, prefix), *policy_flags(plan)]
+    flags = [*router_supervise_flags(r), *_common_flags(plan, prefix),
+             *policy_flags(plan, state_dir(plan, settings))]
     # the engines register themselves once healthy: the router starts at once, with no workers
     launch = router_command(plan, r, "supervisord")
     return {
@@ -245,8 +246,8 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
             hint="choose a shorter supervisord.run_dir",
         )
     prefix = s["logs"] == "stdout"
-    engines = [_engine_program(plan, e, s["numactl"], prefix) for e in plan.engines]
-    router = _router_program(plan, prefix) if plan.router else None
+    engines = [_engine_program(plan, e, s["numactl"], prefix, s) for e in plan.engines]
+    router = _router_program(plan, prefix, s) if plan.router else None
     program_of = {e.unit: e.name for e in plan.engines}
     couples = [(e.name, program_of[u]) for e in plan.engines for u in e.restarts_with
                if u in program_of]
@@ -265,7 +266,8 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
     log_dir = sv_value(s["log_dir"], "supervisord.log_dir")
     strict = [e for e in plan.engines if e.pinning.mode == "strict" and e.pinning.cpus]
     lc = plan.lifecycle
-    prepare = [plan.paths.jit_cache, plan.paths.state_dir] + ([s["log_dir"]] if files_logs else [])
+    prepare = [plan.paths.jit_cache, plan.paths.state_dir, state_dir(plan, s)] + (
+        [s["log_dir"]] if files_logs else [])
     ctx = {
         "plan": plan,
         "header": header_lines(
@@ -301,6 +303,11 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
     where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
     return [File(CONF, conf), *runtime_files(plan, where)]
+
+
+def state_dir(plan: Plan, settings: Mapping[str, Any]) -> str:
+    """The runtime's state under supervisord: beside its control socket (supervisord.run_dir)."""
+    return f"{settings['run_dir'].rstrip('/')}/{plan.name}"
 
 
 def keygen_command(plan: Plan) -> str:

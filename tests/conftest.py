@@ -63,3 +63,13 @@ def serve_python() -> Path:
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()
+
+
+#: Both router generations every end-to-end stack that has a router is run against.
+ROUTER_PACKAGES = ("sglang-router", "smg")
+
+
+@pytest.fixture(scope="module", params=ROUTER_PACKAGES)
+def router_package(request: pytest.FixtureRequest) -> str:
+    """sglang-router 0.3.2, then smg 1.13.0 (router.package): one module's stack per router."""
+    return request.param

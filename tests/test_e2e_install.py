@@ -507,6 +507,7 @@ def test_destdir_stages_files_without_systemctl_useradd_or_root(stack: FreshStac
     staged = stack.c.run(["find", stage, "-printf", "%y %m %P\n"]).stdout.splitlines()
     expected = {f"f 644 usr/lib/systemd/system/{u}" for u in all_units(stack)} | {
         *(f"f 644 opt/pdsvc/e2e/runtime/{name}" for name, _ in runtime_modules()),
+        "f 640 etc/e2e/router.key",  # the control-plane key, made once
         "d 750 etc/e2e", "d 750 var/cache/e2e/jit",
         "d 750 var/lib/e2e", "f 644 var/lib/pdsvc/e2e.manifest",
         *(f"f 640 etc/e2e/e2e-{r}.env" for r in ("prefill", "decode", "router")),

@@ -323,8 +323,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     canary.add_argument("--canary-timeout", type=_positive_float, default=60.0, metavar="S",
                         help="one canary generation's timeout (default: %(default)g)")
     canary.add_argument("--canary-heals", type=_positive_int, default=2, metavar="N",
-                        help="at most N restarts an hour to heal pairs; then only report "
-                        "(default: %(default)s)")
+                        help="at most N heals in a row (within an hour) that do not bring a "
+                        "pair back; then only report; a heal after which a pair serves again "
+                        "is forgotten (default: %(default)s)")
 
     router = modes.add_parser(
         "router",

@@ -234,13 +234,16 @@ class Unit:
                 rounds = self.canary.take()
                 for r in rounds:
                     self.canary.canary.record(r)
+                    if any(one.ok for one in r):
+                        self.policy.on_pair_good()
                 why = self.canary.canary.verdict() if rounds and alive else None
                 if why:
                     if self.policy.heals_left(a.canary_heals, HOUR_S) > 0:
                         self.policy.record_heal()
                         return Outcome("heal", detail=why)
-                    log(f"{why} — but the heal budget ({a.canary_heals} an hour) is spent: not "
-                        "restarting; the pair stays failing (see pdsvc status)")
+                    log(f"{why} — but {a.canary_heals} heals in a row did not bring a pair back "
+                        "within the hour: not restarting again; the pair stays failing (see "
+                        "pdsvc status)")
             return None
 
         return run

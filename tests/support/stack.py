@@ -71,7 +71,7 @@ def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
             "gpu_wait_secs": 60,
             "liveness_interval_secs": 1, "liveness_timeout_secs": 1, "liveness_failures": 2,
             "canary_interval_secs": 1, "canary_failures": 3, "canary_timeout_secs": 5,
-            "canary_heals_per_hour": 4,
+            "canary_heal_attempts": 4,
         },
     }
     for dotted, value in overrides.items():

@@ -76,7 +76,7 @@ class PairState:
     failures: int = 0  # rounds in a row that failed while both engines were healthy
     failing_since: float | None = None  # wall clock
     last_error: str = ""
-    last_ok: float | None = None  # wall clock
+    last_ok: float | None = None  # wall clock: ok since
     served: bool = False  # a good round with this peer since this engine started
 
 
@@ -130,6 +130,7 @@ class Canary:
         self.path = path
         self.wall = wall
         self.states = {p.name: PairState(p.name, self.peer(p)) for p in self.pairs}
+        self._saved: list[tuple[str, str, int, str]] = []
 
     def peer(self, pair: Pair) -> str:
         return pair.decode if pair.prefill.rstrip("/") == self.me else pair.prefill
@@ -143,8 +144,9 @@ class Canary:
                 if s.state == "failing":
                     self.log(f"pair canary {s.pair}: good again after {s.failures} failed "
                              "round(s)")
-                s.state, s.failures, s.failing_since, s.last_ok, s.served = \
-                    "ok", 0, None, now, True
+                if s.state != "ok":
+                    s.last_ok = now  # ok since
+                s.state, s.failures, s.failing_since, s.served = "ok", 0, None, True
             elif r.skipped:
                 if s.state != "peer-down":
                     self.log(f"pair canary {s.pair}: not judged: {r.skipped}")
@@ -177,9 +179,14 @@ class Canary:
         return None
 
     def _save(self) -> None:
-        """The states as JSON beside the restart policy's file, for `pdsvc status`."""
+        """The states as JSON beside the restart policy's file, for `pdsvc status`; written
+        when a pair's state changes, not every round (the state directory stays quiet)."""
         if not self.path:
             return
+        said = [(s.pair, s.state, s.failures, s.last_error) for s in self.states.values()]
+        if said == self._saved:
+            return
+        self._saved = said
         doc = {"me": self.me, "at": self.wall(), "pairs": [asdict(s) for s in self.states.values()]}
         try:
             fd, tmp = tempfile.mkstemp(prefix=".canary-", dir=os.path.dirname(self.path) or ".")

@@ -89,6 +89,7 @@ class RestartPolicy:
             return
         directory = os.path.dirname(self.path) or "."
         with contextlib.suppress(OSError):
+            os.makedirs(directory, mode=0o750, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".restart-", dir=directory)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(asdict(self.state), fh)
@@ -158,6 +159,9 @@ class RestartPolicy:
         self._save()
 
     # ------------------------------------------------------------------ pair heals
+    # A heal that worked (the pair served again afterwards) is forgotten: every decode a fleet
+    # replaces poisons its prefills again (smg #2382), and each of those is healed. What the
+    # budget bounds is heals in a row that did not bring the pair back: a restart storm.
     def heals_left(self, budget: int, window: float) -> int:
         now = self.clock()
         self.state.heals = [t for t in self.state.heals if now - t < window]
@@ -166,3 +170,9 @@ class RestartPolicy:
     def record_heal(self) -> None:
         self.state.heals.append(self.clock())
         self._save()
+
+    def on_pair_good(self) -> None:
+        """A canary round went through: the heals before it worked."""
+        if self.state.heals:
+            self.state.heals = []
+            self._save()

@@ -1,0 +1,203 @@
+"""The fault marathon: every fault a real fleet sees, one after another on one stack, under a
+real systemd with the real router (both generations: sglang-router 0.3.2 and smg), stand-in
+engines that keep NIXL pair state in both directions (a replaced peer poisons the side that
+stays, which then fails every transfer as HTTP 200 + abort), and nobody typing reset-failed.
+
+Each test is one fault: it asserts the state it ends in (the stack serves real completions,
+what restarted) and prints `BENCH fault -> serving: S s`. The tests share the stack and run in
+file order; at the end no unit is failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import require
+from nspawn import nspawn_available
+from stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+#: A stand-in nvidia-smi: two GPUs, and the compute processes the test writes into
+#: /srv/e2e/gpu-apps.csv (a busy GPU at restart).
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$*" in
+    *query-gpu*) printf '0, 00000000:06:00.0\\n1, 00000000:07:00.0\\n' ;;
+    *query-compute-apps*) cat /srv/e2e/gpu-apps.csv 2>/dev/null || true ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Stack]:
+    require(nspawn_available())
+    work = tmp_path_factory.mktemp("faults")
+    fakebin = work / "fakebin"
+    fakebin.mkdir()
+    (fakebin / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (fakebin / "nvidia-smi").chmod(0o755)
+    s = Stack.up(work, serve_python.parent.parent, start=False, **{
+        "router.package": router_package,
+        "runtime.env.FAKE_SGLANG_STALE_PAIR": "both",  # both directions of a stale pair
+        "runtime.env.PATH": "/srv/e2e/fakebin:/usr/local/bin:/usr/bin:/bin",
+    })
+    s.start()
+    assert s.serves()
+    yield s
+    s.down()
+
+
+def bench(what: str, seconds: float, package: str) -> None:
+    print(f"\nBENCH [{package}] {what} -> serving: {seconds:.1f} s")
+
+
+def journal_since(stack: Stack, unit: str, cursor_lines: int) -> str:
+    return "\n".join(stack.c.journal(unit, lines=2000).splitlines()[cursor_lines:])
+
+
+def lines(stack: Stack, unit: str) -> int:
+    return len(stack.c.journal(unit, lines=2000).splitlines())
+
+
+def fault(stack: Stack, package: str, what: str, act, settle: float = 0.0) -> float:
+    """Do the fault, then time until the stack serves again (asserting it does)."""
+    t0 = time.monotonic()
+    act()
+    if settle:
+        time.sleep(settle)  # let the fault take effect before "serving" can be judged
+    stack.wait_serving(timeout=120, what=f"the stack serves again after: {what}")
+    seconds = time.monotonic() - t0
+    bench(what, seconds, package)
+    return seconds
+
+
+def not_serving_soon(stack: Stack, within: float = 8.0) -> bool:
+    """The fault took hold: within `within` s a request through the router fails."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not stack.serves():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_systemctl_restart_prefill(stack: Stack, router_package: str) -> None:
+    before = stack.invocation("decode")
+    fault(stack, router_package, "systemctl restart prefill",
+          lambda: stack.c.systemctl("restart", stack.unit("prefill")))
+    assert stack.invocation("decode") != before  # PartOf=: decode restarted with it
+
+
+def test_systemctl_restart_decode_heals_the_stale_prefill(stack: Stack,
+                                                          router_package: str) -> None:
+    mark = lines(stack, stack.unit("prefill"))
+    prefill = stack.invocation("prefill")
+    fault(stack, router_package, "systemctl restart decode (prefill goes stale)",
+          lambda: stack.c.systemctl("restart", stack.unit("decode")))
+    # the prefill held the old decode's NIXL state: its canary saw HTTP 200 + abort while
+    # both /health said 200, and it restarted itself (the decode, fresh, left it alone)
+    log = journal_since(stack, stack.unit("prefill"), mark)
+    assert "restarting to heal its pair" in log, log
+    assert stack.invocation("prefill") != prefill
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_kill_9_of_an_engine(stack: Stack, router_package: str, role: str) -> None:
+    restarts = stack.restarts(role)
+    pid = stack.engine_pid(role)
+    fault(stack, router_package, f"kill -9 {role} engine",
+          lambda: stack.c.run(["kill", "-9", str(pid)]), settle=0.5)
+    assert stack.restarts(role) == restarts + 1
+
+
+def test_kill_9_of_a_supervisor(stack: Stack, router_package: str) -> None:
+    main = stack.prop(stack.unit("decode"), "MainPID")
+    engine = stack.engine_pid("decode")
+    fault(stack, router_package, "kill -9 decode's runtime (its main process)",
+          lambda: stack.c.run(["kill", "-9", main]), settle=0.5)
+    # the engine went with it (the unit's cgroup; PR_SET_PDEATHSIG outside one)
+    assert not stack.c.exists(f"/proc/{engine}")
+
+
+def test_sigstop_of_an_engine_is_a_hang_the_watchdog_ends(stack: Stack,
+                                                          router_package: str) -> None:
+    pid = stack.engine_pid("prefill")
+    restarts = stack.restarts("prefill")
+    fault(stack, router_package, "SIGSTOP prefill engine",
+          lambda: stack.c.run(["kill", "-STOP", str(pid)]), settle=0.5)
+    assert stack.restarts("prefill") == restarts + 1
+    assert "Watchdog timeout" in stack.c.journal(stack.unit("prefill"), lines=400)
+
+
+def test_kill_9_of_the_router(stack: Stack, router_package: str) -> None:
+    router = stack.engine_pid("router")  # the router itself: the runtime's child
+    engines = {r: stack.invocation(r) for r in ("prefill", "decode")}
+    fault(stack, router_package, "kill -9 router",
+          lambda: stack.c.run(["kill", "-9", str(router)]), settle=0.5)
+    # the engines never restarted: they registered again with the new router
+    assert {r: stack.invocation(r) for r in ("prefill", "decode")} == engines
+    for role in ("prefill", "decode"):
+        assert "registering again" in stack.c.journal(stack.unit(role), lines=400)
+
+
+def test_busy_gpu_at_restart_is_waited_for(stack: Stack, router_package: str) -> None:
+    apps = stack.work / "gpu-apps.csv"
+    apps.write_text("00000000:07:00.0, 4242, python3, 60000 MiB\n")  # someone on decode's GPU
+    mark = lines(stack, stack.unit("decode"))
+    pid = stack.engine_pid("decode")
+
+    def act() -> None:
+        stack.c.run(["kill", "-9", str(pid)])
+        stack.c.wait_for(lambda: "waiting for GPUs 1 to be released" in journal_since(
+            stack, stack.unit("decode"), mark), 30, interval=0.2, what="the GPU wait")
+        time.sleep(2.0)  # the holder lets go a little later
+        apps.unlink()
+
+    fault(stack, router_package, "kill -9 decode with its GPU busy for 2 s", act)
+    log = journal_since(stack, stack.unit("decode"), mark)
+    assert "GPUs 1 are idle after" in log
+    assert stack.prop(stack.unit("decode"), "ActiveState") == "active"
+
+
+def test_a_prefill_replaced_behind_its_address_heals(stack: Stack, router_package: str) -> None:
+    """sglang #33789: the prefill is a new instance at the same address, its port never
+    closed; the decode keeps its old endpoints and fails every transfer, as HTTP 200."""
+    mark = lines(stack, stack.unit("decode"))
+
+    def act() -> None:
+        code, _ = stack.curl("/_fake/control", {"new_instance": True}, port=30000)
+        assert code == 200
+        assert not_serving_soon(stack)  # the pair is broken while both /health say 200
+        assert stack.curl("/health", port=30000)[0] == stack.curl("/health", port=30001)[0] \
+            == 200
+
+    fault(stack, router_package, "stale pair (prefill replaced, decode stale)", act)
+    assert "restarting to heal its pair" in journal_since(stack, stack.unit("decode"), mark)
+
+
+def test_the_same_fault_three_times_in_a_row(stack: Stack, router_package: str) -> None:
+    mark = lines(stack, stack.unit("decode"))
+    for n in range(3):
+        pid = stack.engine_pid("decode")
+        fault(stack, router_package, f"kill -9 decode engine, #{n + 1} in a row",
+              lambda pid=pid: stack.c.run(["kill", "-9", str(pid)]), settle=0.5)
+    log = journal_since(stack, stack.unit("decode"), mark)
+    assert "crash #3 in a row" in log  # backing off, not giving up
+
+
+def test_no_unit_is_failed_and_nobody_typed_reset_failed(stack: Stack) -> None:
+    for unit in (*stack.units, stack.target):
+        assert stack.prop(unit, "ActiveState") == "active", unit
+    failed = stack.c.run(["systemctl", "list-units", "--failed", "--plain", "--no-legend"]).stdout
+    assert not failed.strip(), failed
+    assert stack.serves()
+
+
+def test_the_runtime_never_leaves_the_control_plane_key_in_the_journal(stack: Stack) -> None:
+    key = stack.c.read_file("/etc/e2e/router.key").strip()
+    assert len(key) == 64
+    for unit in stack.units:
+        assert key not in stack.c.journal(unit, lines=5000)
