@@ -207,9 +207,11 @@ class Stack:
             self.c.wait_for(self.serves, timeout, interval=0.25, what=what)
         except AssertionError as e:
             states = {u: self.c.show(u, "ActiveState", "SubState", "NRestarts") for u in self.units}
+            tails = "\n".join(f"--- {u}:\n" + "\n".join(self.c.journal(u).splitlines()[-25:])
+                              for u in self.units)
             raise AssertionError(
                 f"{e}\nunits: {states}\nlast generate: {self.generate(timeout=5)}\n"
-                f"router /workers: {self.curl('/workers', timeout=5)}"
+                f"router /workers: {self.curl('/workers', timeout=5)}\n{tails}"
             ) from None
         return time.monotonic() - t0
 

@@ -342,8 +342,8 @@ class Unit:
             assert child.process is not None
             why = ("restarting with its peer" if outcome.kind == "peer"
                    else "restarting to heal its pair")
-            log(f"{outcome.detail}; stopping the {role} (SIGTERM) and exiting {EXIT_PEER} so "
-                "that the process manager restarts it")
+            log(f"{outcome.detail}; {why}: stopping the {role} (SIGTERM) and exiting "
+                f"{EXIT_PEER} so that the process manager restarts it")
             self.notifier.status(f"{why}: {outcome.detail}")
             child.stop_time, child.forwarded = time.monotonic(), True
             with contextlib.suppress(ProcessLookupError):
