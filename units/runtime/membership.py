@@ -7,8 +7,8 @@ The router takes its workers at run time (sglang-router 0.3.2 and smg, ``POST /w
 no workers, never waits for an engine and never needs a restart because one restarted: each
 engine's supervisor keeps its own engine registered. A router that restarted (empty) or dropped
 the worker is noticed on the next check and the worker is posted again. An entry the router
-keeps but has given up on (smg's ``failed``/``draining`` status, or unhealthy for long while
-the engine itself answers /health) is deleted and posted afresh.
+keeps unhealthy for long while the engine itself answers /health is deleted and posted afresh;
+one it still drains after this engine's last stop (smg's ``draining``) is waited out.
 
 Re-posting a registered URL answers 202 on 0.3.2 and 409 ``WORKER_ALREADY_EXISTS`` on smg
 (smg ``model_gateway`` worker routes): both mean "it is there". The control plane needs the
@@ -96,14 +96,22 @@ class Membership:
                   method="DELETE")
 
     def join(self) -> bool:
-        """Post this worker (once healthy). True when the router accepted it."""
-        if self._post():
-            if not self.joined:
-                self.log(f"registered {self.worker.role} {self.worker.url} with the router "
-                         f"{self.router}")
-            self.joined, self._said, self.unhealthy_since = True, "", None
-            return True
-        return False
+        """Post this worker (once healthy). True when the router took it; False when it
+        cannot, or still holds this URL's previous entry while it drains (smg lists a
+        deleted worker as `draining` until its requests settle, and answers a POST of the
+        URL meanwhile with 409): the next check posts again."""
+        if not self._post():
+            return False
+        entry, _ = self._entry()
+        if entry is not None and str(entry.get("status", "")).lower() == "draining":
+            self._say(f"the router still drains the previous {self.worker.url}: registering "
+                      "once it is gone")
+            return False
+        if not self.joined:
+            self.log(f"registered {self.worker.role} {self.worker.url} with the router "
+                     f"{self.router}")
+        self.joined, self._said, self.unhealthy_since = True, "", None
+        return True
 
     def check(self, engine_healthy: bool) -> None:
         """Make sure the router still has this worker, and one it has not given up on."""
@@ -121,17 +129,24 @@ class Membership:
             self.join()
             return
         status = str(entry.get("status", "")).lower()
-        healthy = entry.get("is_healthy") is not False and status not in ("failed", "draining")
+        if status == "draining":  # our previous entry, deleted at our last stop: wait it out
+            self.joined = False
+            self.join()
+            return
+        healthy = entry.get("is_healthy") is not False and status != "failed"
         now = self.clock()
         if healthy or not engine_healthy:
             self.unhealthy_since = None
         elif self.unhealthy_since is None:
             self.unhealthy_since = now
-        given_up = status == "failed" or (
-            self.unhealthy_since is not None and now - self.unhealthy_since >= STUCK_UNHEALTHY_S)
-        if engine_healthy and (given_up or status == "draining"):
-            self.log(f"the router lists {self.worker.url} as "
-                     f"{status or 'unhealthy'} while the engine is healthy: re-registering")
+        # the router's own probes bring an unhealthy worker back (0.3.2, and smg >= 1.13 even
+        # from `failed`); one it has held unhealthy this long while /health here says 200 is
+        # one it gave up on: take it out and post it afresh
+        if engine_healthy and self.unhealthy_since is not None and \
+                now - self.unhealthy_since >= STUCK_UNHEALTHY_S:
+            self.log(f"the router has listed {self.worker.url} as {status or 'unhealthy'} for "
+                     f"{now - self.unhealthy_since:.0f} s while the engine is healthy: "
+                     "re-registering")
             self._delete(entry)
             self.joined = False
             self.join()
