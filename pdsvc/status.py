@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import click
 
+from . import runstate
 from .clikit import (
     config_option,
     handle_errors,
@@ -502,6 +503,8 @@ class Report:
     url: str  # where clients send requests
     serving: bool
     problems: tuple[str, ...]
+    runs: tuple[runstate.UnitRun, ...] = ()  # how each unit's last run ended (the runtime's)
+    pairs: tuple[runstate.PairView, ...] = ()  # the pair canary's P x D matrix
 
     @property
     def verdict(self) -> str:
@@ -519,8 +522,19 @@ def client_url(router: RouterPlan, hostname: str) -> str:
     return f"http://{host}:{router.port}/v1/chat/completions"
 
 
-def router_headers(router: RouterPlan) -> dict[str, str]:
-    """`--api-key` in router.args guards /workers (router-lab §4.4): send it."""
+def router_headers(router: RouterPlan, key_file: str | None = None) -> dict[str, str]:
+    """/workers is the control plane: its key (--control-plane-api-keys, from the file the
+    runtime gives the router; readable by root and the service group), else `--api-key` in
+    router.args, which guards /workers too (sglang-router's `--api-key` help)."""
+    if key_file:
+        from .runtime.membership import read_key
+
+        try:
+            key = read_key(key_file, {})
+        except (OSError, ValueError):
+            key = None
+        if key:
+            return {"Authorization": f"Bearer {key}"}
     argv = list(router.argv)
     if "--api-key" in argv and argv.index("--api-key") + 1 < len(argv):
         return {"Authorization": f"Bearer {argv[argv.index('--api-key') + 1]}"}
@@ -545,7 +559,7 @@ def collect(
     topology), one more problem each."""
     whole = whole or plan
     router = plan.router or whole.reachable_router()
-    headers = router_headers(router)
+    headers = router_headers(router, whole.paths.router_key)
     units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
     units += [("router", router.unit)] if plan.router else []
     urls = [(e.health_url, {}) for e in plan.engines]
@@ -574,12 +588,15 @@ def collect(
     expected = tuple(dict.fromkeys((e.role, e.url) for e in whole.engines))
     serving, problems = judge(views, workers, workers_error, expected,
                               None if plan.router else readiness)
+    where = runstate.state_dir(plan, backend.name)
+    runs, pairs = runstate.unit_runs(plan, where), runstate.pair_views(plan, where)
+    problems += runstate.problems(runs, pairs)
     # the router of another host: where this host reaches it, not at this host's name
     url = client_url(router, hostname) if plan.router else f"{router.url}/v1/chat/completions"
     return Report(
         name=plan.name, backend=backend.name, units=views, workers=workers,
         workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,
-        problems=(*problems, *findings),
+        problems=(*problems, *findings), runs=tuple(runs), pairs=tuple(pairs),
     )
 
 
@@ -677,6 +694,8 @@ def format_text(report: Report) -> str:
     else:
         lines += ["  " + line for line in _table([
             [w.type, w.url, "healthy" if w.healthy else "UNHEALTHY"] for w in report.workers])]
+    pairs = runstate.format_pairs(list(report.pairs))
+    lines += ["", *pairs] if pairs else []
     lines += ["", f"send requests to: {report.url}", "", report.verdict]
     return "\n".join(lines)
 
@@ -699,6 +718,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         "workers": None if report.workers is None else [asdict(w) for w in report.workers],
         "workers_error": report.workers_error,
         "workers_probe": report.workers_probe.to_dict(),
+        **runstate.to_dict(list(report.runs), list(report.pairs)),
     }
 
 

@@ -323,7 +323,12 @@ def test_json_has_the_same_facts(dep: Deployment) -> None:
     assert result.exit_code == 0
     doc = json.loads(result.output)
     assert set(doc) == {"format", "name", "backend", "serving", "verdict", "problems", "url",
-                        "units", "workers", "workers_error", "workers_probe"}
+                        "units", "workers", "workers_error", "workers_probe", "runs", "pairs"}
+    assert [(r["unit"], r["phase"]) for r in doc["runs"]] == [  # no runtime state here
+        ("dsv4-prefill.service", "unknown"), ("dsv4-decode.service", "unknown"),
+        ("dsv4-router.service", "unknown")]
+    assert [(p["prefill"], p["decode"], p["state"]) for p in doc["pairs"]] == [
+        (dep.prefill.url, dep.decode.url, "unknown")]
     assert (doc["name"], doc["backend"], doc["serving"], doc["verdict"], doc["problems"]) == (
         "dsv4", "systemd", True, "serving", [])
     assert doc["url"].endswith(f":{dep.router.port}/v1/chat/completions")

@@ -1,0 +1,124 @@
+"""What the units' runtimes left for `pdsvc status` in their state directory: how each unit's
+last run ended (the restart policy's NAME.restart.json: why it gave up, crashes in a row) and
+the pair canary's view of every prefill×decode pair (NAME.canary.json), as a P×D matrix.
+
+The files are the runtime's own (pdsvc/runtime/policy.py, canary.py); this module only reads
+them, leniently: a missing or unreadable file is "unknown", never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .plan import Plan
+
+
+@dataclass(frozen=True)
+class UnitRun:
+    unit: str
+    phase: str  # starting | serving | stopped | crashed | failed-start | gave-up | unknown
+    reason: str
+    crashes: int
+
+
+@dataclass(frozen=True)
+class PairView:
+    prefill: str
+    decode: str
+    state: str  # ok | failing | peer-down | unknown (no engine has judged it yet)
+    since: float | None  # wall clock: failing since / ok since
+    last_error: str
+    by: str  # the engine whose canary said so
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def state_dir(plan: Plan, backend: str) -> Path:
+    """Where the runtimes keep their state: RuntimeDirectory= under systemd, beside
+    supervisord's socket otherwise (the render's choice, pdsvc/render*.py)."""
+    if backend == "supervisord":
+        from .render_supervisord import _settings
+        from .render_supervisord import state_dir as sv_state_dir
+
+        return Path(sv_state_dir(plan, _settings(plan.supervisord or None)))
+    return Path(plan.paths.run_dir)
+
+
+def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
+    runs = []
+    names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
+    for name in dict.fromkeys(names):
+        doc = _read(directory / f"{name}.restart.json") or {}
+        runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
+                            str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0)))
+    return runs
+
+
+def pair_views(plan: Plan, directory: Path) -> list[PairView]:
+    """Every prefill×decode pair, with the worst word any of its two engines has for it."""
+    rank = {"failing": 3, "peer-down": 2, "ok": 1, "unknown": 0}
+    views: dict[tuple[str, str], PairView] = {}
+    for e in plan.engines:
+        for prefill, _, decode in e.pairs:
+            views.setdefault((prefill, decode), PairView(prefill, decode, "unknown", None, "", ""))
+        doc = _read(directory / f"{e.name}.canary.json") or {}
+        for p in doc.get("pairs", []):
+            prefill, _, decode = str(p.get("pair", "")).partition(" -> ")
+            key, state = (prefill, decode), str(p.get("state", "unknown"))
+            since = p.get("failing_since") if state == "failing" else p.get("last_ok")
+            old = views.get(key)
+            if old is not None and rank.get(state, 0) > rank.get(old.state, 0):
+                views[key] = PairView(prefill, decode, state, since,
+                                      str(p.get("last_error", "")), e.name)
+    return list(views.values())
+
+
+def problems(runs: list[UnitRun], pairs: list[PairView]) -> list[str]:
+    out = [f"{r.unit} gave up: {r.reason}" for r in runs if r.phase == "gave-up"]
+    out += [f"pair {p.prefill} -> {p.decode} failing ({p.by}): {p.last_error}"
+            for p in pairs if p.state == "failing"]
+    return out
+
+
+def format_pairs(pairs: list[PairView], now: float | None = None) -> list[str]:
+    """The P×D matrix: one row per prefill, one column per decode."""
+    if not pairs:
+        return []
+    now = time.time() if now is None else now
+    prefills = list(dict.fromkeys(p.prefill for p in pairs))
+    decodes = list(dict.fromkeys(p.decode for p in pairs))
+    cell = {(p.prefill, p.decode): p for p in pairs}
+
+    def word(p: PairView | None) -> str:
+        if p is None:
+            return "-"
+        if p.state == "failing" and p.since is not None:
+            return f"FAILING {int(now - p.since)}s"
+        return p.state
+
+    rows = [["prefill \\ decode", *decodes]]
+    rows += [[pf, *(word(cell.get((pf, d))) for d in decodes)] for pf in prefills]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["pair canary (prefill x decode):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    lines += [f"  {p.prefill} -> {p.decode}: {p.last_error}" for p in pairs
+              if p.state == "failing" and p.last_error]
+    return lines
+
+
+def to_dict(runs: list[UnitRun], pairs: list[PairView]) -> dict[str, Any]:
+    return {
+        "runs": [r.__dict__ for r in runs],
+        "pairs": [p.__dict__ for p in pairs],
+    }

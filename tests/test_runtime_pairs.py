@@ -1,0 +1,341 @@
+"""The runtime's pair-level healing, in-process: the restart policy (pdsvc/runtime/policy.py),
+router membership (membership.py) and the pair canary (canary.py), against fakes of the
+router's /workers API and of the engines' replies. The whole loop under a real systemd and the
+real routers is tests/test_e2e_faults.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdsvc.runtime import canary, membership, probe
+from pdsvc.runtime.canary import Canary, Pair, Round
+from pdsvc.runtime.membership import Membership, Worker
+from pdsvc.runtime.policy import RestartPolicy
+from pdsvc.runtime.probe import HttpReply
+
+# --------------------------------------------------------------------------- restart policy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_policy(path: Path, clock: Clock, attempts: int = 3) -> RestartPolicy:
+    return RestartPolicy(str(path), restart_delay=1.0, max_delay=8.0, reset_after=600.0,
+                         attempts=attempts, clock=clock)
+
+
+def test_crashes_in_a_row_back_off_doubling_and_serving_long_forgives(tmp_path: Path) -> None:
+    clock, path = Clock(), tmp_path / "u.restart.json"
+    delays = []
+    for _ in range(6):
+        p = make_policy(path, clock)  # every run is a new process reading the file
+        delays.append(p.on_start().delay)
+        p.on_healthy()
+        clock.now += 5  # served 5 s, then crashed
+        p.on_crash("engine exited with status 137")
+    # RestartSec (1 s) is systemd's; ours on top: 0, 1, 3, 7, then capped at 8
+    assert delays == [0.0, 0.0, 1.0, 3.0, 7.0, 8.0]
+    p = make_policy(path, clock)
+    assert p.on_start().why.startswith("crash #6 in a row")
+    p.on_healthy()
+    clock.now += 600  # a healthy period resets the count
+    p.on_crash("engine exited with status 1")
+    assert make_policy(path, clock).on_start().delay == 0.0
+
+
+def test_failed_starts_give_up_once_and_the_next_operator_start_tries_afresh(
+        tmp_path: Path) -> None:
+    clock, path = Clock(), tmp_path / "u.restart.json"
+    verdicts = []
+    for _ in range(3):
+        p = make_policy(path, clock)
+        p.on_start()
+        verdicts.append(p.on_failed_start("OSError: Incorrect path_or_model_id"))
+    assert verdicts[:2] == [None, None]
+    assert verdicts[2] == ("gave up after 3 starts in a row that never became healthy; last: "
+                           "OSError: Incorrect path_or_model_id")
+    state = json.loads(path.read_text())
+    assert state["phase"] == "gave-up" and state["failed_starts"] == 0
+    p = make_policy(path, clock)  # `systemctl start` after the fix
+    p.on_start()
+    assert p.on_failed_start("still broken") is None  # counts from one again
+
+
+def test_stops_never_count_and_a_killed_run_is_read_for_what_it_was(tmp_path: Path) -> None:
+    clock, path = Clock(), tmp_path / "u.restart.json"
+    for _ in range(5):  # operator restarts, PartOf= restarts, heals: all stops
+        p = make_policy(path, clock)
+        p.on_start()
+        p.on_stop("stopped (SIGTERM)")
+    p = make_policy(path, clock)
+    assert p.on_start().delay == 0.0 and p.state.failed_starts == 0
+    # the runtime itself was SIGKILLed while serving: the next run counts a crash
+    p.on_healthy()
+    p2 = make_policy(path, clock)
+    p2.on_start()
+    assert p2.state.crashes == 1
+    # ... and while starting: a failed start
+    p3 = make_policy(path, clock)
+    p3.on_start()
+    assert p3.state.failed_starts == 1
+
+
+def test_an_unreadable_state_file_is_a_first_start(tmp_path: Path) -> None:
+    path = tmp_path / "u.restart.json"
+    path.write_text("{not json")
+    p = make_policy(path, Clock())
+    assert p.on_start().delay == 0.0
+    assert json.loads(path.read_text())["phase"] == "starting"
+
+
+def test_heals_that_brought_the_pair_back_are_forgotten(tmp_path: Path) -> None:
+    clock, path = Clock(), tmp_path / "u.restart.json"
+    p = make_policy(path, clock)
+    for _ in range(5):
+        assert p.heals_left(2, 3600) > 0
+        p.record_heal()
+        p.on_pair_good()  # each heal worked
+    p.record_heal()
+    p.record_heal()
+    assert make_policy(path, clock).heals_left(2, 3600) == 0  # two in a row that did not
+    clock.now += 3601
+    assert make_policy(path, clock).heals_left(2, 3600) == 2
+
+
+# --------------------------------------------------------------------------- membership
+
+
+class FakeRouter:
+    """The /workers API of sglang-router 0.3.2 or smg (status, 409 on a re-post)."""
+
+    def __init__(self, smg: bool = False, key: str = "k") -> None:
+        self.smg, self.key = smg, key
+        self.workers: list[dict] = []
+        self.up = True
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, url: str, timeout: float, body: bytes | None = None,
+                 headers: dict | None = None, method: str | None = None) -> HttpReply:
+        method = method or ("GET" if body is None else "POST")
+        self.calls.append((method, url))
+        if not self.up:
+            return HttpReply(None, b"", "connection refused")
+        if (headers or {}).get("Authorization") != f"Bearer {self.key}":
+            return HttpReply(401, b"", "HTTP 401")
+        if method == "GET":
+            return HttpReply(200, json.dumps({"workers": self.workers}).encode(), "HTTP 200")
+        if method == "DELETE":
+            wid = url.rsplit("/", 1)[1]
+            for w in self.workers:
+                if w["id"] == wid:
+                    if self.smg:
+                        w["status"], w["is_healthy"] = "draining", False
+                    else:
+                        self.workers.remove(w)
+            return HttpReply(202, b"{}", "HTTP 202")
+        doc = json.loads(body or b"{}")
+        if any(w["url"] == doc["url"] for w in self.workers):
+            return HttpReply(409, b"{}", "HTTP 409") if self.smg else HttpReply(202, b"", "")
+        self.workers.append({"id": f"id{len(self.workers)}", "url": doc["url"],
+                             "worker_type": doc["worker_type"], "is_healthy": True,
+                             **({"status": "ready"} if self.smg else {})})
+        return HttpReply(202, b"{}", "HTTP 202")
+
+
+WORKER = Worker("http://10.0.0.2:30000", "prefill", 8998)
+
+
+@pytest.mark.parametrize("smg", [False, True], ids=["sglang-router", "smg"])
+def test_join_leave_and_rejoin_after_the_router_restarts(smg: bool) -> None:
+    router, lines, clock = FakeRouter(smg), [], Clock()
+    m = Membership("http://10.0.0.1:8000", WORKER, "k", lines.append, call=router, clock=clock)
+    assert m.join() and [w["url"] for w in router.workers] == [WORKER.url]
+    posted = json.loads(membership.Worker.payload(WORKER))
+    assert posted == {"url": WORKER.url, "worker_type": "prefill", "bootstrap_port": 8998}
+    m.check(True)
+    assert len(router.workers) == 1  # still there: nothing posted twice
+    router.up = False  # the router dies...
+    m.check(True)
+    m.check(True)
+    assert sum("unreachable" in line for line in lines) == 1  # one line for the outage
+    router.up, router.workers = True, []  # ...and comes back empty
+    m.check(True)
+    assert [w["url"] for w in router.workers] == [WORKER.url]
+    m.leave()
+    if smg:  # smg drains the deleted entry a while; a new instance waits it out, then joins
+        assert router.workers[0]["status"] == "draining"
+        m2 = Membership("http://10.0.0.1:8000", WORKER, "k", lines.append, call=router)
+        before = len(router.calls)
+        assert not m2.join()
+        m2.check(True)
+        assert not any(c[0] == "DELETE" for c in router.calls[before:])
+        router.workers = []
+        m2.check(True)
+        assert m2.joined and router.workers[0]["status"] == "ready"
+    else:
+        assert router.workers == []
+
+
+def test_an_entry_held_unhealthy_while_the_engine_is_healthy_is_posted_afresh() -> None:
+    router, clock = FakeRouter(smg=True), Clock()
+    m = Membership("http://r", WORKER, "k", lambda s: None, call=router, clock=clock)
+    m.join()
+    router.workers[0].update(status="failed", is_healthy=False)
+    m.check(True)
+    assert router.workers[0]["status"] == "failed"  # not yet: the router probes it itself
+    clock.now += membership.STUCK_UNHEALTHY_S
+    m.check(True)
+    assert [w["status"] for w in router.workers] == ["draining"]  # deleted, then waits
+    m.check(False)  # the engine itself unhealthy: the router is right, leave it
+    router.workers = []
+    m.check(True)
+    assert [w["status"] for w in router.workers] == ["ready"]
+
+
+def test_a_wrong_key_is_refused_and_said_without_the_key() -> None:
+    router, lines = FakeRouter(key="right"), []
+    m = Membership("http://r", WORKER, "wrong-key-123", lines.append, call=router)
+    assert not m.join()
+    assert lines and all("wrong-key-123" not in line for line in lines)
+
+
+def test_the_key_is_read_from_a_credential_and_never_shown(tmp_path: Path) -> None:
+    (tmp_path / "router-key").write_text("abc123\n")
+    assert membership.read_key("credential:router-key",
+                               {"CREDENTIALS_DIRECTORY": str(tmp_path)}) == "abc123"
+    (tmp_path / "bad").write_text("two words\n")
+    with pytest.raises(ValueError) as e:
+        membership.read_key(str(tmp_path / "bad"), {})
+    assert "two words" not in str(e.value)
+    with pytest.raises(ValueError, match="CREDENTIALS_DIRECTORY is not set"):
+        membership.read_key("credential:router-key", {})
+
+
+# --------------------------------------------------------------------------- the canary
+
+P0, P1, D = "http://127.0.0.1:30000", "http://127.0.0.1:30002", "http://127.0.0.1:30001"
+
+
+def reply(status: int, doc: dict) -> HttpReply:
+    return HttpReply(status, json.dumps(doc).encode(), f"HTTP {status}")
+
+
+GOOD = reply(200, {"text": "x", "meta_info": {"finish_reason": {"type": "length"},
+                                              "completion_tokens": 1}})
+ABORT = reply(200, {"text": "", "meta_info": {"finish_reason": {
+    "type": "abort", "message": "KV transfer failed"}, "completion_tokens": 0}})
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    (GOOD, None),
+    (ABORT, "HTTP 200 with finish_reason abort: KV transfer failed"),
+    (reply(200, {"text": "", "meta_info": {"finish_reason": {"type": "length"}}}),
+     "HTTP 200 with an empty completion"),
+    (reply(500, {"error": "x"}), "HTTP 500"),
+    (HttpReply(200, b"ok", "HTTP 200"), "HTTP 200 but the body is not a JSON object: ok"),
+])
+def test_a_completion_is_judged_by_content_not_status(answer: HttpReply, verdict) -> None:
+    assert probe.judge_generation(answer) == verdict
+
+
+def test_the_canary_sends_what_the_router_sends_to_both_sides() -> None:
+    sent: dict[str, dict] = {}
+
+    def call(url, timeout, body=None, headers=None, method=None):
+        if url.endswith("/health"):
+            return HttpReply(200, b"", "HTTP 200")
+        sent[url] = json.loads(body)
+        return GOOD
+
+    pair = Pair(P0, 8998, D)
+    assert canary.probe_pair(pair, D, 5.0, call=call, room=lambda: 42).ok
+    assert set(sent) == {f"{P0}/generate", f"{D}/generate"}
+    body = sent[f"{D}/generate"]
+    assert body == sent[f"{P0}/generate"]  # the same body, both sides
+    assert (body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]) == (
+        "127.0.0.1", 8998, 42)
+    assert body["sampling_params"]["max_new_tokens"] == 1
+
+
+def test_a_peer_that_is_down_is_not_a_pair_failure() -> None:
+    r = canary.probe_pair(Pair(P0, 8998, D), D, 1.0,
+                          call=lambda url, *a, **k: HttpReply(None, b"", "connection refused"))
+    assert r.skipped and not r.error
+
+
+def rounds(pair: Pair, ok: bool) -> list[Round]:
+    return [Round(pair, ok, "" if ok else "decode: HTTP 200 with finish_reason abort")]
+
+
+def test_the_side_that_served_the_pair_before_heals_and_the_fresh_side_does_not(
+        tmp_path: Path) -> None:
+    pair = Pair(P0, 8998, D)
+    stale = Canary(P0, [pair], failures_to_act=3, log=lambda s: None,
+                   path=str(tmp_path / "p.canary.json"))
+    fresh = Canary(D, [pair], failures_to_act=3, log=lambda s: None)
+    stale.record(rounds(pair, True))  # the prefill served with the old decode
+    for _ in range(3):
+        stale.record(rounds(pair, False))
+        fresh.record(rounds(pair, False))  # the new decode never had a good round
+    assert "this engine served that pair before" in stale.verdict()
+    assert fresh.verdict() is None  # ... and leaves it to the prefill
+    saved = json.loads((tmp_path / "p.canary.json").read_text())
+    assert saved["pairs"][0]["state"] == "failing" and saved["pairs"][0]["failures"] == 3
+    for _ in range(3):
+        fresh.record(rounds(pair, False))
+    assert "no pair works from this engine" in fresh.verdict()  # both fresh: together
+
+
+def test_one_flapping_pair_does_not_take_down_a_decode_that_serves_its_other_pair() -> None:
+    bad, good = Pair(P0, 8998, D), Pair(P1, 8999, D)
+    decode = Canary(D, [bad, good], failures_to_act=2, log=lambda s: None)
+    for _ in range(10):
+        decode.record([*rounds(bad, False), *rounds(good, True)])
+    assert decode.verdict() is None  # it never served the bad pair, and another one works
+
+
+# --------------------------------------------------------------------------- pdsvc status
+
+
+def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from pdsvc import runstate
+    from pdsvc.config import parse_config
+    from pdsvc.plan import build_plan
+    from pdsvc.topology import load_topology_file
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "etc/examples/2p1d.yaml").read_text()
+    plan = build_plan(parse_config(text, "c.yaml"),
+                      load_topology_file(repo / "etc/seed-host.topology.json"),
+                      config_source="c.yaml", config_text=text)
+    plan = replace(plan, paths=replace(plan.paths, run_dir=str(tmp_path)))
+    clock = Clock()
+    for _ in range(3):  # dsv4-prefill-1 never became healthy
+        p = RestartPolicy(str(tmp_path / "dsv4-prefill-1.restart.json"), restart_delay=1,
+                          max_delay=8, reset_after=600, attempts=3, clock=clock)
+        p.on_start()
+        p.on_failed_start("OSError: Incorrect path_or_model_id")
+    (p0, port, d), _ = [e for e in plan.engines if e.name == "dsv4-decode"][0].pairs
+    decode = Canary(d, [Pair(p0, port, d)], failures_to_act=3, log=lambda s: None,
+                    path=str(tmp_path / "dsv4-decode.canary.json"), wall=lambda: 100.0)
+    decode.record(rounds(Pair(p0, port, d), False))
+    runs = runstate.unit_runs(plan, Path(plan.paths.run_dir))
+    pairs = runstate.pair_views(plan, Path(plan.paths.run_dir))
+    said = runstate.problems(runs, pairs)
+    assert said[0] == ("dsv4-prefill-1.service gave up: gave up after 3 starts in a row that "
+                       "never became healthy; last: OSError: Incorrect path_or_model_id")
+    assert said[1].startswith(f"pair {p0} -> {d} failing (dsv4-decode): decode: HTTP 200")
+    table = runstate.format_pairs(pairs, now=130.0)
+    assert table[1].split() == ["prefill", "\\", "decode", d]
+    assert table[2].split() == [p0, "FAILING", "30s"]
+    assert table[3].split() == ["http://127.0.0.1:30002", "unknown"]  # nobody judged it yet
