@@ -108,7 +108,7 @@ class RuntimeConfig(Strict):
     )
     libexec_dir: AbsPath = Field(
         "/usr/local/lib/pdsvc",
-        description="Where install.sh puts supervise.py (NAME/supervise.py below it); "
+        description="Where install.sh puts the runtime (NAME/runtime/ below it); "
         "use e.g. /opt/pdsvc on hosts with a read-only /usr.",
     )
     read_write_paths: list[AbsPath] = Field(
