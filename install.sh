@@ -126,7 +126,7 @@ read_list() {
             file) FILES+=("$a	$b	$c") ;;
             dir) DIRS+=("$a	$c	$d") ;;
             envfile) ENVFILES+=("$a	$c	$d") ;;
-            secret) SECRETS+=("$a	$c	$d") ;;
+            secret) SECRETS+=("$a	$c	$d	$b") ;;
             *) die "$LIST: unknown entry '$kind' (rendered by a newer pdsvc?)" ;;
         esac
     done < "$LIST"
@@ -412,11 +412,21 @@ ensure_user() {
     done
 }
 
-# ensure_secret PATH MODE OWNER: a random key, made once and never shown: the router's
-# control-plane key (its /workers API), which the engines' runtimes use to register. Created
-# 0600 first and filled before it is given to the service group, so no one reads a partial key.
+# ensure_secret PATH MODE OWNER HOW: the router's control-plane key (its /workers API), which
+# the engines' runtimes use to register. HOW=make (the router's host): a random key, made once
+# and never shown, created 0600 and filled before the service group may read it, so no one
+# reads a partial key. HOW=copy (an engine host of several): the router host's key, which the
+# admin copies here; said, never invented (a key of this host's own would be refused).
 ensure_secret() {
-    local path="$1" mode="$2" owner="$3" d="$DEST$1"
+    local path="$1" mode="$2" owner="$3" how="${4:-make}" d="$DEST$1"
+    if [ "$how" = copy ]; then
+        if [ -s "$d" ]; then
+            report kept "$d (the router host's key)"
+        else
+            warn "$d is missing: copy the router host's key here (root:${owner#*:} $mode), e.g. scp ROUTER_HOST:$path $path; the engines cannot register with the router without it"
+        fi
+        return 0
+    fi
     if [ -s "$d" ]; then
         if old_info secret "$path" >/dev/null; then
             report unchanged "$d (the control-plane key)"; add_entry secret "$path" generated
@@ -518,8 +528,8 @@ do_install() {
         fi
     done
     for entry in "${SECRETS[@]}"; do
-        IFS=$'\t' read -r path mode owner <<<"$entry"
-        ensure_secret "$path" "$mode" "$owner"
+        IFS=$'\t' read -r path mode owner how <<<"$entry"
+        ensure_secret "$path" "$mode" "$owner" "$how"
     done
     for unit in "${UNITS[@]}"; do
         FILE_CHANGED=0

@@ -219,6 +219,29 @@ def test_the_same_fault_three_times_in_a_row(stack: Stack, router_package: str) 
     assert "gave up" not in log
 
 
+def test_an_engine_down_three_times_the_routers_failure_window_rejoins(
+        stack: Stack, router_package: str) -> None:
+    """smg >= 1.5 moves a worker that keeps failing health checks to `failed` after 3x its
+    failure threshold (model_gateway/src/worker/manager.rs): with interval 1 s and threshold 1,
+    about 4 s. The decode's runtime is killed (so nobody deregisters the worker) and its GPU
+    stays busy 3x that long; the worker must come back and serve."""
+    hc = stack.plan["router"]["options"]
+    interval = int(hc[hc.index("--health-check-interval-secs") + 1])
+    threshold = int(hc[hc.index("--health-failure-threshold") + 1])
+    window = interval * threshold * 4  # NotReady after one window, failed after 3 more
+    apps = stack.work / "gpu-apps.csv"
+    main = stack.prop(stack.unit("decode"), "MainPID")
+
+    def act() -> None:
+        apps.write_text("00000000:07:00.0, 4242, python3, 60000 MiB\n")
+        stack.c.run(["kill", "-9", main])
+        time.sleep(3 * window)
+        apps.unlink()
+
+    fault(stack, router_package, f"decode down {3 * window} s (3x the router's failure "
+          "window), no deregistration", act)
+
+
 def test_no_unit_is_failed_and_nobody_typed_reset_failed(stack: Stack) -> None:
     for unit in (*stack.units, stack.target):
         assert stack.prop(unit, "ActiveState") == "active", unit

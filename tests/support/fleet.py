@@ -60,10 +60,21 @@ class Fleet:
                 fleet.hosts[host] = c
                 c.start()
                 fleet.install(host)
+            fleet.share_key()
         except BaseException:
             fleet.down()
             raise
         return fleet
+
+    def share_key(self) -> None:
+        """What install.sh tells the admin of an engine host: copy the router host's
+        control-plane key (the engines register with it), root:GROUP 0640."""
+        path = f"/etc/{self.name}/router.key"
+        key = self.hosts[self.router_host].read_file(path)
+        for host, c in self.hosts.items():
+            if host != self.router_host:
+                c.write_file(path, key, mode=0o640)
+                c.run(["chgrp", "sglang", path])
 
     def install(self, host: str, *args: str) -> subprocess.CompletedProcess[str]:
         return self.hosts[host].run(
@@ -117,7 +128,9 @@ class Fleet:
         return True, json.loads(body)["meta_info"]
 
     def workers(self) -> list[tuple[str, str, int | None, bool]]:
-        code, body = self.curl("/workers", timeout=5)
+        code, body = curl(self.hosts[self.router_host],
+                          f"http://127.0.0.1:{self.plan['router']['port']}/workers",
+                          timeout=5, key_file=f"/etc/{self.name}/router.key")
         assert code == 200, body
         return sorted((w["worker_type"], w["url"], w.get("bootstrap_port"), w["is_healthy"])
                       for w in json.loads(body)["workers"])

@@ -84,10 +84,12 @@ def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
 
 
 def curl(c: SystemdContainer, url: str, body: dict | None = None,
-         timeout: float = 15) -> tuple[int, str]:
+         timeout: float = 15, key_file: str | None = None) -> tuple[int, str]:
     """HTTP from inside a container's network namespace; (status, body), status 0 if
-    refused."""
+    refused. ``key_file``: send the key in it as a bearer token (the router's control plane)."""
     cmd = ["curl", "-sS", "-m", str(timeout), "-o", "-", "-w", "\n%{http_code}", url]
+    if key_file:
+        cmd += ["-H", f"Authorization: Bearer {c.read_file(key_file).strip()}"]
     if body is not None:
         cmd += ["-H", "content-type: application/json", "-d", json.dumps(body)]
     proc = c.run(cmd, check=False, timeout=timeout + 10)
@@ -190,6 +192,11 @@ class Stack:
              timeout: float = 15) -> tuple[int, str]:
         return curl(self.c, f"http://127.0.0.1:{port}{path}", body, timeout)
 
+    def workers(self, timeout: float = 15) -> tuple[int, str]:
+        """The router's GET /workers, with the control-plane key install.sh made."""
+        return curl(self.c, "http://127.0.0.1:8000/workers", None, timeout,
+                    key_file=f"/etc/{self.name}/router.key")
+
     def generate(self, timeout: float = 15) -> tuple[int, str]:
         return self.curl("/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4}},
                          timeout=timeout)
@@ -211,7 +218,7 @@ class Stack:
                               for u in self.units)
             raise AssertionError(
                 f"{e}\nunits: {states}\nlast generate: {self.generate(timeout=5)}\n"
-                f"router /workers: {self.curl('/workers', timeout=5)}\n{tails}"
+                f"router /workers: {self.workers(timeout=5)}\n{tails}"
             ) from None
         return time.monotonic() - t0
 
