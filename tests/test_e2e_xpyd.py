@@ -109,10 +109,15 @@ def test_2p1d_starts_and_serves_through_both_prefills(stack: Stack) -> None:
 
 def test_router_is_ready_after_every_engine_and_cold_compiles_were_serialised(
         stack: Stack) -> None:
-    # the router starts at once; it is ready only once the engines registered themselves
+    # the router starts at once and is ready with the first pair that registered itself; the
+    # target, ordered after every unit, only once every engine is
     router_ready = mono(stack, "router", "ActiveEnterTimestampMonotonic")
+    assert router_ready >= mono(stack, "decode", "ActiveEnterTimestampMonotonic")
+    assert router_ready >= min(mono(stack, p, "ActiveEnterTimestampMonotonic")
+                               for p in ENGINES if p.startswith("prefill"))
+    target = int(stack.prop(stack.target, "ActiveEnterTimestampMonotonic"))
     for inst in ENGINES:
-        assert router_ready >= mono(stack, inst, "ActiveEnterTimestampMonotonic"), inst
+        assert target >= mono(stack, inst, "ActiveEnterTimestampMonotonic"), inst
     logs = {i: stack.c.journal(stack.unit(i)) for i in ENGINES}
     assert not any("JIT cache race" in log for log in logs.values()), logs
     # one JIT cache, one compile at a time: the two that came later waited for a holder
