@@ -48,10 +48,11 @@ from .topology import format_cpulist
 
 CONF = "supervisord.conf"
 #: A program that exits sooner than this after its spawn counts as a failed start (supervisord
-#: retries startretries times, then gives up: FATAL). Readiness is supervise.py's job (the
-#: router waits for healthy engines itself), so this only has to cover supervise.py's own
-#: refusals (busy GPUs, an unusable cache dir, a missing interpreter), which come in seconds.
-STARTSECS = 10
+#: retries startretries times, then gives up: FATAL), and is STARTING until then. Readiness,
+#: the busy-GPU wait and the failed-start count are the runtime's, so this only covers the
+#: runtime's own immediate deaths (a missing interpreter, a usage error): short, so that a
+#: stack that serves within seconds shows RUNNING too.
+STARTSECS = 2
 #: supervise.py SIGKILLs a stopping engine's whole tree at lifecycle.stop_timeout_secs (the
 #: units' TimeoutStopSec=); supervisord's own SIGKILL, which reaches only the process group,
 #: comes this much later, as a backstop for a wedged supervise.py.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -72,9 +73,12 @@ def test_three_hosts_under_supervisord_serve_and_recouple(serve_python: Path,
                 # SGLang's order: its port is closed while it loads (supervisord restarts at once)
                 "runtime.env.FAKE_SGLANG_HTTP_AFTER_LOAD": 1,
                 f"router.env.{MARKER}": stack_id,
+                # one key for the router and the engines of every host (what an admin copies)
+                "router.control_plane_key": str(tmp_path / "router.key"),
                 "supervisord": {"numactl": None, "logs": "stdout", "run_dir": f"{base}/run",
                                 "drop_privileges": False},
             })
+            (tmp_path / "router.key").write_text(secrets.token_hex(32))
             (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
             (tmp_path / "t.json").write_text(json.dumps(host_topology()))
             render = subprocess.run(
