@@ -23,10 +23,11 @@ from stack import engine_pid
 pytestmark = pytest.mark.e2e
 
 
-def _fleet(serve_python: Path, tmp: Path, run: dict[str, list[str]], **kw) -> Fleet:
+def _fleet(serve_python: Path, tmp: Path, run: dict[str, list[str]], package: str,
+           **kw) -> Fleet:
     require(nspawn_available())
     require(netlab_available())
-    fleet = Fleet.up(tmp, serve_python.parent.parent, run, **kw)
+    fleet = Fleet.up(tmp, serve_python.parent.parent, run, **{"router.package": package, **kw})
     try:
         fleet.start()
     except BaseException:
@@ -36,11 +37,27 @@ def _fleet(serve_python: Path, tmp: Path, run: dict[str, list[str]], **kw) -> Fl
 
 
 @pytest.fixture(scope="module")
-def three(serve_python: Path, tmp_path_factory) -> Iterator[Fleet]:
+def three(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Fleet]:
     fleet = _fleet(serve_python, tmp_path_factory.mktemp("e2e-3hosts"),
-                   {"lb": ["router"], "gpu-a": ["prefill"], "gpu-b": ["decode"]})
+                   {"lb": ["router"], "gpu-a": ["prefill"], "gpu-b": ["decode"]},
+                   router_package)
     yield fleet
     fleet.down()
+
+
+def test_a_prefill_killed_in_the_first_seconds_is_followed_by_its_decode(three: Fleet) -> None:
+    """The decode's runtime watches its remote prefill from the moment it is ready, every
+    second: a prefill killed right after the stack serves, restarted and healthy again within
+    a liveness interval, is still seen go and return, and the decode restarts with it."""
+    gpu_a, gpu_b = three.hosts["gpu-a"], three.hosts["gpu-b"]
+    before = gpu_b.show("e2e-decode.service", "InvocationID")["InvocationID"]
+    gpu_a.run(["kill", "-9", str(engine_pid(gpu_a, "e2e-prefill.service"))])  # at once
+    gpu_b.wait_for(lambda: gpu_b.show("e2e-decode.service", "InvocationID")["InvocationID"]
+                   != before, 60, interval=0.25, what="the decode restarted with its prefill")
+    assert f"http://{three.lab.address('gpu-a')}:30000/health is back after" in gpu_b.journal(
+        "e2e-decode.service")
+    three.hosts["lb"].wait_for(lambda: three.generate()[0], 60, interval=0.5,
+                               what="serving again")
 
 
 def test_three_hosts_install_start_and_serve_across_the_network(three: Fleet) -> None:
@@ -64,10 +81,10 @@ def test_three_hosts_install_start_and_serve_across_the_network(three: Fleet) ->
 
 
 @pytest.fixture(scope="module")
-def four(serve_python: Path, tmp_path_factory) -> Iterator[Fleet]:
+def four(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Fleet]:
     fleet = _fleet(serve_python, tmp_path_factory.mktemp("e2e-4hosts"),
                    {"lb": ["router"], "gpu-a": ["prefill[0]"], "gpu-b": ["prefill[1]"],
-                    "gpu-c": ["decode"]},
+                    "gpu-c": ["decode"]}, router_package,
                    prefill=[{"gpus": [0], "env": {"FAKE_SGLANG_LOAD_SECS": 10}},
                             {"gpus": [0]}],
                    **{"router.policy": "random"})
@@ -118,10 +135,10 @@ def test_killing_one_prefill_hosts_engine_serves_through_the_other(four: Fleet) 
 
 
 @pytest.fixture(scope="module")
-def spanning(serve_python: Path, tmp_path_factory) -> Iterator[Fleet]:
+def spanning(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Fleet]:
     fleet = _fleet(serve_python, tmp_path_factory.mktemp("e2e-span"),
                    {"lb": ["router"], "gpu-a": ["prefill"], "gpu-c": ["prefill"],
-                    "gpu-b": ["decode"]})
+                    "gpu-b": ["decode"]}, router_package)
     yield fleet
     fleet.down()
 

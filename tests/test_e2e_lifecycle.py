@@ -20,10 +20,10 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def stack(serve_python: Path, tmp_path_factory) -> Iterator[Stack]:
+def stack(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Stack]:
     require(nspawn_available())
     s = Stack.up(tmp_path_factory.mktemp("e2e"), serve_python.parent.parent, start=False,
-                 **{"runtime.env.FAKE_SGLANG_SPAWN_ORPHAN": 1})
+                 **{"runtime.env.FAKE_SGLANG_SPAWN_ORPHAN": 1, "router.package": router_package})
     s.start_seconds = s.start()
     yield s
     s.down()

@@ -247,9 +247,10 @@ class SupervisordStack:
 
 
 @pytest.fixture(scope="module")
-def stack(serve_python: Path, tmp_path_factory: pytest.TempPathFactory
+def stack(serve_python: Path, router_package: str, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[SupervisordStack]:
-    s = SupervisordStack(tmp_path_factory.mktemp("sv-e2e"), serve_python.parent.parent)
+    s = SupervisordStack(tmp_path_factory.mktemp("sv-e2e"), serve_python.parent.parent,
+                         **{"router.package": router_package})
     try:
         s.start()
         s.start_seconds = s.wait_serving(180, "the stack serves after `supervisord -c`")

@@ -30,7 +30,7 @@ BOOTSTRAP = {"prefill-0": 8998, "prefill-1": 8999}  # allocated: 8998 + index
 
 
 @pytest.fixture(scope="module")
-def stack(serve_python: Path, tmp_path_factory) -> Iterator[Stack]:
+def stack(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Stack]:
     require(nspawn_available())
     three_gpus = stack_module.host_topology
     with pytest.MonkeyPatch.context() as mp:  # Stack.up writes a 2-GPU topology by default
@@ -40,6 +40,7 @@ def stack(serve_python: Path, tmp_path_factory) -> Iterator[Stack]:
                         {"gpus": [1]}],
             "decode": {"gpus": [2]},
             "router.policy": "round_robin",  # both prefills take turns: both ports are used
+            "router.package": router_package,
         })
     yield s
     s.down()
