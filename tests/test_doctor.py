@@ -759,3 +759,27 @@ def test_only_this_hosts_engines_are_laid_on_its_topology(runner, box: Box) -> N
     result = runner.invoke(doctor, box.args(config, "--host", "gpu-b", "--json"))
     failed = [r["detail"] for r in by_check(result, "plan") if r["status"] == "failed"]
     assert failed and "decode.gpus: GPU 8 does not exist on host gpu-b" in failed[0]
+
+
+@pytest.mark.parametrize("package, versions, status, said", [
+    ("sglang-router", {"sglang-router": "0.3.2"}, "ok", "sglang-router 0.3.2 (router.package)"),
+    ("smg", {"smg": "1.13.0"}, "ok", "smg 1.13.0 (router.package)"),
+    ("smg", {"smg": "1.12.0"}, "warning", "smg 1.12.0 installed; pdsvc renders for smg==1.13.0"),
+])
+def test_doctor_names_the_router_package_and_its_version(package, versions, status,
+                                                          said) -> None:
+    from pdsvc.config import parse_config
+    from pdsvc.doctor.venv import Installed, check_router_package, requirements
+    from pdsvc.plan import build_plan
+    from pdsvc.topology import load_topology_file
+
+    repo = Path(__file__).resolve().parent.parent
+    cfg = yaml.safe_load((repo / "etc/pdsvc.yaml").read_text())
+    cfg["router"]["package"] = package
+    text = yaml.safe_dump(cfg)
+    plan = build_plan(parse_config(text, "c.yaml"),
+                      load_topology_file(repo / "etc/seed-host.topology.json"),
+                      config_source="c.yaml", config_text=text)
+    assert [r.label for r in requirements(plan)][:2] == ["sglang", package]
+    (row,) = check_router_package(plan, Installed("/py", "3.11", versions))
+    assert (row.status, row.detail) == (status, said)

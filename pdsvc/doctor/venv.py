@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .. import routers
 from ..plan import JIT_CACHE_ENV, Plan
 from .host import said
 from .probes import result_line, run_probe
@@ -34,8 +35,10 @@ class Requirement:
 
 def requirements(plan: Plan) -> list[Requirement]:
     """What the units import: SGLang, the router, and the KV transfer library."""
+    router = routers.package(plan.router.package if plan.router else routers.DEFAULT)
     reqs = [Requirement("sglang", ("sglang",), "sglang"),
-            Requirement("sglang-router", ("sglang-router", "sglang_router"), "sglang_router")]
+            Requirement(router.name, (router.name, router.name.replace("-", "_")),
+                        router.module.split(".")[0])]
     if plan.transfer_backend == "nixl":
         reqs.append(Requirement("nixl", ("nixl", "nixl-cu12", "nixl-cu13", "nixl_cu12",
                                          "nixl_cu13"), "nixl"))
@@ -106,7 +109,21 @@ def check_python(plan: Plan, installed: Installed | ProbeFailed) -> list[Row]:
     missing = [r.dists[0] for r in reqs if not versions.get(r.label)]
     if missing:
         return [fail("python", detail, f"{installed.python} -m pip install {' '.join(missing)}")]
-    return [ok("python", detail)]
+    return [ok("python", detail), *check_router_package(plan, installed)]
+
+
+def check_router_package(plan: Plan, installed: Installed) -> list[Row]:
+    """The router package the config chose (router.package), at the version pdsvc renders for;
+    the other generation installed instead is named."""
+    if plan.router is None:
+        return []
+    chosen = routers.package(plan.router.package)
+    have = installed.versions.get(chosen.name)
+    if have == chosen.version:
+        return [ok("router package", f"{chosen.name} {have} (router.package)")]
+    return [warn("router package",
+                 f"{chosen.name} {have} installed; pdsvc renders for {chosen.pin}",
+                 f"{installed.python} -m pip install {chosen.pin}")]
 
 
 def probe_env(env: Iterable[tuple[str, str]]) -> dict[str, str]:
