@@ -8,13 +8,13 @@ them, leniently: a missing or unreadable file is "unknown", never an error.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .plan import Plan
+from .runtime.statefile import read_json
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,7 @@ class PairView:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    return read_json(str(path))
 
 
 def state_dir(plan: Plan, backend: str) -> Path:

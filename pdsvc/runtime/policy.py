@@ -23,13 +23,11 @@ is a first start, never a reason to refuse one.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+
+from .statefile import read_json, write_json
 
 #: How a run ended, as the next run reads it.
 STARTING, SERVING, STOPPED, CRASHED, FAILED_START, GAVE_UP = (
@@ -73,26 +71,16 @@ class RestartPolicy:
 
     # ------------------------------------------------------------------ the file
     def _load(self) -> RunState:
-        if not self.path:
-            return RunState()
+        raw = read_json(self.path) if self.path else None
+        known = {k: v for k, v in (raw or {}).items() if k in RunState.__dataclass_fields__}
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                raw = json.load(fh)
-            known = {k: v for k, v in raw.items() if k in RunState.__dataclass_fields__}
             return RunState(**known)
-        except (OSError, ValueError, TypeError):
+        except TypeError:
             return RunState()
 
     def _save(self) -> None:
-        if not self.path:
-            return
-        directory = os.path.dirname(self.path) or "."
-        with contextlib.suppress(OSError):
-            os.makedirs(directory, mode=0o750, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".restart-", dir=directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(asdict(self.state), fh)
-            os.replace(tmp, self.path)
+        if self.path:
+            write_json(self.path, asdict(self.state))
 
     # ------------------------------------------------------------------ transitions
     def on_start(self) -> Verdict:

@@ -29,9 +29,7 @@ deployment; a heal budget (in the restart policy's file) bounds the rest.
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -39,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from .probe import START_PROBE_TIMEOUT_S, HttpReply, http_call, judge_generation
+from .statefile import write_json
 
 CANARY_PROMPT = "pdsvc pair canary"
 
@@ -188,13 +187,7 @@ class Canary:
             return
         self._saved = said
         doc = {"me": self.me, "at": self.wall(), "pairs": [asdict(s) for s in self.states.values()]}
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".canary-", dir=os.path.dirname(self.path) or ".")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh)
-            os.replace(tmp, self.path)
-        except OSError:
-            pass
+        write_json(self.path, doc)
 
 
 class CanaryThread:
