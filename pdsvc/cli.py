@@ -32,7 +32,7 @@ from .clikit import (
     usage_error_line,
     warn_plan,
 )
-from .errors import TopologyError
+from .errors import OutputError, TopologyError
 from .plan import Plan
 from .render import File, Origin, diff_bundle, hosts_index, render_systemd, write_bundle
 from .topology import format_cpulist, read_sysfs
@@ -155,6 +155,13 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         command += " --format supervisord"
         files = per_host(plan, command, lambda p: render_supervisord(p, command, p.supervisord))
         output = output or Path(f"{DEFAULT_OUTPUT}-supervisord")
+        if "%" in str(output.absolute()):
+            # supervisord expands %(here)s (the bundle's directory) before it reads `%` as its
+            # own escape (supervisor/options.py): a `%` in that path cannot be written so that
+            # supervisord reads it back
+            raise OutputError(f"{output}: a supervisord bundle cannot live in a path with '%' "
+                              "(supervisord reads it as an expansion)",
+                              hint="render into another directory (--output DIR)")
     elif fmt == "k8s":
         from .render_k8s import render_k8s
 

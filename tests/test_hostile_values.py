@@ -293,3 +293,12 @@ def test_every_pdsvc_error_is_one_line(runner, tmp_path: Path) -> None:
     result = runner.invoke(main, ["validate", "-c", str(cfg), "--topology", str(topo)])
     assert result.exit_code != 0 and result.stderr.count("\n") == 1, result.stderr
     assert "no\\nsuch\\r.json" in result.stderr
+
+
+def test_a_supervisord_bundle_in_a_percent_directory_is_refused(runner, tmp_path: Path) -> None:
+    out = tmp_path / "100% units"
+    result = runner.invoke(main, ["render", "--topology", str(SEED_FILE), "--format",
+                                  "supervisord", "-o", str(out)])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert "cannot live in a path with '%'" in result.stderr
+    assert not out.exists()
