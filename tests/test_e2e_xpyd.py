@@ -94,11 +94,15 @@ def test_2p1d_starts_and_serves_through_both_prefills(stack: Stack) -> None:
     for inst in INSTANCES:
         assert stack.prop(stack.unit(inst), "ActiveState") == "active", inst
     assert stack.prop(stack.target, "ActiveState") == "active"
-    assert workers(stack) == [
+    # each engine posted itself before its READY=1; smg queues an add and lists the worker
+    # once its own health check passed (sglang-router 0.3.2 at once)
+    want = [
         ("decode", "http://127.0.0.1:30001", None, True),
         ("prefill", "http://127.0.0.1:30000", 8998, True),
         ("prefill", "http://127.0.0.1:30002", 8999, True),
     ]
+    stack.c.wait_for(lambda: workers(stack) == want, 10, interval=0.2,
+                     what=f"the router lists {want}")
     seen = set()
     for i in range(6):
         ok, body = generate(stack, f"hello {i}")
