@@ -28,9 +28,10 @@ SYSTEMD_MIN = 245
 #: The topology of a plan without a host: a scheduler (Kubernetes) places the engines.
 UNPLACED = "none: placed by the scheduler"
 
-#: Every JIT/compile cache the engines use, as (env var, subdirectory of runtime.jit_cache).
-#: sglang-facts.md §2.4. SGLANG_DG_CACHE_DIR is mirrored into DG_JIT_CACHE_DIR by SGLang at
-#: import, but DeepGEMM may read DG_JIT_CACHE_DIR first, so both are set to the same directory.
+#: Every JIT/compile cache the engines use, as (env var, subdirectory of runtime.jit_cache)
+#: (sglang/srt/environ.py and each library's own cache variable). SGLANG_DG_CACHE_DIR is
+#: mirrored into DG_JIT_CACHE_DIR by SGLang at import, but DeepGEMM may read
+#: DG_JIT_CACHE_DIR first, so both are set to the same directory.
 JIT_CACHE_ENV: tuple[tuple[str, str], ...] = (
     ("TRITON_CACHE_DIR", "triton"),
     ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
@@ -584,7 +585,8 @@ def _engine(
         env.update({k: _env_str(v) for k, v in hc.env.items()})
 
     tp = role_cfg.tp or len(role_cfg.gpus) * nnodes
-    # one role's rank 0 is every rank's rendezvous (sglang-facts §6.1: per role, not shared)
+    # one role's rank 0 is every rank's rendezvous (SGLang's --dist-init-addr: each engine's
+    # own torch.distributed rendezvous, per role, not shared)
     dist_init_addr = f"{leader}:{role_cfg.dist_init_port}"
     model_args = ["--model-path", config.model.path]
     if config.model.served_name:
@@ -704,7 +706,8 @@ def _router(
         after=tuple(e.unit for e in engines if e.machine == machine),
         machine=machine,
         launcher=(python, "-m", module),
-        # always with its port: a bare URL sends bootstrap_port=null (sglang-facts fact 4)
+        # always with its port: a bare URL sends bootstrap_port=null (sglang-router's PD
+        # request takes bootstrap_port from the CLI, src/routers/http/pd_router.rs)
         prefills=tuple((e.url, e.bootstrap_port) for e in engines if e.role == "prefill"),
         decodes=tuple(e.url for e in engines if e.role == "decode"),
         options=tuple(options),

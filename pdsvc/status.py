@@ -12,8 +12,8 @@ Two layers, kept apart so that a service manager is one class:
 
 Serving means: every service unit of the plan is active and the router's `/readiness` is 200
 (sglang-router 0.3.2 answers 200 only with at least one healthy prefill and one healthy decode,
-router-lab §5). Nothing here raises when systemd or an endpoint cannot be reached: each such
-fact becomes a row that says why.
+as its /readiness handler does). Nothing here raises when systemd or an endpoint cannot be
+reached: each such fact becomes a row that says why.
 
 `--backend auto` (the default) asks the manager the config's `format` renders for.
 """
@@ -466,7 +466,7 @@ class Worker:
 
 def parse_workers(body: str) -> tuple[Worker, ...]:
     """sglang-router 0.3.2 `/workers`: `{"workers": [{"url", "worker_type", "is_healthy", …}],
-    "stats": …}` (router-lab §5). ValueError when the body is not that."""
+    "stats": …}` (sglang-router's GET /workers). ValueError when the body is not that."""
     doc = json.loads(body)
     items = doc.get("workers") if isinstance(doc, dict) else None
     if not isinstance(items, list):

@@ -106,7 +106,7 @@ class Endpoint:
 
 
 def workers_body(*workers: tuple[str, str, bool]) -> str:
-    """sglang-router 0.3.2's /workers (router-lab §5), for (type, url, healthy) triples."""
+    """The router's GET /workers (sglang-router 0.3.2 and smg), for (type, url, healthy)."""
     items = [{"id": url, "url": url, "model_id": "fake-model", "worker_type": kind,
               "is_healthy": healthy, "load": 0, "connection_mode": "Http",
               **({"bootstrap_port": 8998} if kind == "prefill" else {}),

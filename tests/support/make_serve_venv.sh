@@ -38,7 +38,7 @@ sglang_pin="sglang==0.5.23"
 router_pin="sglang-router==0.3.2"
 smg_pin="smg==1.13.0"
 supervisor_pin="supervisor==4.3.0"
-# What SGLang 0.5.23's parser imports (found one missing module at a time; router-lab §8).
+# What SGLang 0.5.23's parser imports (found one missing module at a time).
 light_deps=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec
             pydantic pyzmq tqdm IPython aiohttp huggingface_hub
             click jinja2 pyyaml)  # + what pdsvc itself needs, to run `pdsvc status` inside

@@ -62,7 +62,8 @@ def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
             "health_check": {"interval_secs": 1, "timeout_secs": 1, "failure_threshold": 1,
                              "success_threshold": 1},
             "args": {"disable-circuit-breaker": True, "request-timeout-secs": 10},
-            # never reach for a hub: the router's tokenizer autoload (router-lab §3.3)
+            # never reach for a hub: the router's tokenizer autoload (the Rust hf_hub crate
+            # reads HF_ENDPOINT)
             "env": {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": 1},
         },
         "lifecycle": {
