@@ -125,7 +125,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(sd_escape=sd_escape, sd_exec=sd_exec, sd_env=sd_env, sd_word=sd_word,
-                       sd_list_item=sd_list_item, il_field=il_field)
+                       sd_list_item=sd_list_item, il_field=il_field, printable=printable)
     return env
 
 
