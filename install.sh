@@ -12,8 +12,8 @@
 # Usage: sudo ./install.sh [options]
 #   --bundle DIR      the rendered bundle (default: units/ beside this script)
 #   --config FILE     the config the bundle was rendered from, to check that the bundle is
-#                     current (default: the Source: path in install.list; if that is not here,
-#                     the file of that name beside the bundle directory)
+#                     current (default: the config path install.list records; if that is not
+#                     here, the file of that name beside the bundle directory)
 #   --unit-dir DIR    where units go (default: /etc/systemd/system)
 #   --start           start the target after installing, and fail unless every unit is active
 #   --force           replace (or with --uninstall: remove) files edited in place; diff shown
