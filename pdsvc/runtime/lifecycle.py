@@ -274,11 +274,17 @@ class Unit:
         ):
             log(f"stopped while waiting for {', '.join(a.wait_for)}")
             return 0
+        # back off first: a crash in a row waits before it holds the GPUs' check or the JIT
+        # compile lock, which other engines may be waiting for
+        if not self.backoff():
+            log(f"stopped before the {self.role} was started")
+            self.policy.on_stop("stopped before the start")
+            return 0
         for step in (self.setup_membership, self.wait_gpus, self.jit_lock):
             refused = step()
             if refused is not None:
                 return refused
-        if not self.backoff() or child.stopping():
+        if child.stopping():
             log(f"stopped before the {self.role} was started")
             self.policy.on_stop("stopped before the start")
             return 0
