@@ -200,7 +200,13 @@ class Unit:
         try:
             key = read_key(a.control_plane_key)
         except (OSError, ValueError) as exc:
-            self.log(f"cannot read the router's control-plane key: {exc}")
+            why = f"cannot read the router's control-plane key: {exc}"
+            self.log(why)
+            gave_up = self.policy.on_failed_start(why)  # a config problem: it counts
+            if gave_up:
+                self.log(gave_up)
+                self.notifier.status(gave_up)
+                return EXIT_GAVE_UP
             return EXIT_USAGE
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
         self.membership = Membership(a.router, worker, key, self.log)
