@@ -12,8 +12,8 @@
 # Usage: sudo ./install.sh [options]
 #   --bundle DIR      the rendered bundle (default: units/ beside this script)
 #   --config FILE     the config the bundle was rendered from, to check that the bundle is
-#                     current (default: the Source: path in install.list; if that is not here,
-#                     the file of that name beside the bundle directory)
+#                     current (default: the config path install.list records; if that is not
+#                     here, the file of that name beside the bundle directory)
 #   --unit-dir DIR    where units go (default: /etc/systemd/system)
 #   --start           start the target after installing, and fail unless every unit is active
 #   --force           replace (or with --uninstall: remove) files edited in place; diff shown
@@ -113,7 +113,7 @@ dry_note() { if [ "$DRY" = 1 ]; then printf ' (dry run: nothing changes)'; fi; }
 
 # Parse install.list into globals (tab-separated; see the renderer's template).
 read_list() {
-    NAME="" TARGET="" SVC_USER="" SVC_GROUP="" STATE_HOME=""
+    NAME="" TARGET="" SVC_USER="" SVC_GROUP="" STATE_HOME="" CONFIG_SRC="" CONFIG_SHA=""
     UNITS=() FILES=() DIRS=() ENVFILES=() SECRETS=()
     local kind a b c d
     while IFS=$'\t' read -r kind a b c d; do
@@ -121,6 +121,7 @@ read_list() {
             ''|'#'*) ;;
             name) NAME="$a" ;;
             target) TARGET="$a" ;;
+            config) CONFIG_SRC="$a" CONFIG_SHA="$b" ;;
             user) SVC_USER="$a"; SVC_GROUP="$b"; STATE_HOME="$c" ;;
             unit) UNITS+=("$a") ;;
             file) FILES+=("$a	$b	$c") ;;
@@ -217,11 +218,14 @@ on_exit() {
 
 # by_depth LINE...: manifest lines, deepest path first
 by_depth() {
-    local e p n
+    local e p n max=0
+    local -A at=()
     for e in "$@"; do
         p="${e#*	}"; p="${p%%	*}"; n="${p//[!\/]/}"
-        printf '%d\t%s\n' "${#n}" "$e"
-    done | sort -s -t $'\t' -k1,1nr | cut -f2-
+        at[${#n}]+="$e"$'\n'
+        if [ "${#n}" -gt "$max" ]; then max="${#n}"; fi
+    done
+    for ((n = max; n >= 0; n--)); do printf '%s' "${at[$n]:-}"; done
 }
 
 # empty_after DIR: DIR is empty — or, in a dry run, would be once what we remove is gone
@@ -246,11 +250,11 @@ remove_dir_if_empty() {
 }
 
 # ---------------------------------------------------------------------------- checks
-# Refuse a bundle rendered from an older config: the header records the config's sha256.
+# Refuse a bundle rendered from an older config: install.list's `config` line records the
+# config's path and sha256, as data.
 check_fresh() {
     local here="$1" bundle="$2" config="$3" src want have parent cand
-    src="$(sed -n 's/^# Source: \(.*\) (sha256 \([0-9a-f]*\)).*/\1/p' "$LIST" | head -n1)"
-    want="$(sed -n 's/^# Source: .* (sha256 \([0-9a-f]*\)).*/\1/p' "$LIST" | head -n1)"
+    src="$CONFIG_SRC" want="$CONFIG_SHA"
     if [ -z "$want" ]; then
         warn "$LIST records no config checksum: cannot tell whether the bundle is current"
         return 0

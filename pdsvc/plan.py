@@ -183,6 +183,12 @@ class Plan:
         router = (self.router.unit,) if self.router else ()
         return tuple(dict.fromkeys((*(e.unit for e in self.engines), *router)))
 
+    @property
+    def gate(self) -> str:
+        """The oneshot the target Requires=: it fails when a unit of the target did not become
+        active, so `systemctl start TARGET` exits non-zero (Wants= alone never fails)."""
+        return f"{self.name}-pd-ready.service"
+
     def host(self, name: str) -> HostPlan:
         for h in self.hosts:
             if h.name == name:

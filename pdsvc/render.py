@@ -125,7 +125,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(sd_escape=sd_escape, sd_exec=sd_exec, sd_env=sd_env, sd_word=sd_word,
-                       sd_list_item=sd_list_item, il_field=il_field)
+                       sd_list_item=sd_list_item, il_field=il_field, printable=printable)
     return env
 
 
@@ -237,7 +237,8 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
     env = _environment()
     ctx = {"plan": plan, "header": header_lines(plan, command),
            "runtime_modules": runtime_modules()}
-    files = [File(plan.target, env.get_template("systemd/target.j2").render(**ctx))]
+    files = [File(plan.target, env.get_template("systemd/target.j2").render(**ctx)),
+             File(plan.gate, env.get_template("systemd/gate.service.j2").render(**ctx))]
     poll = ["--poll-interval", POLL_INTERVAL]
     for e in plan.engines:
         # the drains the runtime begins itself (a heal, a peer's restart) are bound as a

@@ -1,6 +1,7 @@
 """Intent assertions, Quadlet style: each tests/cases/*.yaml is a config plus `## verb …` lines.
 
-Verbs (unit = prefill | decode | router | target, or an instance: prefill-0, decode-1, …):
+Verbs (unit = prefill | decode | router | target | gate (NAME-pd-ready.service), or an
+instance: prefill-0, decode-1, …):
   host: NAME                         fixture host from tests/support/sysfs.py
   assert-units U...                  exactly these services are rendered (besides the target)
   assert-key UNIT SECTION KEY V...   some KEY= line equals the words V... joined by spaces
@@ -67,7 +68,8 @@ def test_case(case: Path, sysfs_hosts: dict[str, Path], runner, tmp_path: Path) 
     assert result.exit_code == 0, result.output + result.stderr
     name = next(p.name for p in out.glob("*.target")).removesuffix("-pd.target")
     files = {p.name.removeprefix(f"{name}-").removesuffix(".service"): p
-             for p in out.glob(f"{name}-*.service")}
+             for p in out.glob(f"{name}-*.service") if p.name != f"{name}-pd-ready.service"}
+    files["gate"] = out / f"{name}-pd-ready.service"
     files["target"] = out / f"{name}-pd.target"
     units = {k: parse_unit(v.read_text()) for k, v in files.items()}
 
@@ -87,7 +89,7 @@ def test_case(case: Path, sysfs_hosts: dict[str, Path], runner, tmp_path: Path) 
 
     for verb, *args in directives:
         if verb == "assert-units":
-            assert sorted(files) == sorted([*args, "target"]), sorted(files)
+            assert sorted(files) == sorted([*args, "target", "gate"]), sorted(files)
         elif verb == "assert-key":
             unit, section, key, *want = args
             got = values(unit, section, key)

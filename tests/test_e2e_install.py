@@ -112,7 +112,7 @@ def live_state(stack: Stack, units: list[str]) -> dict[str, tuple[str, str, str]
 
 
 def all_units(stack: Stack) -> list[str]:
-    return [stack.target, *stack.units]
+    return [stack.target, f"{stack.name}-pd-ready.service", *stack.units]
 
 
 def reloads(stack: Stack) -> int:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pdsvc.config import parse_config
+from pdsvc.encode import printable
 from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
 from pdsvc.render import render_systemd, router_command
@@ -154,7 +155,9 @@ def _check_service(plan: Plan, svc: dict[str, list[str]], env: list, argv: list[
 
 def check_install_list(plan: Plan, path: Path) -> None:
     rows = install_list_rows(path)
-    assert rows[:3] == [["name", plan.name], ["target", plan.target],
+    assert rows[:4] == [["name", plan.name],
+                        ["config", printable(plan.config_source), plan.config_sha256],
+                        ["target", plan.target],
                         ["user", plan.user, plan.group, plan.paths.state_dir]]
     assert ["file", "runtime/cli.py", f"{plan.paths.supervisor}/cli.py", "0644", "root"] in rows
     assert ["dir", plan.paths.jit_cache, "-", "0750", f"{plan.user}:{plan.group}"] in rows

@@ -79,7 +79,8 @@ def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir() if p.name[0] != ".") == [
         "gpu-a", "gpu-b", "hosts.list", "lb"]
     assert sorted(p.name for p in (out / "lb").iterdir()) == [
-        "dsv4-pd.target", "dsv4-router.service", "install.list", "runtime"]
+        "dsv4-pd-ready.service", "dsv4-pd.target", "dsv4-router.service", "install.list",
+        "runtime"]
     assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
     decode = (out / "gpu-b/dsv4-decode.service").read_text()
     assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3 --" in decode
@@ -267,7 +268,7 @@ def test_install_sh_takes_one_hosts_bundle_and_explains_the_layout(
     assert one.returncode == 0, one.stderr
     units = dest / "etc/systemd/system"
     assert sorted(p.name for p in units.iterdir() if p.is_file()) == [
-        "dsv4-pd.target", "dsv4-prefill.service"]
+        "dsv4-pd-ready.service", "dsv4-pd.target", "dsv4-prefill.service"]
 
 
 def test_coupling_is_per_host_partof_plus_a_watch_of_the_remote_prefills() -> None:

@@ -32,18 +32,20 @@ from ports import free_port
 
 import pdsvc.status as status_mod
 from pdsvc.plan import RouterPlan
-from pdsvc.status import (
-    CLEAR_SCREEN,
+from pdsvc.service_managers import (
     UNIT_PROPERTIES,
     ServiceState,
     SupervisordBackend,
     SystemdBackend,
+    state_from_process_info,
+    state_from_show,
+)
+from pdsvc.status import (
+    CLEAR_SCREEN,
     client_url,
     http_get,
     human_age,
     parse_workers,
-    state_from_process_info,
-    state_from_show,
     status,
     watch,
 )
