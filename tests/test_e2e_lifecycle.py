@@ -185,7 +185,8 @@ def test_broken_engine_gives_up_after_its_tries_with_a_one_line_reason(
         serve_python: Path, tmp_path: Path) -> None:
     require(nspawn_available())
     s = Stack.up(tmp_path, serve_python.parent.parent, start=False,
-                 **{"model.path": "/srv/e2e/no-such-model"})
+                 **{"model.path": "/srv/e2e/no-such-model",
+                    "lifecycle.start_timeout_secs": 15})  # the router's wait for a pair
     try:
         # --no-block: the router would wait for a ready pair until its TimeoutStartSec
         s.c.run(["systemctl", "start", "--no-block", s.target])
@@ -204,5 +205,10 @@ def test_broken_engine_gives_up_after_its_tries_with_a_one_line_reason(
         assert [line for line in status.splitlines() if reason in line][0].count(error) == 1
         assert journal.count(f"Starting {unit}") == s.plan["lifecycle"]["start_attempts"]
         assert s.prop(s.unit("router"), "ActiveState") != "active"
+        # a script can trust `systemctl start`: it fails when a unit did not become active
+        # (the target Requires= the gate, which checks every unit once their starts ended)
+        r = s.c.run(["systemctl", "start", s.target], check=False, timeout=90)
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert "e2e-pd-ready.service" in s.c.journal("e2e-pd-ready.service")
     finally:
         s.down()

@@ -38,7 +38,7 @@ def checked(serve_python: Path, sysfs_hosts) -> list[tuple[str, str, list[str], 
         src = _host(case, sysfs_hosts)
         plan = load_plan(case, src.get("sysfs"), src.get("topology"))
         for f in render_systemd(plan, "test"):
-            if not f.path.endswith(".service"):
+            if not f.path.endswith(".service") or f.path.endswith("-pd-ready.service"):
                 continue
             words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
             argv = launched_argv(words[words.index("--") + 1:])
@@ -116,7 +116,7 @@ def test_several_hosts_and_k8s_command_lines_parse(serve_python: Path, tmp_path:
     items: list[tuple[str, str, list[str]]] = []
     for h in plan.hosts:
         for f in render_systemd(plan.for_host(h.name), "test"):
-            if f.path.endswith(".service"):
+            if f.path.endswith(".service") and not f.path.endswith("-pd-ready.service"):
                 words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
                 argv = launched_argv(words[words.index("--") + 1:])
                 kind = ROUTER_KINDS[argv[2]] if f.path.endswith("-router.service") else "sglang"

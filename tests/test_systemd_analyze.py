@@ -39,7 +39,7 @@ def test_default_bundle_verify_and_security(tmp_path: Path) -> None:
     plan, _ = _render(REPO / "etc/pdsvc.yaml", tmp_path,
                       topology=REPO / "etc/seed-host.topology.json")
     assert verify(tmp_path / "root", plan) == ""
-    scores = {unit: security(tmp_path / "root", unit) for unit in plan.units}
+    scores = {unit: security(tmp_path / "root", unit) for unit in (plan.gate, *plan.units)}
     assert all(score <= 4.0 for score in scores.values()), scores
 
 

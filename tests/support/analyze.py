@@ -31,9 +31,9 @@ def scratch_root(root: Path, plan: Plan, bundle: Path) -> Path:
     shutil.copytree(SYSTEM_UNITS, root / "usr/lib/systemd/system", symlinks=True)
     unit_dir = root / "etc/systemd/system"
     unit_dir.mkdir(parents=True)
-    for unit in (plan.target, *plan.units):
+    for unit in (plan.target, plan.gate, *plan.units):
         shutil.copy(bundle / unit, unit_dir / unit)
-    for exe in {plan.python, plan.router.python}:
+    for exe in {plan.python, plan.router.python, "/usr/bin/systemctl"}:
         dest = root / exe.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy("/usr/bin/true", dest)
@@ -46,7 +46,7 @@ def scratch_root(root: Path, plan: Plan, bundle: Path) -> Path:
 def verify(root: Path, plan: Plan) -> str:
     """All output of systemd-analyze verify ('' means clean)."""
     proc = subprocess.run(
-        ["systemd-analyze", "verify", f"--root={root}", plan.target, *plan.units],
+        ["systemd-analyze", "verify", f"--root={root}", plan.target, plan.gate, *plan.units],
         capture_output=True, text=True, timeout=60, cwd=root / "etc/systemd/system",
     )
     out = (proc.stdout + proc.stderr).strip()

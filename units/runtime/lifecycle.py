@@ -201,7 +201,13 @@ class Unit:
         try:
             key = read_key(a.control_plane_key)
         except (OSError, ValueError) as exc:
-            self.log(f"cannot read the router's control-plane key: {exc}")
+            why = f"cannot read the router's control-plane key: {exc}"
+            self.log(why)
+            gave_up = self.policy.on_failed_start(why)  # a config problem: it counts
+            if gave_up:
+                self.log(gave_up)
+                self.notifier.status(gave_up)
+                return EXIT_GAVE_UP
             return EXIT_USAGE
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
         self.membership = Membership(a.router, worker, key, self.log)
@@ -275,11 +281,17 @@ class Unit:
         ):
             log(f"stopped while waiting for {', '.join(a.wait_for)}")
             return 0
+        # back off first: a crash in a row waits before it holds the GPUs' check or the JIT
+        # compile lock, which other engines may be waiting for
+        if not self.backoff():
+            log(f"stopped before the {self.role} was started")
+            self.policy.on_stop("stopped before the start")
+            return 0
         for step in (self.setup_membership, self.wait_gpus, self.jit_lock):
             refused = step()
             if refused is not None:
                 return refused
-        if not self.backoff() or child.stopping():
+        if child.stopping():
             log(f"stopped before the {self.role} was started")
             self.policy.on_stop("stopped before the start")
             return 0
