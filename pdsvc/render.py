@@ -186,7 +186,7 @@ def policy_flags(plan: Plan, state_dir: str) -> list[str]:
     that outlives a restart, not a reboot (a boot is a first start), and leaves no file behind
     on disk."""
     lc = plan.lifecycle
-    return ["--state-dir", state_dir,
+    return ["--state-dir", state_dir, "--start-timeout", str(lc["start_timeout_secs"]),
             "--restart-delay", str(lc["restart_secs"]),
             "--restart-max-delay", str(lc["restart_backoff_max_secs"]),
             "--restart-reset", str(lc["restart_reset_secs"]),

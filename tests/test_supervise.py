@@ -1009,3 +1009,20 @@ def test_runtime_imports_only_the_standard_library() -> None:
     stdlib = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
     assert "runtime" in out
     assert [name for name in out if name not in stdlib | {"runtime", "__main__"}] == []
+
+
+def test_a_start_past_its_deadline_is_stopped_and_counts_as_a_failed_start(procs, tmp_path):
+    """--start-timeout: the runtime's own start deadline (before systemd's TimeoutStartSec=,
+    whose SIGTERM looks like any stop): the child is stopped, the start counts, and the last
+    of --start-attempts gives up with 78."""
+    port, events = free_port(), tmp_path / "child.jsonl"
+    codes = []
+    for _ in range(2):
+        proc = procs.start(engine_args(port, "dsv4-prefill", "--start-timeout", "1",
+                                       "--state-dir", str(tmp_path), "--start-attempts", "2",
+                                       "--", *procs.child(port, events, "--healthy-after", "60")))
+        codes.append(procs.wait(proc))
+    assert codes == [1, 78]
+    assert "not healthy within --start-timeout 1 s" in procs.log(proc)
+    assert "gave up after 2 starts in a row that never became healthy" in procs.log(proc)
+    assert [e["event"] for e in read_events(events)].count("sigterm") == 2  # stopped, not left

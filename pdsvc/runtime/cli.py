@@ -185,6 +185,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "unit's StateDirectory= (default: keep nothing, every start is a first start)",
     )
     common.add_argument(
+        "--start-timeout", type=_positive_float, metavar="S",
+        help="a start not healthy within S seconds is stopped and counts as a failed start "
+        "(see --start-attempts); the units pass lifecycle.start_timeout_secs and give systemd's "
+        "TimeoutStartSec= a stop's time more, so this fires first (default: no deadline)",
+    )
+    common.add_argument(
         "--restart-delay", type=_positive_float, default=1.0, metavar="S",
         help="the unit's RestartSec=: a crash's restart waits S, the next crash in a row 2*S, "
         "then 4*S... (the extra wait is ours: systemd 252 has no RestartSteps=) "

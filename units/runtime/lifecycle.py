@@ -302,11 +302,21 @@ class Unit:
             why = self.policy.on_failed_start(f"cannot execute {self.command[0]}")
             return EXIT_GAVE_UP if why else failed
         self.notifier.status(f"waiting for {what}")
+        started = time.monotonic()
+
+        def late() -> bool:
+            return a.start_timeout is not None and time.monotonic() - started >= a.start_timeout
+
         outcome = wait_until_healthy(
             probe, child.wait, what=what, log=log, status=self.notifier.status,
             poll_interval=a.poll_interval, progress_every=a.progress_every,
-            should_stop=child.stopping, started=time.monotonic(),
+            should_stop=lambda: child.stopping() or late(), started=started,
         )
+        if outcome.kind == "stop" and not child.stopping():
+            # our own start deadline, before systemd's TimeoutStartSec= (whose SIGTERM would
+            # look like any stop): a start that never got healthy, and counts as one
+            outcome = Outcome("late", elapsed=time.monotonic() - started,
+                              detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
         served = outcome.kind == "healthy"
         if served:
             outcome = self.serve(outcome, liveness_url)
@@ -349,11 +359,11 @@ class Unit:
             self.canary.stop()
         if self.membership is not None and child.process is not None:
             self.membership.leave()  # first: no new request reaches an engine that drains
-        own_stop = outcome.kind in ("peer", "heal")
+        own_stop = outcome.kind in ("peer", "heal", "late")
         if own_stop:
             assert child.process is not None
-            why = ("restarting with its peer" if outcome.kind == "peer"
-                   else "restarting to heal its pair")
+            why = {"peer": "restarting with its peer", "heal": "restarting to heal its pair",
+                   "late": "giving up this start"}[outcome.kind]
             log(f"{outcome.detail}; {why}: stopping the {role} (SIGTERM) and exiting "
                 f"{EXIT_PEER} so that the process manager restarts it")
             self.notifier.status(f"{why}: {outcome.detail}")
@@ -398,6 +408,13 @@ class Unit:
             verdict = "a clean stop" if code == 0 else "a failed stop"
             log(f"after {stop_name}: treating it as {verdict}; exiting {code}")
             return code
+        if outcome.kind == "late":
+            gave_up = self.policy.on_failed_start(outcome.detail)
+            if gave_up:
+                log(gave_up)
+                self.notifier.status(gave_up)
+                return EXIT_GAVE_UP
+            return EXIT_REFUSED
         if own_stop:
             self.policy.on_stop(outcome.detail)
             return EXIT_PEER
