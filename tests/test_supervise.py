@@ -922,7 +922,7 @@ def test_peer_watch_tells_a_restart_from_slowness(script, restarts_at) -> None:
         assert "http://10.0.0.2:30000/health is back after 3 failed probes" in said[at - 1]
 
 
-def test_liveness_loop_ends_when_a_peer_restarted() -> None:
+def test_liveness_loop_ends_when_a_duty_says_a_peer_restarted() -> None:
     clock = FakeClock()
 
     def child_wait(timeout: float):
@@ -934,7 +934,9 @@ def test_liveness_loop_ends_when_a_peer_restarted() -> None:
     outcome = sup.liveness_loop(
         lambda: sup.ProbeResult(True, "HTTP 200"), child_wait, interval=1.0, log=lambda m: None,
         notify=lambda *f: None, serving_status="serving", should_stop=lambda: False,
-        clock=clock, peers=watch,
+        clock=clock,
+        duties=lambda alive: (sup.Outcome("peer", detail=why) if (why := watch.check())
+                              else None),
     )
     assert outcome.kind == "peer" and "http://p/health is back" in outcome.detail
 

@@ -18,6 +18,7 @@ is read from a file (a systemd credential) and never logged.
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -170,8 +171,6 @@ def read_key(spec: str | None, env: dict[str, str] | None = None) -> str | None:
     with a message that never contains the key."""
     if not spec:
         return None
-    import os
-
     env = dict(os.environ) if env is None else env
     if spec.startswith("credential:"):
         directory = env.get("CREDENTIALS_DIRECTORY")

@@ -138,13 +138,11 @@ def liveness_loop(
     should_stop: Callable[[], bool],
     clock: Clock = time.monotonic,
     hang_after: float | None = None,
-    peers: PeerWatch | None = None,
     duties: Callable[[bool], Outcome | None] | None = None,
 ) -> Outcome:
-    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``peers``: checked once
-    per interval too; a restarted peer ends the loop as ``"peer"``. ``duties``: called about
-    once a second with whether the last liveness probe passed (router membership, the pair
-    canary's verdicts); an Outcome it returns ends the loop.
+    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``duties``: called about
+    once a second with whether the last liveness probe passed (the peer watch, router
+    membership, the pair canary's verdicts); an Outcome it returns ends the loop.
 
     A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
     systemd kills and restarts the unit. Returns when the child exits or a stop arrives.
@@ -196,9 +194,6 @@ def liveness_loop(
             notify(
                 f"STATUS=liveness probe failing ({failures}x, no watchdog ping): {result.detail}"
             )
-        restarted = peers.check() if peers is not None else None
-        if restarted:
-            return Outcome("peer", detail=restarted)
 
 
 def wait_for_urls(
