@@ -154,6 +154,15 @@ class Paths:
 
 
 @dataclass(frozen=True)
+class KvCheck:
+    """What `pdsvc doctor --kv` moves between each prefill and decode (transfer.kv_check_*)."""
+
+    bytes: int = 256 << 20
+    blocks: int = 64
+    min_gbps: float | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     target: str
@@ -176,6 +185,7 @@ class Plan:
     supervisord: dict = field(default_factory=dict)  # config.supervisord, for that bundle
     hosts: tuple[HostPlan, ...] = ()  # several hosts; () for one (engines on loopback)
     k8s: dict = field(default_factory=dict)  # config.k8s, for the manifests
+    kv_check: KvCheck = field(default_factory=KvCheck)
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -272,7 +282,7 @@ def plan_from_dict(d: dict) -> Plan:
         read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
         format=d["format"], supervisord=dict(d["supervisord"]),
         hosts=tuple(HostPlan(**{**h, "units": tuple(h["units"])}) for h in d["hosts"]),
-        k8s=dict(d["k8s"]),
+        k8s=dict(d["k8s"]), kv_check=KvCheck(**d.get("kv_check", {})),
     )
 
 
@@ -394,6 +404,8 @@ def build_plan(
         user=config.runtime.user,
         group=config.runtime.group,
         transfer_backend=config.transfer.backend,
+        kv_check=KvCheck(config.transfer.kv_check_bytes, config.transfer.kv_check_blocks,
+                         config.transfer.kv_check_min_gbps),
         paths=paths,
         engines=tuple(engines),
         router=router,
