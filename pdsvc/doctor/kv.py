@@ -163,8 +163,11 @@ def _launcher(plan: Plan, how: str, seq: int) -> Callable[[EnginePlan, list[str]
     return launch
 
 
-def check_kv(whole: Plan, here: Plan, host: Host, how: str = "auto") -> list[Row]:
-    """One row per pair this host takes part in, after running its half or both."""
+def check_kv(whole: Plan, here: Plan, host: Host, how: str = "auto",
+             gpus_here: bool | None = None, keep: Path | None = None) -> list[Row]:
+    """One row per pair this host takes part in, after running its half or both.
+    ``gpus_here``: whether this host has NVIDIA GPUs (default: /dev/nvidiactl exists);
+    ``keep``: a directory to copy each half's output into (UCX's own lines included)."""
     if whole.transfer_backend != "nixl":
         return [ok("kv path", f"transfer.backend is {whole.transfer_backend}: "
                    "the KV check runs NIXL only")]
@@ -173,15 +176,19 @@ def check_kv(whole: Plan, here: Plan, host: Host, how: str = "auto") -> list[Row
     if not todo:
         return []
     how = choose_launcher(host, how)
+    if gpus_here is None:
+        gpus_here = Path("/dev/nvidiactl").exists()
     rows = []
     for seq, (p, d) in enumerate(todo):
         rows.append(_check_pair(whole, p, d, p.name in mine, d.name in mine,
-                                _launcher(here, how, seq), how))
+                                _launcher(here, how, seq), how, gpus_here,
+                                keep / f"{seq}-{p.name}-{d.name}" if keep else None))
     return rows
 
 
 def _check_pair(plan: Plan, p: EnginePlan, d: EnginePlan, run_p: bool, run_d: bool,
-                launch: Callable[[EnginePlan, list[str], dict], Launch], how: str) -> Row:
+                launch: Callable[[EnginePlan, list[str], dict], Launch], how: str,
+                gpus_here: bool, keep: Path | None) -> Row:
     name = f"kv {p.name}→{d.name}"
     same_host = run_p and run_d
     listen = "127.0.0.1:0" if same_host else f"{_address(plan, d)}:{d.port}"
@@ -208,12 +215,14 @@ def _check_pair(plan: Plan, p: EnginePlan, d: EnginePlan, run_p: bool, run_d: bo
             got = initiator.finish(bound)
             if target is not None:
                 target.finish(10)
-            return _judge(plan, name, p, d, got, same_host, how)
+            return _judge(plan, name, p, got, same_host, how, gpus_here)
         finally:
             for half in (target, initiator):
                 if half is not None and half.proc.poll() is None:
                     os.killpg(half.proc.pid, 9)
                     half.proc.wait()
+            if keep:
+                shutil.copytree(work, keep, dirs_exist_ok=True)
 
 
 def _env_of(result: HalfResult | None, e: EnginePlan) -> dict[str, str]:
@@ -260,8 +269,8 @@ def _judge_target(name: str, p: EnginePlan, got: HalfResult) -> Row:
               "(the rate and transport are on the prefill's host)")
 
 
-def _judge(plan: Plan, name: str, p: EnginePlan, d: EnginePlan, got: HalfResult,
-           same_host: bool, how: str) -> Row:
+def _judge(plan: Plan, name: str, p: EnginePlan, got: HalfResult, same_host: bool, how: str,
+           gpus_here: bool) -> Row:
     r = got.result
     if not r or not r.get("ok"):
         return _failed(name, "the transfer", got, p, how)
@@ -283,6 +292,10 @@ def _judge(plan: Plan, name: str, p: EnginePlan, d: EnginePlan, got: HalfResult,
         return warn(name, f"{what}: GPU KV over TCP between hosts",
                     "set hosts.NAME.ucx_net_devices to the RDMA NIC beside the GPUs "
                     "(`pdsvc plan` lists them)")
+    if r["kind"] == "DRAM" and gpus_here and p.gpus:
+        return warn(name, f"{what}: the halves saw no GPU, though this host has them",
+                    "the unit's device policy hides the GPUs (DevicePolicy=/PrivateDevices= in a "
+                    "drop-in): allow /dev/nvidia*")
     floor = plan.kv_check.min_gbps
     if floor is not None and r["gbps"] < floor:
         return warn(name, f"{what}: under transfer.kv_check_min_gbps {floor:g}",

@@ -63,7 +63,10 @@ class Blocks:
         self.block = total // blocks
         self.count = blocks
         self.torch = None
-        if mem in ("auto", "vram"):
+        # no /dev/nvidiactl: no GPU is visible here (none, or a device policy hides them), and
+        # importing torch to learn that would cost seconds
+        if mem == "vram" or (mem == "auto" and os.path.exists("/dev/nvidiactl")
+                             and os.environ.get("CUDA_VISIBLE_DEVICES") != ""):
             try:
                 import torch
 
@@ -73,6 +76,7 @@ class Blocks:
                 pass
             if mem == "vram" and self.torch is None:
                 raise RuntimeError("--mem vram: torch sees no GPU in this environment")
+        self._base = self._arange()
         if self.torch is not None:
             self.buf = self.torch.zeros(self.block * blocks, dtype=self.torch.uint8,
                                         device="cuda:0")
@@ -87,13 +91,19 @@ class Blocks:
     def descs(self) -> list[tuple[int, int, int]]:
         return [(self.addr + i * self.block, self.block, self.device) for i in range(self.count)]
 
-    def _pattern(self, seed: int, i: int):  # noqa: ANN202 - numpy or torch, whichever is here
+    def _arange(self):  # noqa: ANN202 - numpy or torch, whichever is here
+        """i * 131 mod 251 for each byte of a block, made once (as int16: room to add to)."""
         if self.torch is not None:
             t = self.torch
-            idx = t.arange(self.block, dtype=t.int32, device="cuda:0")
-            return ((idx * 131 + (seed + i * 7919)) % 251).to(t.uint8)
-        idx = self.np.arange(self.block, dtype=self.np.int64)
-        return ((idx * 131 + (seed + i * 7919)) % 251).astype(self.np.uint8)
+            return (t.arange(self.block, dtype=t.int64, device="cuda:0") * 131 % 251).to(t.int16)
+        return (self.np.arange(self.block, dtype=self.np.int64) * 131 % 251).astype(
+            self.np.int16)
+
+    def _pattern(self, seed: int, i: int):  # noqa: ANN202
+        """Block i's bytes: the base shifted by a step that seed and i pick."""
+        shifted = (self._base + (seed + i * 7919) % 251) % 251
+        return (shifted.to(self.torch.uint8) if self.torch is not None
+                else shifted.astype(self.np.uint8))
 
     def fill(self, seed: int) -> None:
         for i in range(self.count):
