@@ -36,12 +36,47 @@ LISTEN_PREFIX = "pdsvc-doctor-kv-listen "  # as the probe prints it
 PEER_WAIT_SECS = 120
 GB = 1e9
 
-#: A UCX_PROTO_INFO table's title and the config of its largest-message row, e.g.
-#: ``| remote memory write by ucp_put*(multi) from cuda memory to cuda |`` then
-#: ``| 0..inf | zero-copy | cuda_ipc/cuda |`` (ucp_proto_select_info, ucx src/ucp/proto).
-_TITLE = re.compile(r"\|\s*remote memory write by \S+ from (\w+) memory to (\w+)")
+#: UCX_PROTO_INFO's tables (ucx src/ucp/proto/proto_select.c): a line naming the endpoint's
+#: configuration (``pdsvc-kv-initiator intra-node cfg#2``, ``… self cfg#0`` for the agent's
+#: loopback to itself), the operation (``remote memory write by ucp_put*(multi) from
+#: cuda/GPU0 to cuda/dev[1]``) and one row per message size range, the last ``N..inf``:
+#: ``| 0..inf | zero-copy | cuda_ipc/cuda |``, or lanes: ``52% on tcp/lo and 48% on tcp/eth0``.
+_CFG = re.compile(r"\|\s*\S+ (self|intra-node|inter-node) cfg#\d+")
+_TITLE = re.compile(r"\|\s*remote memory write by \S+ from (.+?) to (.+?)\s*\|")
 _ROW = re.compile(r"\|\s*[\d.]+\.\.inf\s*\|[^|]*\|\s*([^|]*?)\s*\|")
-_TL = re.compile(r"\b([a-z][a-z0-9_]*/[\w:.\-]+)")
+_TL = re.compile(r"\b([a-z][a-z0-9_]*/[\w:.\-\[\]]+)")
+#: NIXL's own reason, logged through glog before it raises a bare NIXL_ERR_BACKEND:
+#: ``E1201 05:46:48.131563  688 config.cpp:84] Invalid UCX_TLS=tcp for NIXL UCX backend: …``
+_GLOG = re.compile(r"^[EF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] (.*)$")
+
+
+def transports(ucx_stdout: str, memory: str = "host") -> list[str]:
+    """The transports UCX chose for large remote writes between the two agents from
+    ``memory`` ("host" or "cuda") into the same kind, each once, in order: ``cuda_ipc/cuda``,
+    ``cma/memory``, ``tcp/eth0``. An agent's writes to itself (``self``) are not the path."""
+    found: list[str] = []
+    cfg, table = "", False
+    for line in ucx_stdout.splitlines():
+        if m := _CFG.search(line):
+            cfg = m.group(1)
+        elif m := _TITLE.search(line):
+            src, dst = (("cuda" if side.startswith("cuda") else "host") for side in m.groups())
+            table = cfg != "self" and src == dst == memory
+        elif table and (m := _ROW.search(line)):
+            # one lane ("cma/memory") or several ("52% on tcp/lo and 48% on tcp/eth0")
+            for tl in _TL.findall(m.group(1)):
+                if tl not in found:
+                    found.append(tl)
+            table = False
+    return found
+
+
+def nixl_reason(stderr: str) -> str | None:
+    """The first error NIXL logged, without glog's prefix."""
+    for line in stderr.splitlines():
+        if m := _GLOG.match(line.strip()):
+            return m.group(1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -55,28 +90,12 @@ class HalfResult:
 
     def error(self) -> str:
         if self.result and self.result.get("error"):
-            return str(self.result["error"])
+            why = nixl_reason(self.stderr)
+            return str(self.result["error"]) + (f" ({why[:200]})" if why else "")
         lines = [ln for ln in self.stderr.splitlines() if ln.strip()]
         if self.returncode is None:
             return "timed out"
         return (lines[-1].strip() if lines else f"exit status {self.returncode}")[-240:]
-
-
-def transports(ucx_stdout: str) -> list[str]:
-    """The transports UCX chose for large remote writes (``cuda_ipc/cuda``, ``tcp/eth0`` …),
-    read from UCX_PROTO_INFO's tables, each once, in order."""
-    found: list[str] = []
-    title = False
-    for line in ucx_stdout.splitlines():
-        if _TITLE.search(line):
-            title = True
-        elif title and (m := _ROW.search(line)):
-            # one lane ("cma/memory") or several ("52% on tcp/lo and 48% on tcp/eth0")
-            for tl in _TL.findall(m.group(1)):
-                if tl not in found:
-                    found.append(tl)
-            title = False
-    return found
 
 
 def pairs(plan: Plan) -> list[tuple[EnginePlan, EnginePlan]]:
@@ -275,7 +294,7 @@ def _judge(plan: Plan, name: str, p: EnginePlan, got: HalfResult, same_host: boo
     if not r or not r.get("ok"):
         return _failed(name, "the transfer", got, p, how)
     size = f"{r['bytes'] / 2**20:.0f} MiB in {r['blocks']} blocks"
-    tls = transports(got.stdout)
+    tls = transports(got.stdout, "cuda" if r["kind"] == "VRAM" else "host")
     via = ", ".join(tls) if tls else "a transport UCX did not name (UCX_PROTO_INFO needs 1.16+)"
     what = (f"{r['gbps']:.1f} GB/s ({r['cold_gbps']:.1f} cold) over {via}, {size}, "
             f"{r['where']} → {r['peer_where']}")
