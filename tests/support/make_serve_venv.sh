@@ -7,7 +7,10 @@
 #     `pip check` is clean. Both ship a `smg` console script (sglang-router 0.3.2's
 #     entry_points.txt names `smg=sglang_router.cli:main`); smg is installed second so
 #     bin/smg is smg's own. pdsvc never runs that script: it renders `python -m MODULE`.
-#   * supervisor (a real supervisord for the supervisord renderer's tests).
+#   * supervisor (a real supervisord for the supervisord renderer's tests),
+#   * NIXL (`pdsvc doctor --kv`'s transfers): the `nixl` meta wheel and one backend wheel,
+#     --no-deps: nixl-cu13 asks for torch (a CUDA build) and numpy, and both are here already;
+#     with no CUDA on the machine the meta package loads whichever backend is installed.
 #
 # Usage: tests/support/make_serve_venv.sh [DIR]     (default: .venv-serve in the repo root)
 #        PDSVC_SERVE_PYTHON=/usr/bin/python3.11 ...  (another interpreter under /usr)
@@ -38,6 +41,7 @@ sglang_pin="sglang==0.5.23"
 router_pin="sglang-router==0.3.2"
 smg_pin="smg==1.13.0"
 supervisor_pin="supervisor==4.3.0"
+nixl_pins=("nixl==1.5.1" "nixl-cu13==1.5.1")
 # What SGLang 0.5.23's parser imports (found one missing module at a time).
 light_deps=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec
             pydantic pyzmq tqdm IPython aiohttp huggingface_hub
@@ -46,7 +50,7 @@ light_deps=(numpy orjson psutil pybase64 requests packaging pillow starlette msg
 # argv_check.py checks it).
 import_check="numpy orjson psutil pybase64 requests packaging PIL starlette msgspec pydantic
 pydantic_core zmq tqdm IPython aiohttp huggingface_hub torch sglang_router smg supervisor click
-jinja2 yaml"
+jinja2 yaml nixl._api"
 system_constraints=/etc/xdg/pip/constraints.txt
 
 log() { printf '[make_serve_venv] %s\n' "$*" >&2; }
@@ -67,6 +71,7 @@ $sglang_pin --no-deps
 $router_pin
 $smg_pin
 $supervisor_pin
+${nixl_pins[*]} --no-deps
 ${light_deps[*]}
 no-triton
 recipe-version=2"
@@ -122,6 +127,10 @@ log "smg installed in $(elapsed "$t") s"
 t="$(now)"
 "${pip[@]}" install "${constraint_args[@]}" --no-deps "$sglang_pin"
 log "sglang (--no-deps) installed in $(elapsed "$t") s"
+
+t="$(now)"
+"${pip[@]}" install "${constraint_args[@]}" --no-deps "${nixl_pins[@]}"
+log "nixl (--no-deps) installed in $(elapsed "$t") s"
 
 t="$(now)"
 "$venv_dir/bin/python" - "$import_check" <<'EOF'
