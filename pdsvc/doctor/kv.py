@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -276,6 +277,15 @@ def _failed(name: str, which: str, got: HalfResult, e: EnginePlan, how: str) -> 
     return fail(name, f"{which} failed{stage}: {error}", _fix_for(error, _env_of(got, e), e, how))
 
 
+def _ran_as(r: dict, how: str) -> str:
+    """Who the prefill-side half ran as, and how it was started: the unit's user, or not."""
+    try:
+        user = pwd.getpwuid(int(r["user"])).pw_name
+    except (KeyError, TypeError, ValueError):
+        user = f"uid {r.get('user')}"
+    return f"ran as {user} ({how})"
+
+
 def _judge_target(name: str, p: EnginePlan, got: HalfResult) -> Row:
     r = got.result
     if not r or not r.get("ok"):
@@ -320,4 +330,4 @@ def _judge(plan: Plan, name: str, p: EnginePlan, got: HalfResult, same_host: boo
         return warn(name, f"{what}: under transfer.kv_check_min_gbps {floor:g}",
                     "check UCX_NET_DEVICES/NIC pairing and the GPUs' PCIe links "
                     "(`nvidia-smi topo -m`), or lower transfer.kv_check_min_gbps")
-    return ok(name, f"{what}, intact")
+    return ok(name, f"{what}, intact; {_ran_as(r, how)}")
