@@ -8,7 +8,7 @@ derives a value of its own. The plan holds a tuple of engines — N prefill + M 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from . import __version__, routers
@@ -154,6 +154,55 @@ class Paths:
 
 
 @dataclass(frozen=True)
+class LifecyclePlan:
+    """config.lifecycle: the start, stop, restart, liveness and canary bounds of every unit."""
+
+    start_timeout_secs: int
+    stop_timeout_secs: int
+    restart_secs: int
+    restart_backoff_max_secs: int
+    restart_reset_secs: int
+    start_attempts: int
+    gpu_wait_secs: int
+    liveness_interval_secs: int
+    liveness_timeout_secs: int
+    liveness_failures: int
+    canary_interval_secs: int
+    canary_failures: int
+    canary_timeout_secs: int
+    canary_heal_attempts: int
+
+
+@dataclass(frozen=True)
+class SupervisordPlan:
+    """config.supervisord: how the supervisord bundle runs the same plan."""
+
+    numactl: str | None  # None: not installed (then nothing may be pinned)
+    logs: Literal["stdout", "files"]
+    log_dir: str
+    run_dir: str  # holds the two below and supervisord's pid file
+    drop_privileges: bool
+    # resolved from run_dir: what the bundle, supervisorctl and `pdsvc status` all use
+    control_socket: str  # [unix_http_server] file=
+    state_dir: str  # the runtime's state (restart policy, canary), beside the socket
+
+
+@dataclass(frozen=True)
+class K8sPlan:
+    """config.k8s: what the manifests need beyond the plan's engines and router."""
+
+    namespace: str
+    image: str
+    router_image: str | None  # None: the engines' image
+    python: str
+    gpu_resource: str
+    node_selector: dict[str, str]
+    jit_cache_claim: str | None  # None: a hostPath at paths.jit_cache
+    router_service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"]
+    host_network: bool
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     target: str
@@ -168,14 +217,14 @@ class Plan:
     paths: Paths
     engines: tuple[EnginePlan, ...]
     router: RouterPlan | None  # None: a host's view without the router
-    lifecycle: dict[str, int]
+    lifecycle: LifecyclePlan
     protect_home: Literal["yes", "read-only"]
     read_write_paths: tuple[str, ...]
-    warnings: tuple[str, ...] = field(default=())
-    format: str = "systemd"  # the bundle `pdsvc render` writes by default
-    supervisord: dict = field(default_factory=dict)  # config.supervisord, for that bundle
-    hosts: tuple[HostPlan, ...] = ()  # several hosts; () for one (engines on loopback)
-    k8s: dict = field(default_factory=dict)  # config.k8s, for the manifests
+    warnings: tuple[str, ...]
+    format: Literal["systemd", "supervisord", "k8s"]  # the bundle `pdsvc render` writes
+    supervisord: SupervisordPlan  # for that bundle
+    hosts: tuple[HostPlan, ...]  # several hosts; () for one (engines on loopback)
+    k8s: K8sPlan  # for the manifests
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -218,7 +267,7 @@ class Plan:
     def watchdog_secs(self) -> int:
         """Liveness bound: no successful probe for this long -> systemd kills and restarts."""
         lc = self.lifecycle
-        return lc["liveness_interval_secs"] * lc["liveness_failures"] + lc["liveness_timeout_secs"]
+        return lc.liveness_interval_secs * lc.liveness_failures + lc.liveness_timeout_secs
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -268,11 +317,11 @@ def plan_from_dict(d: dict) -> Plan:
         topology_source=d["topology_source"], python=d["python"], user=d["user"],
         group=d["group"], transfer_backend=d["transfer_backend"], paths=Paths(**d["paths"]),
         engines=tuple(engine(e) for e in d["engines"]), router=router,
-        lifecycle=dict(d["lifecycle"]), protect_home=d["protect_home"],
+        lifecycle=LifecyclePlan(**d["lifecycle"]), protect_home=d["protect_home"],
         read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
-        format=d["format"], supervisord=dict(d["supervisord"]),
+        format=d["format"], supervisord=SupervisordPlan(**d["supervisord"]),
         hosts=tuple(HostPlan(**{**h, "units": tuple(h["units"])}) for h in d["hosts"]),
-        k8s=dict(d["k8s"]),
+        k8s=K8sPlan(**d["k8s"]),
     )
 
 
@@ -383,6 +432,7 @@ def build_plan(
         p for p in (config.runtime.python, config.model.path, jit, *config.runtime.read_write_paths)
         if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
     ]
+    sv_run_dir = config.supervisord.run_dir.rstrip("/")
     return _members(Plan(
         name=name,
         target=f"{name}-pd.target",
@@ -397,16 +447,20 @@ def build_plan(
         paths=paths,
         engines=tuple(engines),
         router=router,
-        lifecycle=config.lifecycle.model_dump(),
+        lifecycle=LifecyclePlan(**config.lifecycle.model_dump()),
         protect_home="read-only" if under_home else "yes",
         read_write_paths=tuple(
             ([] if paths.cache_directory else [jit]) + list(config.runtime.read_write_paths)
         ),
         warnings=tuple(warnings),
         format=config.format,
-        supervisord=config.supervisord.model_dump(),
+        supervisord=SupervisordPlan(
+            **config.supervisord.model_dump(),
+            control_socket=f"{sv_run_dir}/{name}-supervisord.sock",
+            state_dir=f"{sv_run_dir}/{name}",
+        ),
         hosts=tuple(hosts),
-        k8s=config.k8s.model_dump(),
+        k8s=K8sPlan(**config.k8s.model_dump()),
     ))
 
 
