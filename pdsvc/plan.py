@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from . import __version__, routers
 from .errors import TopologyError
+from .fromdict import from_dict
 from .topology import Topology, format_cpulist
 
 if TYPE_CHECKING:  # the plan only reads the validated config; importing it costs pydantic
@@ -282,47 +283,9 @@ class Plan:
 
 
 def plan_from_dict(d: dict) -> Plan:
-    """The inverse of Plan.to_dict() (used by the plan cache)."""
-    def engine(e: dict) -> EnginePlan:
-        pin = e["pinning"]
-        return EnginePlan(
-            role=e["role"], name=e["name"], gpus=tuple(e["gpus"]),
-            pci_bus_ids=tuple(e["pci_bus_ids"]), tp=e["tp"], host=e["host"], port=e["port"],
-            bootstrap_port=e["bootstrap_port"], dist_init_addr=e["dist_init_addr"],
-            pinning=Pinning(pin["mode"], pin["numa_node"], tuple(pin["cpus"]), pin["policy"],
-                            pin["why"]),
-            env=tuple(e["env"].items()), argv=tuple(e["argv"]), health_url=e["health_url"],
-            url=e["url"], restarts_with=tuple(e["restarts_with"]),
-            peer_health=tuple(e["peer_health"]), machine=e["machine"],
-            nnodes=e["nnodes"], node_rank=e["node_rank"], launcher=tuple(e["launcher"]),
-            model_args=tuple(e["model_args"]), transfer_backend=e["transfer_backend"],
-            extra_args=tuple(e["extra_args"]), router_url=e["router_url"],
-            pairs=tuple((p, b, d) for p, b, d in e["pairs"]),
-        )
-
-    r = d["router"]
-    router = r and RouterPlan(
-        name=r["name"], python=r["python"], host=r["host"], port=r["port"],
-        prometheus_host=r["prometheus_host"],
-        prometheus_port=r["prometheus_port"], env=tuple(r["env"].items()), argv=tuple(r["argv"]),
-        url=r["url"], readiness_url=r["readiness_url"], generate_url=r["generate_url"],
-        liveness_url=r["liveness_url"], after=tuple(r["after"]), machine=r["machine"],
-        launcher=tuple(r["launcher"]), prefills=tuple((u, p) for u, p in r["prefills"]),
-        decodes=tuple(r["decodes"]), options=tuple(r["options"]),
-        package=r.get("package", "sglang-router"),
-    )
-    return Plan(
-        name=d["name"], target=d["target"], version=d["version"],
-        config_source=d["config_source"], config_sha256=d["config_sha256"],
-        topology_source=d["topology_source"], python=d["python"], user=d["user"],
-        group=d["group"], transfer_backend=d["transfer_backend"], paths=Paths(**d["paths"]),
-        engines=tuple(engine(e) for e in d["engines"]), router=router,
-        lifecycle=LifecyclePlan(**d["lifecycle"]), protect_home=d["protect_home"],
-        read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
-        format=d["format"], supervisord=SupervisordPlan(**d["supervisord"]),
-        hosts=tuple(HostPlan(**{**h, "units": tuple(h["units"])}) for h in d["hosts"]),
-        k8s=K8sPlan(**d["k8s"]),
-    )
+    """The inverse of Plan.to_dict() (used by the plan cache), driven by the field types: a new
+    field needs no edit here."""
+    return from_dict(Plan, d)
 
 
 # --------------------------------------------------------------------------- building
