@@ -8,7 +8,7 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import Field, StringConstraints, ValidationInfo, field_validator, model_validator
 from pydantic import Strict as StrictType
 
 from . import routers
@@ -112,6 +112,25 @@ class TransferConfig(Strict):
         "UCX", pattern=r"^[A-Z0-9_]+$",
         description="SGLANG_DISAGGREGATION_NIXL_BACKEND (UCX, LIBFABRIC, …).",
     )
+    kv_check_bytes: Annotated[int, StrictType(), Field(ge=1 << 20, le=1 << 36)] = Field(
+        256 << 20, description="`pdsvc doctor --kv`: bytes a pair moves per write, about one "
+        "8k-token chunk of DeepSeek's MLA KV cache (61 layers × 576 B a token in FP8).",
+    )
+    kv_check_blocks: Annotated[int, StrictType(), Field(ge=1, le=65536)] = Field(
+        64, description="`pdsvc doctor --kv`: the blocks those bytes are cut into, one NIXL "
+        "descriptor each, as the KV cache's pages are.",
+    )
+    kv_check_min_gbps: Annotated[float, StrictType(), Field(gt=0, le=100000)] | None = Field(
+        None, description="`pdsvc doctor --kv`: warn when a pair moves KV slower (GB/s). "
+        "null: no floor (TCP on one host is warned of anyway).",
+    )
+
+    @model_validator(mode="after")
+    def _blocks_fit(self) -> TransferConfig:
+        if self.kv_check_bytes % self.kv_check_blocks:
+            raise ValueError(f"kv_check_bytes ({self.kv_check_bytes}) must be a multiple of "
+                             f"kv_check_blocks ({self.kv_check_blocks})")
+        return self
 
 
 class HealthCheckConfig(Strict):

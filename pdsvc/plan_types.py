@@ -125,6 +125,15 @@ class Paths:
 
 
 @dataclass(frozen=True)
+class KvCheck:
+    """What `pdsvc doctor --kv` moves between each prefill and decode (transfer.kv_check_*)."""
+
+    bytes: int = 256 << 20
+    blocks: int = 64
+    min_gbps: float | None = None
+
+
+@dataclass(frozen=True)
 class LifecyclePlan:
     """config.lifecycle: the start, stop, restart, liveness and canary bounds of every unit."""
 
@@ -196,6 +205,7 @@ class Plan:
     supervisord: SupervisordPlan  # for that bundle
     hosts: tuple[HostPlan, ...]  # several hosts; () for one (engines on loopback)
     k8s: K8sPlan  # for the manifests
+    kv_check: KvCheck  # for `pdsvc doctor --kv`
 
     @property
     def units(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ SEED = REPO / "etc/seed-host.topology.json"
 EVERY_OPTION = """\
 model: {path: /m}
 runtime: {pinning: off}
+transfer: {kv_check_min_gbps: 12.5}
 router: {python: /opt/router/bin/python, control_plane_key: /etc/k/router.key}
 supervisord: {numactl: null, logs: files, drop_privileges: false}
 k8s: {router_image: r:1, node_selector: {gpu: h200}, jit_cache_claim: jit,

@@ -26,7 +26,8 @@ from ..errors import TopologyError
 from ..plan import Plan
 from .checks import run_checks
 from .host import Host
-from .rows import EXIT_OK, EXIT_UNFIT, Row, exit_code, fail
+from .kv import check_kv, pairs
+from .rows import EXIT_OK, EXIT_UNFIT, Row, exit_code, fail, guarded
 
 SYMBOL: dict[str, str] = {"ok": "✓", "warning": "!", "failed": "✗"}
 COLOUR: dict[str, str] = {"ok": "green", "warning": "yellow", "failed": "red"}
@@ -90,18 +91,30 @@ def report_json(rows: Sequence[Row], *, config: Path, plan: Plan | None) -> dict
 @click.option("--systemd-run-dir", type=click.Path(path_type=Path),
               default=Path("/run/systemd/system"), show_default=True,
               help="Exists iff systemd is PID 1 (sd_booted(3)).")
+@click.option("--kv", is_flag=True,
+              help="Also prove the KV path: a real NIXL transfer for every prefill→decode pair, "
+              "between two processes started as the two units are (user, CPUs, env, devices). "
+              "Needs nixl in runtime.python; uses the GPUs, so stop the stack first.")
+@click.option("--kv-as", "kv_as", type=click.Choice(["auto", "systemd", "direct"]),
+              default="auto", show_default=True,
+              help="How --kv starts each half: systemd (a transient unit with the unit's own "
+              "settings and drop-ins; root on a systemd host) or direct (a child with the "
+              "plan's env, pinned to its CPUs). auto: systemd when it can.")
 @json_option
 @host_option
 @handle_errors
 def doctor(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
            nvidia_smi: str | None, proc_root: Path, shm_path: Path, systemctl: str | None,
-           systemd_run_dir: Path, as_json: bool, host_name: str | None) -> None:
+           systemd_run_dir: Path, kv: bool, kv_as: str, as_json: bool,
+           host_name: str | None) -> None:
     """Check that this host fits the plan: driver, GPUs idle, topology, ports, python, limits.
 
     \b
     Each check prints one row: ✓ ok, ✗ failed (with a fix), ! warning (with a fix).
     --topology FILE checks the host against a plan made for FILE's layout (the one you
     rendered elsewhere); the host itself is always read from --sysfs-root (default /sys).
+    --kv adds a row per prefill→decode pair: GB/s, the transport UCX chose, bytes intact.
+    With `hosts:`, run `pdsvc doctor --kv --host NAME` on each host at about the same time.
     Exit 0 when nothing failed (warnings allowed), 3 when something did, 2 for a bad config.
     """
     host = Host(sysfs_root=sysfs_root or Path("/sys"), proc_root=proc_root,
@@ -109,13 +122,18 @@ def doctor(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
                 systemd_run_dir=systemd_run_dir)
     plan: Plan | None = None
     try:
-        plan = load_host_plan(config_path, None if topology_file else sysfs_root,
-                              topology_file, host_name)[1]
+        whole, plan = load_host_plan(config_path, None if topology_file else sysfs_root,
+                                     topology_file, host_name)
     except TopologyError as err:  # the plan cannot be made for this host: say why, check the rest
         rows = [fail("plan", err.message, err.hint or "see `pdsvc topology` and the config"),
                 *run_checks(None, host)]
     else:
         rows = run_checks(plan, host)
+        if kv:
+            if not as_json:
+                click.echo(f"pdsvc doctor: moving KV between {len(pairs(whole))} pair(s) "
+                           "with NIXL…", err=True)
+            rows += guarded("kv path", lambda: check_kv(whole, plan, host, kv_as))
     if as_json:
         click.echo(json.dumps(report_json(rows, config=config_path, plan=plan), indent=2))
     else:

@@ -30,6 +30,11 @@ def run_probe(python: str, probe: str, args: Sequence[str], timeout: float,
         return run([python, "-I", str(path), MARKERS[probe], *args], timeout, stdin=stdin)
 
 
+def probe_source(probe: str) -> str:
+    """A probe's source, for a launcher that feeds it on stdin (``python -I -``)."""
+    return (importlib.resources.files(__name__) / probe).read_text()
+
+
 def result_line(stdout: str) -> Any:
     """The JSON of the last result line; ValueError when there is none."""
     for line in reversed(stdout.splitlines()):
