@@ -153,7 +153,7 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         from .render_supervisord import render_supervisord
 
         command += " --format supervisord"
-        files = per_host(plan, command, lambda p: render_supervisord(p, command, p.supervisord))
+        files = per_host(plan, command, lambda p: render_supervisord(p, command))
         output = output or Path(f"{DEFAULT_OUTPUT}-supervisord")
         if "%" in str(output.absolute()):
             # supervisord expands %(here)s (the bundle's directory) before it reads `%` as its

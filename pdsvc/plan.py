@@ -8,25 +8,36 @@ derives a value of its own. The plan holds a tuple of engines — N prefill + M 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from . import __version__, routers
 from .errors import TopologyError
-from .topology import Topology, format_cpulist
+from .plan_pinning import resolve_pinning
+from .plan_types import (  # noqa: F401  (re-exported: the plan's types are importable from here)
+    UNPLACED,
+    EnginePlan,
+    HostPlan,
+    K8sPlan,
+    KvCheck,
+    LifecyclePlan,
+    Paths,
+    Pinning,
+    Plan,
+    Role,
+    RouterPlan,
+    SupervisordPlan,
+    plan_from_dict,
+)
+from .topology import Topology
 
 if TYPE_CHECKING:  # the plan only reads the validated config; importing it costs pydantic
-    from .config import Config, DecodeConfig, Instance, PrefillConfig, RoleConfig
-
-Role = Literal["prefill", "decode"]
+    from .config import Config, DecodeConfig, Instance, PrefillConfig
 
 #: SGLang takes ZMQ/NCCL ports dist_init_port+1 … +5+dp; keep each role's base this far apart.
 DIST_INIT_SPAN = 100
 #: The oldest systemd that knows every directive the units use: ProtectClock= (245).
 SYSTEMD_MIN = 245
-#: With `hosts`: how long the router keeps trying to register an engine of another host.
-#: The topology of a plan without a host: a scheduler (Kubernetes) places the engines.
-UNPLACED = "none: placed by the scheduler"
 
 #: Every JIT/compile cache the engines use, as (env var, subdirectory of runtime.jit_cache)
 #: (sglang/srt/environ.py and each library's own cache variable). SGLANG_DG_CACHE_DIR is
@@ -46,247 +57,6 @@ JIT_CACHE_ENV: tuple[tuple[str, str], ...] = (
 )
 #: CUDA's PTX JIT cache defaults to 256 MiB on older drivers; 4 GiB is its documented maximum.
 CUDA_CACHE_MAXSIZE = "4294967296"
-
-
-@dataclass(frozen=True)
-class Pinning:
-    """Where a process may run. `numa_node is None` means no memory policy is set."""
-
-    mode: Literal["numa", "strict", "off"]
-    numa_node: int | None
-    cpus: tuple[int, ...]
-    policy: Literal["preferred", "bind"]
-    why: str
-
-    @property
-    def cpulist(self) -> str:
-        return format_cpulist(self.cpus)
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    role: Role
-    name: str  # systemd unit name without suffix, also SyslogIdentifier and JIT key
-    gpus: tuple[int, ...]
-    pci_bus_ids: tuple[str, ...]
-    tp: int
-    host: str
-    port: int
-    bootstrap_port: int
-    dist_init_addr: str
-    pinning: Pinning
-    env: tuple[tuple[str, str], ...]
-    argv: tuple[str, ...]
-    health_url: str
-    url: str
-    restarts_with: tuple[str, ...] = ()  # units whose (re)start restarts this one
-    peer_health: tuple[str, ...] = ()  # the same across hosts: their /health, watched
-    machine: str = ""  # the inventory host it runs on ("": the one host, no inventory)
-    nnodes: int = 1  # hosts the engine spans (TP across nodes)
-    node_rank: int = 0  # this process's rank among them; rank 0 serves HTTP
-    # the pieces argv is composed of (engine_argv), for renderers that place it elsewhere
-    launcher: tuple[str, ...] = ()  # python -m module
-    model_args: tuple[str, ...] = ()
-    transfer_backend: str = ""
-    extra_args: tuple[str, ...] = ()  # the role's `args`
-    # membership and the pair canary (rank 0 only: the process that serves HTTP)
-    router_url: str = ""  # the router as this engine reaches it (its /workers API)
-    pairs: tuple[tuple[str, int, str], ...] = ()  # (prefill URL, bootstrap port, decode URL)
-
-    @property
-    def unit(self) -> str:
-        return f"{self.name}.service"
-
-    @property
-    def dist_init_port(self) -> int:
-        """The rendezvous port of dist_init_addr (HOST:PORT)."""
-        return int(self.dist_init_addr.rpartition(":")[2])
-
-
-@dataclass(frozen=True)
-class RouterPlan:
-    name: str
-    python: str  # router.python, else runtime.python
-    host: str
-    port: int
-    prometheus_host: str
-    prometheus_port: int
-    env: tuple[tuple[str, str], ...]
-    argv: tuple[str, ...]
-    url: str  # where clients send requests
-    readiness_url: str
-    generate_url: str
-    liveness_url: str
-    after: tuple[str, ...]
-    machine: str = ""
-    # the pieces argv is composed of (router_argv)
-    launcher: tuple[str, ...] = ()
-    prefills: tuple[tuple[str, int], ...] = ()  # (URL, bootstrap port)
-    decodes: tuple[str, ...] = ()
-    options: tuple[str, ...] = ()  # every flag after the workers
-    package: str = "sglang-router"  # router.package (pdsvc/routers.py)
-
-    @property
-    def unit(self) -> str:
-        return f"{self.name}.service"
-
-
-@dataclass(frozen=True)
-class HostPlan:
-    """One machine of a deployment over several hosts, and what of the plan runs there."""
-
-    name: str
-    address: str
-    topology_source: str
-    topology_sha256: str  # of the topology file, "" when read from /sys (cache validity)
-    units: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Paths:
-    supervisor: str  # the stdlib-only runtime (a directory Python runs) every unit's main process
-    router_key: str  # the router's control-plane key (install.sh makes it; root:group 0640)
-    run_dir: str  # RuntimeDirectory=: the runtime's restart policy and canary state
-    env_dir: str  # optional per-unit EnvironmentFile= (secrets: root + service user only)
-    state_dir: str  # StateDirectory=, the service user's HOME
-    jit_cache: str
-    cache_directory: str | None  # CacheDirectory= (relative to /var/cache) if jit_cache is there
-
-
-@dataclass(frozen=True)
-class KvCheck:
-    """What `pdsvc doctor --kv` moves between each prefill and decode (transfer.kv_check_*)."""
-
-    bytes: int = 256 << 20
-    blocks: int = 64
-    min_gbps: float | None = None
-
-
-@dataclass(frozen=True)
-class Plan:
-    name: str
-    target: str
-    version: str
-    config_source: str
-    config_sha256: str
-    topology_source: str
-    python: str
-    user: str
-    group: str
-    transfer_backend: str
-    paths: Paths
-    engines: tuple[EnginePlan, ...]
-    router: RouterPlan | None  # None: a host's view without the router
-    lifecycle: dict[str, int]
-    protect_home: Literal["yes", "read-only"]
-    read_write_paths: tuple[str, ...]
-    warnings: tuple[str, ...] = field(default=())
-    format: str = "systemd"  # the bundle `pdsvc render` writes by default
-    supervisord: dict = field(default_factory=dict)  # config.supervisord, for that bundle
-    hosts: tuple[HostPlan, ...] = ()  # several hosts; () for one (engines on loopback)
-    k8s: dict = field(default_factory=dict)  # config.k8s, for the manifests
-    kv_check: KvCheck = field(default_factory=KvCheck)
-
-    @property
-    def units(self) -> tuple[str, ...]:
-        """Every unit once (an engine spanning hosts has one unit name on each of them)."""
-        router = (self.router.unit,) if self.router else ()
-        return tuple(dict.fromkeys((*(e.unit for e in self.engines), *router)))
-
-    @property
-    def gate(self) -> str:
-        """The oneshot the target Requires=: it fails when a unit of the target did not become
-        active, so `systemctl start TARGET` exits non-zero (Wants= alone never fails)."""
-        return f"{self.name}-pd-ready.service"
-
-    def host(self, name: str) -> HostPlan:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        have = ", ".join(h.name for h in self.hosts) or "none: the config has no `hosts`"
-        raise KeyError(f"no host {name!r} in the plan (hosts: {have})")
-
-    def reachable_router(self) -> RouterPlan:
-        """The router as another host reaches it: at its host's address when it listens on
-        every address (its own URLs say 127.0.0.1, right on its host only)."""
-        r = self.router
-        assert r is not None  # the whole plan has its router
-        if not self.hosts or r.host not in ("0.0.0.0", "::", ""):
-            return r
-        base = f"http://{self.host(r.machine).address}:{r.port}"
-        return replace(r, url=base, readiness_url=f"{base}/readiness",
-                       generate_url=f"{base}/generate", liveness_url=f"{base}/liveness")
-
-    def for_host(self, name: str) -> Plan:
-        """What runs on one host: its engines, the router if it is there, that host alone."""
-        h = self.host(name)
-        router = self.router if self.router and self.router.machine == name else None
-        return replace(self, engines=tuple(e for e in self.engines if e.machine == name),
-                       router=router, hosts=(h,), topology_source=h.topology_source)
-
-    @property
-    def watchdog_secs(self) -> int:
-        """Liveness bound: no successful probe for this long -> systemd kills and restarts."""
-        lc = self.lifecycle
-        return lc["liveness_interval_secs"] * lc["liveness_failures"] + lc["liveness_timeout_secs"]
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["units"] = list(self.units)
-        d["watchdog_secs"] = self.watchdog_secs
-        for e in d["engines"]:
-            e["pinning"]["cpulist"] = format_cpulist(e["pinning"]["cpus"])
-            e["env"] = dict(e["env"])
-        if d["router"]:
-            d["router"]["env"] = dict(d["router"]["env"])
-        return d
-
-
-def plan_from_dict(d: dict) -> Plan:
-    """The inverse of Plan.to_dict() (used by the plan cache)."""
-    def engine(e: dict) -> EnginePlan:
-        pin = e["pinning"]
-        return EnginePlan(
-            role=e["role"], name=e["name"], gpus=tuple(e["gpus"]),
-            pci_bus_ids=tuple(e["pci_bus_ids"]), tp=e["tp"], host=e["host"], port=e["port"],
-            bootstrap_port=e["bootstrap_port"], dist_init_addr=e["dist_init_addr"],
-            pinning=Pinning(pin["mode"], pin["numa_node"], tuple(pin["cpus"]), pin["policy"],
-                            pin["why"]),
-            env=tuple(e["env"].items()), argv=tuple(e["argv"]), health_url=e["health_url"],
-            url=e["url"], restarts_with=tuple(e["restarts_with"]),
-            peer_health=tuple(e["peer_health"]), machine=e["machine"],
-            nnodes=e["nnodes"], node_rank=e["node_rank"], launcher=tuple(e["launcher"]),
-            model_args=tuple(e["model_args"]), transfer_backend=e["transfer_backend"],
-            extra_args=tuple(e["extra_args"]), router_url=e["router_url"],
-            pairs=tuple((p, b, d) for p, b, d in e["pairs"]),
-        )
-
-    r = d["router"]
-    router = r and RouterPlan(
-        name=r["name"], python=r["python"], host=r["host"], port=r["port"],
-        prometheus_host=r["prometheus_host"],
-        prometheus_port=r["prometheus_port"], env=tuple(r["env"].items()), argv=tuple(r["argv"]),
-        url=r["url"], readiness_url=r["readiness_url"], generate_url=r["generate_url"],
-        liveness_url=r["liveness_url"], after=tuple(r["after"]), machine=r["machine"],
-        launcher=tuple(r["launcher"]), prefills=tuple((u, p) for u, p in r["prefills"]),
-        decodes=tuple(r["decodes"]), options=tuple(r["options"]),
-        package=r.get("package", "sglang-router"),
-    )
-    return Plan(
-        name=d["name"], target=d["target"], version=d["version"],
-        config_source=d["config_source"], config_sha256=d["config_sha256"],
-        topology_source=d["topology_source"], python=d["python"], user=d["user"],
-        group=d["group"], transfer_backend=d["transfer_backend"], paths=Paths(**d["paths"]),
-        engines=tuple(engine(e) for e in d["engines"]), router=router,
-        lifecycle=dict(d["lifecycle"]), protect_home=d["protect_home"],
-        read_write_paths=tuple(d["read_write_paths"]), warnings=tuple(d["warnings"]),
-        format=d["format"], supervisord=dict(d["supervisord"]),
-        hosts=tuple(HostPlan(**{**h, "units": tuple(h["units"])}) for h in d["hosts"]),
-        k8s=dict(d["k8s"]), kv_check=KvCheck(**d.get("kv_check", {})),
-    )
-
-
-# --------------------------------------------------------------------------- building
 
 
 def build_plan(
@@ -393,6 +163,7 @@ def build_plan(
         p for p in (config.runtime.python, config.model.path, jit, *config.runtime.read_write_paths)
         if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
     ]
+    sv_run_dir = config.supervisord.run_dir.rstrip("/")
     return _members(Plan(
         name=name,
         target=f"{name}-pd.target",
@@ -409,16 +180,20 @@ def build_plan(
         paths=paths,
         engines=tuple(engines),
         router=router,
-        lifecycle=config.lifecycle.model_dump(),
+        lifecycle=LifecyclePlan(**config.lifecycle.model_dump()),
         protect_home="read-only" if under_home else "yes",
         read_write_paths=tuple(
             ([] if paths.cache_directory else [jit]) + list(config.runtime.read_write_paths)
         ),
         warnings=tuple(warnings),
         format=config.format,
-        supervisord=config.supervisord.model_dump(),
+        supervisord=SupervisordPlan(
+            **config.supervisord.model_dump(),
+            control_socket=f"{sv_run_dir}/{name}-supervisord.sock",
+            state_dir=f"{sv_run_dir}/{name}",
+        ),
         hosts=tuple(hosts),
-        k8s=config.k8s.model_dump(),
+        k8s=K8sPlan(**config.k8s.model_dump()),
     ))
 
 
@@ -440,110 +215,6 @@ def unit_name(name: str, inst: Instance, count: int) -> str:
     """NAME-prefill for a role's only engine (a mapping or a one-item list), NAME-prefill-I for
     item I of several: stable across renders, readable in journalctl."""
     return f"{name}-{inst.role}" if count == 1 else f"{name}-{inst.role}-{inst.index}"
-
-
-def _pinning(
-    key: str, role: RoleConfig, topology: Topology | None, config: Config, warnings: list[str],
-    where: str = "this host",
-) -> tuple[Pinning, tuple[str, ...]]:
-    """Resolve a role's NUMA node and CPUs from the GPUs it was given.
-
-    The GPU/node checks run whatever runtime.pinning says: a contradiction in the config is an
-    error even when nothing will be pinned.
-    """
-    if topology is None:
-        return Pinning("off", None, (), config.runtime.numa_policy, UNPLACED), ()
-    noted: list[str] = []
-    pinning, bus_ids = _resolve_node(key, role, topology, config, noted, where)
-    if config.runtime.pinning == "off":
-        why = "pinning off (runtime.pinning: off)"
-        return Pinning("off", None, (), pinning.policy, why), bus_ids
-    warnings += noted
-    return pinning, bus_ids
-
-
-def _resolve_node(
-    key: str, role: RoleConfig, topology: Topology, config: Config, warnings: list[str],
-    where: str,
-) -> tuple[Pinning, tuple[str, ...]]:
-    mode, policy = config.runtime.pinning, config.runtime.numa_policy
-    gpus = []
-    for index in role.gpus:
-        gpu = topology.gpu(index)
-        if gpu is None:
-            have = format_cpulist([g.index for g in topology.gpus]) or "none"
-            raise TopologyError(
-                f"{key}.gpus: GPU {index} does not exist on {where} (it has GPUs {have})",
-                hint=f"pick GPUs from {have} ({topology.source})",
-            )
-        gpus.append(gpu)
-    bus_ids = tuple(g.pci_bus_id for g in gpus)
-    node_ids = {g.numa_node for g in gpus if g.numa_node is not None}
-    if len(node_ids) > 1:
-        by_node = sorted(gpus, key=lambda g: (g.numa_node is None, g.numa_node, g.index))
-        a = next(g for g in by_node if g.numa_node == max(node_ids))
-        b = next(g for g in by_node if g.numa_node == min(node_ids))
-        raise TopologyError(
-            f"{key}.gpus cross NUMA nodes: GPU {a.index} is on node {a.numa_node}, "
-            f"GPU {b.index} on node {b.numa_node}",
-            hint="give the role GPUs of one node (see `pdsvc topology`)",
-        )
-    existing = ", ".join(str(n.id) for n in topology.nodes) or "none"
-    wanted = role.numa_node
-    if wanted != "auto" and topology.node(wanted) is None:
-        raise TopologyError(
-            f"{key}.numa_node: node {wanted} does not exist on {where} (it has nodes {existing})",
-            hint="set numa_node: auto",
-        )
-    gpu_list = format_cpulist(role.gpus)
-    if node_ids:
-        (node_id,) = node_ids
-        if wanted != "auto" and wanted != node_id:
-            raise TopologyError(
-                f"{key}.numa_node is {wanted} but GPUs {gpu_list} are on node {node_id}",
-                hint=f"set numa_node: auto (or {node_id})",
-            )
-        node = topology.node(node_id)
-        if node is None or not node.cpus:
-            raise TopologyError(
-                f"{key}: GPUs {gpu_list} report NUMA node {node_id}, which has no CPUs on {where}"
-            )
-        if len(node_ids) == 1 and any(g.numa_node is None for g in gpus):
-            warnings.append(
-                f"{key}: some GPUs report numa_node -1; using node {node_id} of the others"
-            )
-        why = f"node {node_id} of GPUs {gpu_list}" if wanted == "auto" else f"numa_node {node_id}"
-        return Pinning(mode, node_id, node.cpus, policy, why), bus_ids
-    # Every GPU says numa_node = -1: the kernel does not know (VMs). Never guess silently.
-    if wanted != "auto":
-        node = topology.node(wanted)
-        assert node is not None
-        warnings.append(
-            f"{key}: GPUs {gpu_list} report numa_node -1 (unknown); pinning to node {wanted} "
-            f"as configured"
-        )
-        return Pinning(mode, wanted, node.cpus, policy, f"numa_node {wanted} (configured)"), bus_ids
-    if len(topology.nodes) == 1:
-        node = topology.nodes[0]
-        warnings.append(
-            f"{key}: GPUs {gpu_list} report numa_node -1 (unknown, common on VMs); the host has "
-            f"one NUMA node ({node.id}), so the role runs on its CPUs {format_cpulist(node.cpus)}"
-        )
-        why = f"only NUMA node {node.id} (GPU numa_node unknown)"
-        return Pinning(mode, node.id, node.cpus, policy, why), bus_ids
-    local = tuple(sorted({c for g in gpus for c in g.local_cpus}))
-    if local:
-        warnings.append(
-            f"{key}: GPUs {gpu_list} report numa_node -1 (unknown) on a host with "
-            f"{len(topology.nodes)} nodes; CPUs pinned to their local_cpulist "
-            f"{format_cpulist(local)} with no memory policy — set {key}.numa_node to pin memory"
-        )
-        return Pinning(mode, None, local, policy, "GPU local_cpulist (NUMA unknown)"), bus_ids
-    warnings.append(
-        f"{key}: GPUs {gpu_list} have no known NUMA node or local CPUs; not pinned — set "
-        f"{key}.numa_node"
-    )
-    return Pinning("off", None, (), policy, "unknown topology: not pinned"), bus_ids
 
 
 def _env_str(value: object) -> str:
@@ -572,7 +243,7 @@ def _engine(
     peer_health: tuple[str, ...] = (),
 ) -> EnginePlan:
     where = f"host {machine}" if machine else "this host"
-    pinning, bus_ids = _pinning(key, role_cfg, topology, config, warnings, where)
+    pinning, bus_ids = resolve_pinning(key, role_cfg, topology, config, warnings, where)
     rt = config.runtime
     env: dict[str, str] = {
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",

@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .plan import Plan, plan_from_dict
+from .plan_types import Plan, plan_from_dict
 from .topology import Topology
 
 _PACKAGE = Path(__file__).resolve().parent

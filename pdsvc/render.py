@@ -183,8 +183,8 @@ def router_supervise_flags(r: RouterPlan) -> list[str]:
 
 def liveness_flags(plan: Plan) -> list[str]:
     lc = plan.lifecycle
-    return ["--liveness-interval", str(lc["liveness_interval_secs"]),
-            "--liveness-timeout", str(lc["liveness_timeout_secs"])]
+    return ["--liveness-interval", str(lc.liveness_interval_secs),
+            "--liveness-timeout", str(lc.liveness_timeout_secs)]
 
 
 #: The name of the router's control-plane key among a unit's credentials (LoadCredential=).
@@ -202,18 +202,18 @@ def policy_flags(plan: Plan, state_dir: str) -> list[str]:
     that outlives a restart, not a reboot (a boot is a first start), and leaves no file behind
     on disk."""
     lc = plan.lifecycle
-    return ["--state-dir", state_dir, "--start-timeout", str(lc["start_timeout_secs"]),
-            "--restart-delay", str(lc["restart_secs"]),
-            "--restart-max-delay", str(lc["restart_backoff_max_secs"]),
-            "--restart-reset", str(lc["restart_reset_secs"]),
-            "--start-attempts", str(lc["start_attempts"])]
+    return ["--state-dir", state_dir, "--start-timeout", str(lc.start_timeout_secs),
+            "--restart-delay", str(lc.restart_secs),
+            "--restart-max-delay", str(lc.restart_backoff_max_secs),
+            "--restart-reset", str(lc.restart_reset_secs),
+            "--start-attempts", str(lc.start_attempts)]
 
 
 def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
     """The busy-GPU wait, router membership and the pair canary of one engine (the last two
     for rank 0 only: the process serving HTTP)."""
     lc = plan.lifecycle
-    flags = ["--gpu-wait", str(lc["gpu_wait_secs"])]
+    flags = ["--gpu-wait", str(lc.gpu_wait_secs)]
     if not e.router_url:
         return flags
     flags += ["--router", e.router_url, "--role", e.role, "--advertise", e.url]
@@ -223,10 +223,10 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
     for prefill, port, decode in e.pairs:
         flags += ["--pair", prefill, str(port), decode]
     if e.pairs:
-        flags += ["--canary-interval", str(lc["canary_interval_secs"]),
-                  "--canary-failures", str(lc["canary_failures"]),
-                  "--canary-timeout", str(lc["canary_timeout_secs"]),
-                  "--canary-heals", str(lc["canary_heal_attempts"])]
+        flags += ["--canary-interval", str(lc.canary_interval_secs),
+                  "--canary-failures", str(lc.canary_failures),
+                  "--canary-timeout", str(lc.canary_timeout_secs),
+                  "--canary-heals", str(lc.canary_heal_attempts)]
     return flags
 
 
@@ -244,7 +244,7 @@ def peer_watch_flags(plan: Plan, e: EnginePlan) -> list[str]:
     for url in e.peer_health:
         flags += ["--restart-with", url]
     if e.peer_health:
-        flags += ["--peer-down-probes", str(plan.lifecycle["liveness_failures"])]
+        flags += ["--peer-down-probes", str(plan.lifecycle.liveness_failures)]
     return flags
 
 
@@ -259,7 +259,7 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
     for e in plan.engines:
         # the drains the runtime begins itself (a heal, a peer's restart) are bound as a
         # stop is: systemd's TimeoutStopSec= does not cover them
-        drain = ["--stop-timeout", str(plan.lifecycle["stop_timeout_secs"])]
+        drain = ["--stop-timeout", str(plan.lifecycle.stop_timeout_secs)]
         flags = [*engine_supervise_flags(plan, e), *liveness_flags(plan), *poll, *drain,
                  *policy_flags(plan, plan.paths.run_dir), *member_flags(plan, e, "systemd"),
                  *peer_watch_flags(plan, e)]

@@ -93,7 +93,7 @@ def k8s_escape(value: str) -> str:
 
 def service_url(plan: Plan, e: EnginePlan) -> str:
     """Where the router (and, through it, decode for the bootstrap host) reaches an engine."""
-    return f"http://{e.name}.{plan.k8s['namespace']}.svc:{e.port}"
+    return f"http://{e.name}.{plan.k8s.namespace}.svc:{e.port}"
 
 
 def workload_name(e: EnginePlan) -> str:
@@ -107,10 +107,10 @@ def pod_argv(plan: Plan, e: EnginePlan) -> tuple[str, ...]:
     meeting its peers at the group leader (LWS) or itself, its rank from LWS."""
     port = e.dist_init_port
     if e.nnodes > 1:
-        return engine_argv(e, python=plan.k8s["python"], host=POD_HOST,
+        return engine_argv(e, python=plan.k8s.python, host=POD_HOST,
                            dist_init_addr=f"{LWS_LEADER_ADDRESS}:{port}",
                            node_rank=LWS_WORKER_INDEX)
-    return engine_argv(e, python=plan.k8s["python"], host=POD_HOST,
+    return engine_argv(e, python=plan.k8s.python, host=POD_HOST,
                        dist_init_addr=f"127.0.0.1:{port}")
 
 
@@ -150,7 +150,7 @@ def _router_selector(plan: Plan) -> dict[str, str]:
 
 
 def _metadata(plan: Plan, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": plan.k8s["namespace"], "labels": labels}
+    return {"name": name, "namespace": plan.k8s.namespace, "labels": labels}
 
 
 def _http_get(path: str) -> dict[str, Any]:
@@ -166,19 +166,19 @@ def _probes(plan: Plan, *, startup: str | None, ready: str, live: str) -> dict[s
         probes["startupProbe"] = {
             "httpGet": _http_get(startup),
             "periodSeconds": STARTUP_PERIOD_SECS,
-            "timeoutSeconds": lc["liveness_timeout_secs"],
-            "failureThreshold": math.ceil(lc["start_timeout_secs"] / STARTUP_PERIOD_SECS),
+            "timeoutSeconds": lc.liveness_timeout_secs,
+            "failureThreshold": math.ceil(lc.start_timeout_secs / STARTUP_PERIOD_SECS),
         }
     probes["readinessProbe"] = {
         "httpGet": _http_get(ready),
-        "periodSeconds": lc["liveness_interval_secs"],
-        "timeoutSeconds": lc["liveness_timeout_secs"],
+        "periodSeconds": lc.liveness_interval_secs,
+        "timeoutSeconds": lc.liveness_timeout_secs,
     }
     probes["livenessProbe"] = {
         "httpGet": _http_get(live),
-        "periodSeconds": lc["liveness_interval_secs"],
-        "timeoutSeconds": lc["liveness_timeout_secs"],
-        "failureThreshold": lc["liveness_failures"],
+        "periodSeconds": lc.liveness_interval_secs,
+        "timeoutSeconds": lc.liveness_timeout_secs,
+        "failureThreshold": lc.liveness_failures,
     }
     return probes
 
@@ -206,7 +206,7 @@ def model_path(e: EnginePlan) -> str:
 
 def _volumes(plan: Plan, e: EnginePlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, mounts): every path the plan's env or command names, at the same path."""
-    jit, claim = plan.paths.jit_cache, plan.k8s["jit_cache_claim"]
+    jit, claim = plan.paths.jit_cache, plan.k8s.jit_cache_claim
     # the JIT cache outlives pods (cold compiles take minutes): a shared claim, or the node's
     cache = ({"persistentVolumeClaim": {"claimName": claim}} if claim
              else {"hostPath": {"path": jit, "type": "DirectoryOrCreate"}})
@@ -234,7 +234,7 @@ def _engine_pod(plan: Plan, e: EnginePlan, *, serves_http: bool) -> dict[str, An
     volumes, mounts = _volumes(plan, e)
     container: dict[str, Any] = {
         "name": e.role,
-        "image": k["image"],
+        "image": k.image,
         "command": _engine_command(plan, e),
         "env": _engine_env(e),
     }
@@ -244,7 +244,7 @@ def _engine_pod(plan: Plan, e: EnginePlan, *, serves_http: bool) -> dict[str, An
             ports.append({"name": "bootstrap", "containerPort": e.bootstrap_port,
                           "protocol": "TCP"})
         container["ports"] = ports
-    container["resources"] = {"limits": {k["gpu_resource"]: str(len(e.gpus))}}
+    container["resources"] = {"limits": {k.gpu_resource: str(len(e.gpus))}}
     # RDMA registers (pins) GPU and host memory: the units' LimitMEMLOCK=infinity
     container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if serves_http:
@@ -256,12 +256,12 @@ def _engine_pod(plan: Plan, e: EnginePlan, *, serves_http: bool) -> dict[str, An
         # SGLANG_* variables, which SGLang reads as its own settings
         "enableServiceLinks": False,
     }
-    if k["host_network"]:
+    if k.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # still resolve the Service names
-    if k["node_selector"]:
-        spec["nodeSelector"] = dict(k["node_selector"])
-    spec["terminationGracePeriodSeconds"] = plan.lifecycle["stop_timeout_secs"]
+    if k.node_selector:
+        spec["nodeSelector"] = dict(k.node_selector)
+    spec["terminationGracePeriodSeconds"] = plan.lifecycle.stop_timeout_secs
     spec["containers"] = [container]
     spec["volumes"] = volumes
     return spec
@@ -279,7 +279,7 @@ def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
                 # the old pod must free the GPUs before the new one can be scheduled
                 "strategy": {"type": "Recreate"},
                 # `kubectl rollout status` gives up after the start budget, not 10 minutes
-                "progressDeadlineSeconds": plan.lifecycle["start_timeout_secs"],
+                "progressDeadlineSeconds": plan.lifecycle.start_timeout_secs,
                 "selector": {"matchLabels": _engine_selector(plan, e)},
                 "template": {"metadata": {"labels": labels},
                              "spec": _engine_pod(plan, e, serves_http=True)},
@@ -332,7 +332,7 @@ def router_pod_argv(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> tup
     """The router's command line with the engines' Service URLs (prefills with their
     bootstrap ports)."""
     return router_argv(
-        r, python=plan.k8s["python"],
+        r, python=plan.k8s.python,
         prefills=tuple((service_url(plan, e), e.bootstrap_port) for e in engines
                        if e.role == "prefill"),
         decodes=tuple(service_url(plan, e) for e in engines if e.role == "decode"),
@@ -348,14 +348,14 @@ def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[d
             hint="set router.host: 0.0.0.0",
         )
     labels = _labels(plan, "router")
-    image = k["router_image"] or k["image"]
+    image = k.router_image or k.image
     waits = [service_url(plan, e) + _path(e.health_url) for e in engines]
     wait = {
         "name": "wait-for-engines",
         "image": image,
-        "command": _command([k["python"], "-c", WAIT_FOR_ENGINES,
-                             str(lc["liveness_interval_secs"]),
-                             str(lc["liveness_timeout_secs"]), *waits]),
+        "command": _command([k.python, "-c", WAIT_FOR_ENGINES,
+                             str(lc.liveness_interval_secs),
+                             str(lc.liveness_timeout_secs), *waits]),
     }
     container: dict[str, Any] = {
         "name": "router",
@@ -375,13 +375,13 @@ def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[d
         "metadata": _metadata(plan, r.name, labels),
         "spec": {
             "replicas": 1,
-            "progressDeadlineSeconds": lc["start_timeout_secs"],  # it waits for the engines
+            "progressDeadlineSeconds": lc.start_timeout_secs,  # it waits for the engines
             "selector": {"matchLabels": _router_selector(plan)},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": lc["stop_timeout_secs"],
+                    "terminationGracePeriodSeconds": lc.stop_timeout_secs,
                     "initContainers": [wait],
                     "containers": [container],
                 },
@@ -393,7 +393,7 @@ def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[d
         "kind": "Service",
         "metadata": _metadata(plan, r.name, labels),
         "spec": {
-            "type": k["router_service_type"],
+            "type": k.router_service_type,
             "selector": _router_selector(plan),
             "ports": [{"name": "http", "port": r.port, "targetPort": "http", "protocol": "TCP"}],
         },

@@ -133,18 +133,6 @@ def sv_env(key: str, value: str, program: str) -> str:
 # --------------------------------------------------------------------------- the bundle
 
 
-def _settings(settings: Any) -> dict[str, Any]:
-    """The config's supervisord section as a dict (a SupervisordConfig, its model_dump(), or
-    None for the schema's defaults)."""
-    if settings is None:
-        from .config import SupervisordConfig  # pydantic: only when no settings were passed
-
-        settings = SupervisordConfig()
-    if hasattr(settings, "model_dump"):
-        settings = settings.model_dump()
-    return dict(settings)
-
-
 def _numactl(plan: Plan, e: EnginePlan, numactl: str | None) -> list[str]:
     """numactl in front of the engine's command: the plan's CPUs (the units' CPUAffinity=) and
     memory policy (NUMAPolicy= + NUMAMask=). Nothing when the plan does not pin."""
@@ -174,24 +162,23 @@ def _supervise(plan: Plan) -> list[str]:
 
 
 def _common_flags(plan: Plan, prefix_output: bool) -> list[str]:
-    lc = plan.lifecycle
     # with logs: stdout every program shares supervisord's stdout: tell their lines apart
     return ["--prefix-output"] * prefix_output + [
         *liveness_flags(plan),
         # one source: the systemd units' WatchdogSec= is this same plan.watchdog_secs
         "--watchdog-secs", str(plan.watchdog_secs),
         "--kill-tree",
-        "--stop-timeout", str(lc["stop_timeout_secs"]),
+        "--stop-timeout", str(plan.lifecycle.stop_timeout_secs),
         "--poll-interval", POLL_INTERVAL,
     ]
 
 
-def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool,
-                    settings: Mapping[str, Any]) -> dict[str, Any]:
-    pinning = _numactl(plan, e, numactl)
+def _engine_program(plan: Plan, e: EnginePlan, prefix: bool) -> dict[str, Any]:
+    pinning = _numactl(plan, e, plan.supervisord.numactl)
     # NIXL: a prefill on another host is watched (the restart listener is per host)
     flags = [*engine_supervise_flags(plan, e), *_common_flags(plan, prefix),
-             *policy_flags(plan, state_dir(plan, settings)), *member_flags(plan, e, "supervisord"),
+             *policy_flags(plan, plan.supervisord.state_dir),
+             *member_flags(plan, e, "supervisord"),
              *peer_watch_flags(plan, e)]
     return {
         "name": e.name,
@@ -208,11 +195,11 @@ def _engine_program(plan: Plan, e: EnginePlan, numactl: str | None, prefix: bool
     }
 
 
-def _router_program(plan: Plan, prefix: bool, settings: Mapping[str, Any]) -> dict[str, Any]:
+def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
     r = plan.router
     assert r is not None
     flags = [*router_supervise_flags(r), *_common_flags(plan, prefix),
-             *policy_flags(plan, state_dir(plan, settings))]
+             *policy_flags(plan, plan.supervisord.state_dir)]
     # the engines register themselves once healthy: the router starts at once, with no workers
     launch = router_command(plan, r, "supervisord")
     return {
@@ -227,28 +214,27 @@ def _router_program(plan: Plan, prefix: bool, settings: Mapping[str, Any]) -> di
     }
 
 
-def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[File]:
+def render_supervisord(plan: Plan, command: str) -> list[File]:
     """The supervisord bundle: ``supervisord.conf`` (prefill, decode, router, the restart
     listener, and the sections supervisorctl needs) and ``supervise.py`` beside it.
 
-    ``settings``: the config's ``supervisord`` section (``config.supervisord`` or its
-    ``model_dump()``); None takes the schema's defaults. Raises ConfigError when the plan
-    cannot be run this way: pinning without numactl, a value supervisord cannot represent, a
-    control socket path too long for a unix socket.
+    How it runs is the plan's ``supervisord`` section (config.supervisord). Raises ConfigError
+    when the plan cannot be run this way: pinning without numactl, a value supervisord cannot
+    represent, a control socket path too long for a unix socket.
     """
-    s = _settings(settings)
+    s = plan.supervisord
     group = group_name(plan)
-    run_dir = s["run_dir"].rstrip("/")
-    socket = control_socket(plan, s)
+    run_dir = s.run_dir.rstrip("/")
+    socket = s.control_socket
     if len(socket.encode()) > MAX_SOCKET_PATH:
         raise ConfigError(
             f"{plan.config_source}: supervisord.run_dir: the control socket {socket} is longer "
             f"than a unix socket path may be ({MAX_SOCKET_PATH} bytes)",
             hint="choose a shorter supervisord.run_dir",
         )
-    prefix = s["logs"] == "stdout"
-    engines = [_engine_program(plan, e, s["numactl"], prefix, s) for e in plan.engines]
-    router = _router_program(plan, prefix, s) if plan.router else None
+    prefix = s.logs == "stdout"
+    engines = [_engine_program(plan, e, prefix) for e in plan.engines]
+    router = _router_program(plan, prefix) if plan.router else None
     program_of = {e.unit: e.name for e in plan.engines}
     couples = [(e.name, program_of[u]) for e in plan.engines for u in e.restarts_with
                if u in program_of]
@@ -263,12 +249,12 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
             "couples": couples,
             "command": [" ".join([*_supervise(plan), sv_command(flags)])],
         }
-    files_logs = s["logs"] == "files"
-    log_dir = sv_value(s["log_dir"], "supervisord.log_dir")
+    files_logs = s.logs == "files"
+    log_dir = sv_value(s.log_dir, "supervisord.log_dir")
     strict = [e for e in plan.engines if e.pinning.mode == "strict" and e.pinning.cpus]
     lc = plan.lifecycle
-    prepare = [plan.paths.jit_cache, plan.paths.state_dir, state_dir(plan, s)] + (
-        [s["log_dir"]] if files_logs else [])
+    prepare = [plan.paths.jit_cache, plan.paths.state_dir, s.state_dir] + (
+        [s.log_dir] if files_logs else [])
     ctx = {
         "plan": plan,
         "header": header_lines(
@@ -281,7 +267,7 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
         "pidfile": sv_value(f"{run_dir}/{plan.name}-supervisord.pid", "supervisord.run_dir"),
         "files_logs": files_logs,
         "log_dir": log_dir,
-        "user": sv_value(plan.user, "runtime.user") if s["drop_privileges"] else None,
+        "user": sv_value(plan.user, "runtime.user") if s.drop_privileges else None,
         "engines": engines,
         "router": router,
         "listener": listener,
@@ -289,8 +275,8 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
         "startsecs": STARTSECS,
         # quick deaths of the runtime itself (it waits for health, busy GPUs, the JIT lock);
         # the engine's failed starts are the runtime's to count (it exits 78 to give up)
-        "startretries": max(0, lc["start_attempts"] - 1),
-        "stopwaitsecs": lc["stop_timeout_secs"] + STOP_MARGIN_SECS,
+        "startretries": max(0, lc.start_attempts - 1),
+        "stopwaitsecs": lc.stop_timeout_secs + STOP_MARGIN_SECS,
         "stop_margin": STOP_MARGIN_SECS,
         "log_maxbytes": LOG_MAXBYTES,
         "log_backups": LOG_BACKUPS,
@@ -304,11 +290,6 @@ def render_supervisord(plan: Plan, command: str, settings: Any = None) -> list[F
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
     where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
     return [File(CONF, conf), *runtime_files(plan, where)]
-
-
-def state_dir(plan: Plan, settings: Mapping[str, Any]) -> str:
-    """The runtime's state under supervisord: beside its control socket (supervisord.run_dir)."""
-    return f"{settings['run_dir'].rstrip('/')}/{plan.name}"
 
 
 def keygen_command(plan: Plan) -> str:
@@ -325,14 +306,6 @@ def _union_cpus(engines: list[EnginePlan]) -> str:
 def group_name(plan: Plan) -> str:
     """The supervisord group of the plan's programs (`supervisorctl restart GROUP:*`)."""
     return f"{plan.name}-pd"
-
-
-def control_socket(plan: Plan, settings: Any = None) -> str:
-    """supervisord's control socket ([unix_http_server] file=), which supervisorctl, the
-    restart listener and `pdsvc status` talk to. ``settings`` as for render_supervisord; None
-    takes the plan's own (plan.supervisord)."""
-    s = _settings(settings if settings is not None else plan.supervisord or None)
-    return f"{s['run_dir'].rstrip('/')}/{plan.name}-supervisord.sock"
 
 
 def program_names(plan: Plan) -> Mapping[str, str]:

@@ -41,13 +41,8 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def state_dir(plan: Plan, backend: str) -> Path:
     """Where the runtimes keep their state: RuntimeDirectory= under systemd, beside
-    supervisord's socket otherwise (the render's choice, pdsvc/render*.py)."""
-    if backend == "supervisord":
-        from .render_supervisord import _settings
-        from .render_supervisord import state_dir as sv_state_dir
-
-        return Path(sv_state_dir(plan, _settings(plan.supervisord or None)))
-    return Path(plan.paths.run_dir)
+    supervisord's socket otherwise (both the plan's)."""
+    return Path(plan.supervisord.state_dir if backend == "supervisord" else plan.paths.run_dir)
 
 
 def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:

@@ -187,10 +187,10 @@ class SupervisordBackend:
         """The bundle's socket ({supervisord.run_dir}/{name}-supervisord.sock) unless
         ``socket_path`` is given, and the bundle's program names."""
         # the renderer imports jinja2: only when this backend is used
-        from .render_supervisord import control_socket, group_name, program_names
+        from .render_supervisord import group_name, program_names
 
-        return cls(socket_path or control_socket(plan), program_names(plan), target=plan.target,
-                   group=group_name(plan), timeout=timeout)
+        return cls(socket_path or plan.supervisord.control_socket, program_names(plan),
+                   target=plan.target, group=group_name(plan), timeout=timeout)
 
     def _api(self) -> Any:
         from .runtime.listener import supervisor_rpc  # its AF_UNIX transport; stdlib only

@@ -94,7 +94,7 @@ def test_auto_takes_supervisord_from_the_config_format(stack: SupervisordStack) 
 
 def test_a_stopped_decode_is_not_serving_and_named(stack: SupervisordStack) -> None:
     decode = stack.names["decode"]
-    stopped = stack.ctl("stop", decode, timeout=stack.plan.lifecycle["stop_timeout_secs"] + 60)
+    stopped = stack.ctl("stop", decode, timeout=stack.plan.lifecycle.stop_timeout_secs + 60)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     result = pdsvc_status(stack, "--backend", "supervisord")
     out = result.stdout

@@ -113,7 +113,7 @@ class SupervisordStack:
             config_text=(work / "config.yaml").read_text(),
         )
         self.bundle = work / "units-supervisord"
-        write_bundle(render_supervisord(self.plan, "test", config.supervisord), self.bundle)
+        write_bundle(render_supervisord(self.plan, "test"), self.bundle)
         # the key, made by the line the bundle's header gives (install.sh does it for systemd)
         subprocess.run(["sh", "-c", keygen_command(self.plan)], check=True, timeout=10)
         assert len((work / "router.key").read_text()) == 64
@@ -311,8 +311,8 @@ def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
         stack: SupervisordStack) -> None:
     bound = stack.plan.watchdog_secs
     lc = stack.plan.lifecycle
-    assert bound == lc["liveness_interval_secs"] * lc["liveness_failures"] + \
-        lc["liveness_timeout_secs"]
+    assert bound == lc.liveness_interval_secs * lc.liveness_failures + \
+        lc.liveness_timeout_secs
     before = stack.supervise_pid("decode")
     engine = stack.engine_pid("decode")
     t0 = time.monotonic()
@@ -326,7 +326,7 @@ def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
     detected = time.monotonic() - t0
     # the bound: watchdog_secs after the last good probe (≤ one interval before the STOP),
     # plus the SIGKILL, supervise.py's exit and supervisord's respawn (slack for a busy host)
-    assert detected <= bound + lc["liveness_interval_secs"] + 5, (detected, bound)
+    assert detected <= bound + lc.liveness_interval_secs + 5, (detected, bound)
     log = stack.log("decode")
     assert f"(--watchdog-secs {bound}): the engine is hung" in log, log[-3000:]
     assert "exiting 124 so that the process manager restarts the engine" in log
@@ -359,7 +359,7 @@ def test_stop_leaves_no_process_not_even_an_escaped_child(stack: SupervisordStac
     assert len(orphans) == 2, stack.processes()
     for pid in orphans:
         assert os.getsid(pid) == pid  # its own session: out of every process group
-    stop = stack.plan.lifecycle["stop_timeout_secs"]
+    stop = stack.plan.lifecycle.stop_timeout_secs
     t0 = time.monotonic()
     result = stack.ctl("stop", "all", timeout=stop + 60)
     assert result.returncode == 0, result.stdout + result.stderr

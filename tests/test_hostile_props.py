@@ -171,7 +171,7 @@ def check_install_list(plan: Plan, path: Path) -> None:
 
 def check_supervisord(plan: Plan, read, conf: Path) -> None:
     out = read(conf)
-    run_dir = plan.supervisord["run_dir"].rstrip("/")
+    run_dir = plan.supervisord.run_dir.rstrip("/")
     assert out["pidfile"] == f"{run_dir}/{plan.name}-supervisord.pid"
     assert out["sockets"] == [f"{run_dir}/{plan.name}-supervisord.sock"]
     for e in plan.engines:
@@ -201,7 +201,7 @@ def check_k8s(plan: Plan, files: dict[str, str]) -> None:
         got = {v["name"]: k8s_unescape(v["value"]) for v in container["env"] if "value" in v}
         want = {k: v for k, v in e.env if k not in ("CUDA_VISIBLE_DEVICES", "SGLANG_HOST_IP")}
         assert got == want
-        assert pod.get("nodeSelector", {}) == plan.k8s["node_selector"]
+        assert pod.get("nodeSelector", {}) == plan.k8s.node_selector
 
 
 def check_every_output(plan: Plan, read_supervisord) -> None:
@@ -211,7 +211,7 @@ def check_every_output(plan: Plan, read_supervisord) -> None:
         (Path(tmp) / "install.list").write_text(files["install.list"])
         check_install_list(plan, Path(tmp) / "install.list")
         try:
-            sv = render_supervisord(plan, "pdsvc render --format supervisord", plan.supervisord)
+            sv = render_supervisord(plan, "pdsvc render --format supervisord")
         except ConfigError as e:  # a value supervisord alone cannot hold: refused, one line
             assert "\n" not in str(e)
         else:

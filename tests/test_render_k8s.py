@@ -133,10 +133,10 @@ def pod_argv_expected(plan: Plan, e: EnginePlan) -> tuple[str, ...]:
     """engine_argv with the pod's overrides, built here independently of the renderer."""
     port = e.dist_init_addr.rpartition(":")[2]
     if e.nnodes > 1:
-        return engine_argv(e, python=plan.k8s["python"], host="0.0.0.0",
+        return engine_argv(e, python=plan.k8s.python, host="0.0.0.0",
                            dist_init_addr=f"$(LWS_LEADER_ADDRESS):{port}",
                            node_rank="$(LWS_WORKER_INDEX)")
-    return engine_argv(e, python=plan.k8s["python"], host="0.0.0.0",
+    return engine_argv(e, python=plan.k8s.python, host="0.0.0.0",
                        dist_init_addr=f"127.0.0.1:{port}")
 
 
@@ -466,7 +466,7 @@ def test_router_starts_once_every_engine_service_is_healthy() -> None:
     argv = command_of(wait)
     assert argv[:2] == ("python3", "-c")
     lc = plan.lifecycle
-    assert argv[3:5] == (str(lc["liveness_interval_secs"]), str(lc["liveness_timeout_secs"]))
+    assert argv[3:5] == (str(lc.liveness_interval_secs), str(lc.liveness_timeout_secs))
     assert argv[5:] == tuple(f"http://{e.name}.default.svc:{e.port}/health"
                              for e in leaders(plan))
     compile(argv[2], "wait-for-engines", "exec")  # the script is valid Python

@@ -99,10 +99,9 @@ PARSE = textwrap.dedent('''
 ''')
 
 
-def plan_of(text: str, topology=SEED) -> tuple[Plan, Any]:
+def plan_of(text: str, topology=SEED) -> Plan:
     config = parse_config(text, "test.yaml")
-    plan = build_plan(config, topology, config_source="test.yaml", config_text=text)
-    return plan, config.supervisord
+    return build_plan(config, topology, config_source="test.yaml", config_text=text)
 
 
 def with_(base: str = DEFAULT_CONFIG, **sections: Any) -> str:
@@ -118,15 +117,15 @@ def with_(base: str = DEFAULT_CONFIG, **sections: Any) -> str:
 
 
 def conf_of(text: str, topology=SEED) -> str:
-    plan, settings = plan_of(text, topology)
-    return render_supervisord(plan, "pdsvc render --format supervisord", settings)[0].content
+    plan = plan_of(text, topology)
+    return render_supervisord(plan, "pdsvc render --format supervisord")[0].content
 
 
 def parsed(serve_python: Path, tmp_path: Path, text: str, topology=SEED) -> tuple[Plan, dict]:
     """Render, write the bundle, and read its config back with supervisor's own reader."""
-    plan, settings = plan_of(text, topology)
+    plan = plan_of(text, topology)
     bundle = tmp_path / "bundle"
-    write_bundle(render_supervisord(plan, "test", settings), bundle)
+    write_bundle(render_supervisord(plan, "test"), bundle)
     out = subprocess.run([str(serve_python), "-c", PARSE, str(bundle / "supervisord.conf")],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -230,7 +229,7 @@ def test_default_bundle_as_supervisord_reads_it(serve_python: Path, tmp_path: Pa
         assert option(argv, "--health-url") == [e.health_url]
         assert option(argv, "--gpus") == [",".join(map(str, e.gpus))]
         assert option(argv, "--jit-cache") == [plan.paths.jit_cache]
-        assert option(argv, "--stop-timeout") == [str(lc["stop_timeout_secs"])]
+        assert option(argv, "--stop-timeout") == [str(lc.stop_timeout_secs)]
         assert "--kill-tree" in argv[:argv.index("--")]
         assert "--prefix-output" in argv[:argv.index("--")]  # logs: stdout mixes programs
         assert after_dashes(argv) == list(e.argv)
@@ -243,9 +242,9 @@ def test_default_bundle_as_supervisord_reads_it(serve_python: Path, tmp_path: Pa
         # 78: the runtime gave up (a service never healthy): not restarted, as in the units
         assert prog["autorestart"] == "RestartWhenExitUnexpected" and prog["exitcodes"] == [0, 78]
         assert prog["startsecs"] == STARTSECS
-        assert prog["startretries"] == lc["start_attempts"] - 1
+        assert prog["startretries"] == lc.start_attempts - 1
         assert prog["stopsignal"] == signal.SIGTERM
-        assert prog["stopwaitsecs"] == lc["stop_timeout_secs"] + STOP_MARGIN_SECS
+        assert prog["stopwaitsecs"] == lc.stop_timeout_secs + STOP_MARGIN_SECS
         assert (prog["stopasgroup"], prog["killasgroup"]) == (False, True)
         assert prog["redirect_stderr"] is True
         assert (prog["stdout_logfile"], prog["stdout_logfile_maxbytes"]) == ("/dev/stdout", 0)
@@ -263,10 +262,10 @@ def test_default_bundle_as_supervisord_reads_it(serve_python: Path, tmp_path: Pa
 
 
 def test_watchdog_is_one_number_in_both_bundles() -> None:
-    plan, settings = plan_of(DEFAULT_CONFIG)
+    plan = plan_of(DEFAULT_CONFIG)
     units = {f.path: f.content for f in render_systemd(plan, "x")}
     assert f"WatchdogSec={plan.watchdog_secs}\n" in units["dsv4-decode.service"]
-    conf = render_supervisord(plan, "x", settings)[0].content
+    conf = render_supervisord(plan, "x")[0].content
     assert conf.count(f"--watchdog-secs {plan.watchdog_secs} ") == 3
     # under systemd nothing changes: the units pass none of the supervisord-only options
     # (--stop-timeout they do pass: it bounds the drains the runtime begins itself)
@@ -377,8 +376,8 @@ def test_supervisord_section_is_strict() -> None:
 
 
 def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> None:
-    plan, settings = plan_of(DEFAULT_CONFIG)
-    files = render_supervisord(plan, "pdsvc render --format supervisord", settings)
+    plan = plan_of(DEFAULT_CONFIG)
+    files = render_supervisord(plan, "pdsvc render --format supervisord")
     assert [(f.path, f.mode) for f in files] == [("supervisord.conf", 0o644)] + [
         (f"runtime/{name}", 0o644) for name, _ in runtime_modules()]
     conf, copy = files[0].content, files[-1].content
