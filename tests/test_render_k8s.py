@@ -1,10 +1,12 @@
 """The Kubernetes bundle (pdsvc/render_k8s.py): the plan's deployment as manifests that the API
 server would accept (strict schemas, offline: tests/support/k8s_schema.py), and that say what
-the systemd units say — same commands, ports, env and lifecycle bounds, from the same plan."""
+the systemd units say — same commands, ports, env and lifecycle bounds, from the same plan.
+What the manifests say for a given config (pod settings, volumes, probes, Services, the
+LeaderWorkerSet of a spanning engine, the router's pod) is in tests/cases/k8s-*.yaml
+(tests/test_cases.py); here are the properties of every bundle and the refusals."""
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import pytest
 import yaml
 from conftest import REPO
 from k8s_schema import validate
+from k8sdocs import command_of, container_env
 
 from pdsvc.clikit import load_plan
 from pdsvc.errors import ConfigError
@@ -21,8 +24,6 @@ from pdsvc.render import MARKER, write_bundle
 from pdsvc.render_k8s import (
     CUSTOMISE,
     KUSTOMIZATION,
-    LWS_WORKER_INDEX_LABEL,
-    STARTUP_PERIOD_SECS,
     render_k8s,
 )
 
@@ -87,46 +88,6 @@ def engine_workload(docs: Docs, e: EnginePlan) -> dict[str, Any]:
 
 def leaders(plan: Plan) -> list[EnginePlan]:
     return [e for e in plan.engines if e.node_rank == 0]
-
-
-def expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion of a command word or env value (k8s.io/kubernetes
-    third_party/forked/golang/expansion): `$$` -> `$`, `$(NAME)` -> its value when defined
-    (else kept verbatim), any other `$` kept."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "$" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "$":
-                out.append("$")
-                i += 2
-                continue
-            if nxt == "(":
-                end = text.find(")", i + 2)
-                if end != -1:
-                    name = text[i + 2:end]
-                    out.append(env.get(name, f"$({name})"))
-                    i = end + 1
-                    continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
-
-
-def container_env(container: dict[str, Any]) -> dict[str, str]:
-    """The literal env as the container sees it (each value expanded over the ones before)."""
-    env: dict[str, str] = {}
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = expand(var["value"], env)
-    return env
-
-
-def command_of(container: dict[str, Any]) -> tuple[str, ...]:
-    """The command the container runs; LWS's own variables (set by its webhook) stay as
-    references."""
-    env = container_env(container)
-    return tuple(expand(word, env) for word in container["command"])
 
 
 def pod_argv_expected(plan: Plan, e: EnginePlan) -> tuple[str, ...]:
@@ -205,14 +166,6 @@ def test_write_bundle_rewrites_its_own_files(tmp_path: Path) -> None:
     assert {s for _, s in write_bundle(files, out)} == {"unchanged"}
 
 
-def test_namespace_is_on_every_object_and_in_every_url(tmp_path: Path) -> None:
-    plan = plan_of(write_config(tmp_path, SEED, k8s={"namespace": "llm"}))
-    docs = docs_of(plan)
-    assert {d["metadata"]["namespace"] for ds in docs.values() for d in ds} == {"llm"}
-    argv = find(docs, "Deployment", "dsv4-router")["spec"]["template"]["spec"]["containers"][0]
-    assert "http://dsv4-prefill.llm.svc:30000" in argv["command"]
-
-
 # --------------------------------------------------------------------------- engines
 
 
@@ -222,46 +175,6 @@ def test_engine_command_is_engine_argv_with_the_pod_overrides(any_plan: Plan) ->
         for where, spec in pod_specs(engine_workload(docs, e)).items():
             (container,) = spec["containers"]
             assert command_of(container) == pod_argv_expected(any_plan, e), (e.name, where)
-
-
-def test_escaping_values_reach_the_engine_literally() -> None:
-    """`$` in the config is no $(VAR) reference to Kubernetes (served_name "... $HOME", env
-    "... $X ...") and comes back verbatim, as in the systemd units."""
-    plan = plan_of(REPO / "tests/cases/escaping.yaml")
-    docs = docs_of(plan)
-    decode = next(e for e in plan.engines if e.role == "decode")
-    (container,) = pod_specs(engine_workload(docs, decode))["pod"]["containers"]
-    argv = command_of(container)
-    assert argv[argv.index("--served-model-name") + 1] == "it's \"v4\" $HOME"
-    assert container_env(container)["WEIRD"] == 'a b %n $X "q"'
-
-
-def test_a_dollar_reference_in_an_arg_is_not_expanded(tmp_path: Path) -> None:
-    plan = plan_of(write_config(tmp_path, SEED, decode={"args": {"api-key": "$(HOME)x"}}))
-    decode = next(e for e in plan.engines if e.role == "decode")
-    (container,) = pod_specs(engine_workload(docs_of(plan), decode))["pod"]["containers"]
-    argv = command_of(container)
-    assert argv[argv.index("--api-key") + 1] == "$(HOME)x"
-
-
-def test_single_pod_engine_is_a_recreate_deployment() -> None:
-    docs = docs_of(plan_of(SEED))
-    for name in ("dsv4-prefill", "dsv4-decode"):
-        spec = find(docs, "Deployment", name)["spec"]
-        assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
-
-
-def test_gpu_limits_are_the_engines_gpu_count(tmp_path: Path) -> None:
-    plan = plan_of(TWO_P_ONE_D)
-    docs = docs_of(plan)
-    for e in leaders(plan):
-        (c,) = pod_specs(engine_workload(docs, e))["pod"]["containers"]
-        assert c["resources"] == {"limits": {"nvidia.com/gpu": str(len(e.gpus))}}
-    assert [len(e.gpus) for e in leaders(plan)] == [2, 2, 4]
-    plan = plan_of(write_config(tmp_path, SEED, k8s={"gpu_resource": "amd.com/gpu"}))
-    (c,) = find(docs_of(plan), "Deployment", "dsv4-prefill")["spec"]["template"]["spec"][
-        "containers"]
-    assert c["resources"]["limits"] == {"amd.com/gpu": "4"}
 
 
 def test_env_is_the_plans_less_the_gpu_list_with_the_pod_ip_advertised(any_plan: Plan) -> None:
@@ -278,135 +191,6 @@ def test_env_is_the_plans_less_the_gpu_list_with_the_pod_ip_advertised(any_plan:
             }
             want = {k: v for k, v in e.env if k not in ("CUDA_VISIBLE_DEVICES", "SGLANG_HOST_IP")}
             assert container_env(c) == want
-
-
-def volumes_of(spec: dict[str, Any]) -> tuple[dict[str, dict], dict[str, dict]]:
-    (c,) = spec["containers"]
-    return ({v["name"]: v for v in spec["volumes"]},
-            {m["mountPath"]: m for m in c["volumeMounts"]})
-
-
-def test_paths_the_env_names_are_mounted_there() -> None:
-    plan = plan_of(SEED)
-    spec = find(docs_of(plan), "Deployment", "dsv4-prefill")["spec"]["template"]["spec"]
-    volumes, mounts = volumes_of(spec)
-    env = dict(plan.engines[0].env)
-    assert env["TRITON_CACHE_DIR"].startswith(plan.paths.jit_cache + "/")
-    assert volumes[mounts[plan.paths.jit_cache]["name"]]["hostPath"] == {
-        "path": plan.paths.jit_cache, "type": "DirectoryOrCreate"}
-    assert volumes[mounts[env["HOME"]]["name"]]["emptyDir"] == {}
-    assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"] == {"medium": "Memory"}
-    model = mounts["/srv/models/DeepSeek-V4-Flash"]
-    assert model["readOnly"] is True
-    assert volumes[model["name"]]["hostPath"]["path"] == "/srv/models/DeepSeek-V4-Flash"
-
-
-def test_jit_cache_claim_and_hub_model(tmp_path: Path) -> None:
-    plan = plan_of(write_config(tmp_path, SEED, k8s={"jit_cache_claim": "jit"},
-                                model={"path": "deepseek-ai/DeepSeek-V4-Flash"}))
-    spec = find(docs_of(plan), "Deployment", "dsv4-decode")["spec"]["template"]["spec"]
-    volumes, mounts = volumes_of(spec)
-    assert volumes[mounts[plan.paths.jit_cache]["name"]] == {
-        "name": "jit-cache", "persistentVolumeClaim": {"claimName": "jit"}}
-    assert sorted(volumes) == ["dshm", "home", "jit-cache"]  # a hub id: nothing to mount
-
-
-def test_pod_settings_from_the_k8s_section(tmp_path: Path) -> None:
-    plan = plan_of(write_config(tmp_path, SEED, k8s={
-        "host_network": True, "node_selector": {"gpu": "h200"}, "image": "sglang:1"}))
-    docs = docs_of(plan)
-    for name in ("dsv4-prefill", "dsv4-decode"):
-        spec = find(docs, "Deployment", name)["spec"]["template"]["spec"]
-        assert spec["hostNetwork"] is True
-        assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
-        assert spec["nodeSelector"] == {"gpu": "h200"}
-        assert spec["containers"][0]["image"] == "sglang:1"
-        assert spec["containers"][0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
-    router = find(docs, "Deployment", "dsv4-router")["spec"]["template"]["spec"]
-    assert "hostNetwork" not in router and "nodeSelector" not in router
-    default = find(docs_of(plan_of(SEED)), "Deployment", "dsv4-decode")
-    assert not {"hostNetwork", "dnsPolicy", "nodeSelector"} & set(
-        default["spec"]["template"]["spec"])
-
-
-def test_probes_follow_the_lifecycle(tmp_path: Path) -> None:
-    lifecycle = {"start_timeout_secs": 1205, "stop_timeout_secs": 99,
-                 "liveness_interval_secs": 7, "liveness_timeout_secs": 11, "liveness_failures": 4}
-    plan = plan_of(write_config(tmp_path, SEED, lifecycle=lifecycle))
-    docs = docs_of(plan)
-    for name in ("dsv4-prefill", "dsv4-decode", "dsv4-router"):
-        spec = find(docs, "Deployment", name)["spec"]["template"]["spec"]
-        assert spec["terminationGracePeriodSeconds"] == 99
-        (c,) = spec["containers"]
-        assert c["livenessProbe"]["periodSeconds"] == 7
-        assert c["livenessProbe"]["timeoutSeconds"] == 11
-        assert c["livenessProbe"]["failureThreshold"] == 4
-        assert c["readinessProbe"]["periodSeconds"] == 7
-        if name != "dsv4-router":
-            startup = c["startupProbe"]
-            assert startup["periodSeconds"] == STARTUP_PERIOD_SECS
-            assert startup["failureThreshold"] == math.ceil(1205 / STARTUP_PERIOD_SECS) == 121
-            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
-    # the same hang bound as the units' watchdog
-    c = find(docs, "Deployment", "dsv4-decode")["spec"]["template"]["spec"]["containers"][0]
-    live = c["livenessProbe"]
-    assert live["periodSeconds"] * live["failureThreshold"] + live["timeoutSeconds"] == (
-        plan.watchdog_secs)
-
-
-def test_prefill_service_exposes_http_and_bootstrap_decode_only_http() -> None:
-    plan = plan_of(TWO_P_ONE_D)
-    docs = docs_of(plan)
-    for e in leaders(plan):
-        svc = find(docs, "Service", e.name)
-        assert svc["spec"]["type"] == "ClusterIP"
-        ports = {p["name"]: p["port"] for p in svc["spec"]["ports"]}
-        want = {"http": e.port} | ({"bootstrap": e.bootstrap_port} if e.role == "prefill" else {})
-        assert ports == want
-        # the Service's named target ports exist on the pod
-        (c,) = pod_specs(engine_workload(docs, e))["pod"]["containers"]
-        assert {p["name"]: p["containerPort"] for p in c["ports"]} == want
-        # and it selects that engine's pod
-        labels = engine_workload(docs, e)["spec"]["template"]["metadata"]["labels"]
-        assert svc["spec"]["selector"].items() <= labels.items()
-        assert labels["app.kubernetes.io/component"] == e.role
-        assert labels["pdsvc/engine"] == e.name
-
-
-# --------------------------------------------------------------------------- LeaderWorkerSet
-
-
-def test_spanning_engine_is_a_leaderworkerset(tmp_path: Path) -> None:
-    plan = plan_of(spanning(tmp_path))
-    prefill = [e for e in plan.engines if e.role == "prefill"]
-    assert [(e.machine, e.node_rank, e.nnodes) for e in prefill] == [
-        ("gpu-a", 0, 2), ("gpu-c", 1, 2)]
-    docs = docs_of(plan)
-    lws = find(docs, "LeaderWorkerSet", "dsv4-prefill-lws")
-    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
-    lwt = lws["spec"]["leaderWorkerTemplate"]
-    assert lwt["size"] == 2 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
-    specs = pod_specs(lws)
-    for spec in specs.values():
-        (c,) = spec["containers"]
-        argv = list(c["command"])
-        assert argv[argv.index("--dist-init-addr") + 1] == "$(LWS_LEADER_ADDRESS):30335"
-        assert argv[argv.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
-        assert argv[argv.index("--nnodes") + 1] == "2"
-        assert argv[argv.index("--tp-size") + 1] == "8"
-        assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"}
-    (leader,), (worker,) = specs["leader"]["containers"], specs["worker"]["containers"]
-    assert {"startupProbe", "readinessProbe", "livenessProbe", "ports"} <= set(leader)
-    assert not {"startupProbe", "readinessProbe", "livenessProbe", "ports"} & set(worker)
-    # the Service (the engine's name; the LWS controller's headless one takes the LWS's)
-    svc = find(docs, "Service", "dsv4-prefill")
-    assert svc["spec"]["selector"] == {
-        "app.kubernetes.io/instance": "dsv4", "pdsvc/engine": "dsv4-prefill",
-        LWS_WORKER_INDEX_LABEL: "0"}
-    assert {p["name"] for p in svc["spec"]["ports"]} == {"http", "bootstrap"}
-    # the decode on one host stays a Deployment
-    assert find(docs, "Deployment", "dsv4-decode")["spec"]["replicas"] == 1
 
 
 # --------------------------------------------------------------------------- router
@@ -436,27 +220,6 @@ def test_router_dials_the_engine_services(config: Path) -> None:
     # the rest of the command is the plan's
     assert argv == router_argv(plan.router, python="python3", prefills=tuple(
         (u, int(p)) for u, p in prefills), decodes=tuple(decodes))
-
-
-def test_router_deployment_and_service(tmp_path: Path) -> None:
-    plan = plan_of(write_config(tmp_path, SEED, k8s={
-        "router_image": "router:2", "router_service_type": "LoadBalancer"}))
-    docs = docs_of(plan)
-    pod = router_pod(docs, plan)
-    (c,) = pod["containers"]
-    assert c["image"] == "router:2" and "resources" not in c
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
-    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    assert container_env(c) == dict(plan.router.env)
-    svc = find(docs, "Service", "dsv4-router")
-    assert svc["spec"]["type"] == "LoadBalancer"
-    assert [p["port"] for p in svc["spec"]["ports"]] == [8000]  # not the metrics port
-    assert svc["spec"]["selector"].items() <= pod_labels(docs, "dsv4-router").items()
-
-
-def pod_labels(docs: Docs, name: str) -> dict[str, str]:
-    return find(docs, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
 
 
 def test_router_starts_once_every_engine_service_is_healthy() -> None:

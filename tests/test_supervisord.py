@@ -2,7 +2,9 @@
 
 Rendered configs are read back with supervisor's OWN config reader (the serve venv's
 `supervisor` package), so escaping is checked against the parser that will run it: every
-command word and environment value must come back exactly as the plan has it.
+command word and environment value must come back exactly as the plan has it. What the
+bundle says for a given config (options, pinning, logs, the restart listener) is in
+tests/cases/supervisord-*.yaml (tests/test_cases.py).
 supervise.py's options for managers without systemd (--watchdog-secs, --kill-tree,
 --stop-timeout, --wait-for, the eventlistener mode) are tested in-process and as processes,
 with the stand-ins of tests/test_supervise.py; the whole stack under the real supervisord is
@@ -47,14 +49,12 @@ from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
 from pdsvc.render import (
     MARKER,
-    render_systemd,
     router_command,
     runtime_modules,
     write_bundle,
 )
 from pdsvc.render_supervisord import (
     STARTSECS,
-    STOP_MARGIN_SECS,
     program_names,
     render_supervisord,
     sv_env,
@@ -73,28 +73,13 @@ PARSE = textwrap.dedent('''
     opts = so.ServerOptions()
     opts.configfile = sys.argv[1]
     opts.process_config(do_usage=False)
-    client = so.ClientOptions()  # what supervisorctl reads from the same file
-    client.configfile = sys.argv[1]
-    client.process_config(do_usage=False)
-    servers = opts.configroot.supervisord.server_configs
-    out = {"warnings": opts.parse_warnings, "groups": {}, "serverurl": client.serverurl,
-           "sockets": [(s["file"], s["chmod"]) for s in servers],
-           "nodaemon": opts.nodaemon, "logfile": opts.logfile, "pidfile": opts.pidfile}
+    out = {"groups": {}}
     for g in opts.process_group_configs:
-        group = out["groups"][g.name] = {
-            "events": [e.__name__ for e in getattr(g, "pool_events", [])], "programs": {}}
+        group = out["groups"][g.name] = {"programs": {}}
         for pc in g.process_configs:
             group["programs"][pc.name] = {
                 "argv": shlex.split(pc.command), "environment": pc.environment,
-                "priority": pc.priority, "autorestart": pc.autorestart.__name__
-                if isinstance(pc.autorestart, type) else pc.autorestart,
-                "exitcodes": pc.exitcodes, "startsecs": pc.startsecs,
-                "startretries": pc.startretries, "stopsignal": int(pc.stopsignal),
-                "stopwaitsecs": pc.stopwaitsecs, "stopasgroup": pc.stopasgroup,
-                "killasgroup": pc.killasgroup, "uid": pc.uid, "umask": pc.umask,
-                "redirect_stderr": pc.redirect_stderr, "stdout_logfile": pc.stdout_logfile,
-                "stdout_logfile_maxbytes": pc.stdout_logfile_maxbytes,
-                "stderr_logfile": pc.stderr_logfile}
+                "startsecs": pc.startsecs}
     print(json.dumps(out, default=str))
 ''')
 
@@ -134,10 +119,6 @@ def parsed(serve_python: Path, tmp_path: Path, text: str, topology=SEED) -> tupl
 
 def after_dashes(argv: list[str]) -> list[str]:
     return argv[argv.index("--") + 1:]
-
-
-def option(argv: list[str], name: str) -> list[str]:
-    return [argv[i + 1] for i, word in enumerate(argv) if word == name]
 
 
 # --------------------------------------------------------------------------- escaping
@@ -208,90 +189,6 @@ def test_a_value_supervisord_cannot_hold_is_a_config_error_naming_it() -> None:
 # --------------------------------------------------------------------------- the bundle
 
 
-def test_default_bundle_as_supervisord_reads_it(serve_python: Path, tmp_path: Path) -> None:
-    plan, out = parsed(serve_python, tmp_path, DEFAULT_CONFIG)
-    lc = plan.lifecycle
-    socket = "/run/dsv4-supervisord.sock"
-    assert out["serverurl"] == f"unix://{socket}"
-    assert out["sockets"] == [[socket, 0o700]]
-    assert out["nodaemon"] is True and out["pidfile"] == "/run/dsv4-supervisord.pid"
-    assert out["logfile"] == "/dev/null"  # nodaemon: its own lines go to stdout already
-    assert out["warnings"] == [f'No file matches via include "{tmp_path}/bundle/conf.d/*.conf"']
-    programs = out["groups"]["dsv4-pd"]["programs"]
-    assert list(programs) == ["dsv4-prefill", "dsv4-decode", "dsv4-router"]  # by priority
-    supervise = str(tmp_path / "bundle" / "runtime")  # %(here)s: used in place
-    for e in plan.engines:
-        prog = programs[e.name]
-        argv = prog["argv"]
-        node = e.pinning.numa_node
-        assert argv[:6] == ["/usr/bin/numactl", f"--physcpubind={e.pinning.cpulist}",
-                            f"--preferred={node}", plan.python, supervise, "engine"]
-        assert option(argv, "--health-url") == [e.health_url]
-        assert option(argv, "--gpus") == [",".join(map(str, e.gpus))]
-        assert option(argv, "--jit-cache") == [plan.paths.jit_cache]
-        assert option(argv, "--stop-timeout") == [str(lc.stop_timeout_secs)]
-        assert "--kill-tree" in argv[:argv.index("--")]
-        assert "--prefix-output" in argv[:argv.index("--")]  # logs: stdout mixes programs
-        assert after_dashes(argv) == list(e.argv)
-        assert prog["environment"] == dict(e.env)
-    for name, prog in programs.items():
-        argv = prog["argv"]
-        # the hang bound is the plan's, the same number as the units' WatchdogSec=
-        assert option(argv, "--watchdog-secs") == [str(plan.watchdog_secs)], name
-        assert prog["uid"] == "uid:sglang" and prog["umask"] == 0o027
-        # 78: the runtime gave up (a service never healthy): not restarted, as in the units
-        assert prog["autorestart"] == "RestartWhenExitUnexpected" and prog["exitcodes"] == [0, 78]
-        assert prog["startsecs"] == STARTSECS
-        assert prog["startretries"] == lc.start_attempts - 1
-        assert prog["stopsignal"] == signal.SIGTERM
-        assert prog["stopwaitsecs"] == lc.stop_timeout_secs + STOP_MARGIN_SECS
-        assert (prog["stopasgroup"], prog["killasgroup"]) == (False, True)
-        assert prog["redirect_stderr"] is True
-        assert (prog["stdout_logfile"], prog["stdout_logfile_maxbytes"]) == ("/dev/stdout", 0)
-    router = programs["dsv4-router"]["argv"]
-    assert option(router, "--wait-for") == []  # the engines register themselves
-    assert after_dashes(router)[2:] == list(router_command(plan, plan.router, "supervisord")[2:])
-    assert programs["dsv4-prefill"]["priority"] < programs["dsv4-decode"]["priority"] < \
-        programs["dsv4-router"]["priority"]
-    listener = out["groups"]["dsv4-restarts"]
-    assert listener["events"] == ["ProcessStateStartingEvent"]  # events=PROCESS_STATE_STARTING
-    argv = listener["programs"]["dsv4-restarts"]["argv"]
-    assert option(argv, "--restart-with") == ["dsv4-pd:dsv4-decode=dsv4-pd:dsv4-prefill"]
-    assert listener["programs"]["dsv4-restarts"]["uid"] is None  # reaches the 0700 socket
-    assert listener["programs"]["dsv4-restarts"]["priority"] < programs["dsv4-prefill"]["priority"]
-
-
-def test_watchdog_is_one_number_in_both_bundles() -> None:
-    plan = plan_of(DEFAULT_CONFIG)
-    units = {f.path: f.content for f in render_systemd(plan, "x")}
-    assert f"WatchdogSec={plan.watchdog_secs}\n" in units["dsv4-decode.service"]
-    conf = render_supervisord(plan, "x")[0].content
-    assert conf.count(f"--watchdog-secs {plan.watchdog_secs} ") == 3
-    # under systemd nothing changes: the units pass none of the supervisord-only options
-    # (--stop-timeout they do pass: it bounds the drains the runtime begins itself)
-    for option_name in ("--watchdog-secs", "--kill-tree", "--wait-for"):
-        assert all(option_name not in text for path, text in units.items()
-                   if not path.startswith("runtime/")), option_name
-
-
-def test_files_logs_and_no_privilege_drop(serve_python: Path, tmp_path: Path) -> None:
-    logs = tmp_path / "logs"  # supervisord wants the directory to exist
-    logs.mkdir()
-    text = with_(**{"supervisord": {"logs": "files", "log_dir": str(logs),
-                                    "run_dir": "/tmp", "drop_privileges": False}})
-    _, out = parsed(serve_python, tmp_path, text)
-    assert out["logfile"] == f"{logs}/supervisord.log"
-    assert out["serverurl"] == "unix:///tmp/dsv4-supervisord.sock"
-    for name, prog in out["groups"]["dsv4-pd"]["programs"].items():
-        assert prog["stdout_logfile"] == f"{logs}/{name}.log"
-        assert "--prefix-output" not in prog["argv"]  # a file per program
-        assert prog["stdout_logfile_maxbytes"] == 50 * 1024 * 1024
-        assert prog["uid"] is None
-    listener = out["groups"]["dsv4-restarts"]["programs"]["dsv4-restarts"]
-    assert listener["stderr_logfile"] == f"{logs}/dsv4-restarts.log"
-    assert listener["stdout_logfile"] is None  # stdout is the event protocol
-
-
 def test_conf_d_overrides_options_without_editing(serve_python: Path, tmp_path: Path) -> None:
     """The header's promise: conf.d/*.conf beside the config is read last and wins."""
     (tmp_path / "bundle" / "conf.d").mkdir(parents=True)
@@ -302,29 +199,6 @@ def test_conf_d_overrides_options_without_editing(serve_python: Path, tmp_path: 
     assert decode["startsecs"] == 99 and decode["environment"] == {"ONLY": "this"}
     assert decode["argv"][0] == "/usr/bin/numactl"  # the rest as rendered
     assert out["groups"]["dsv4-pd"]["programs"]["dsv4-prefill"]["startsecs"] == STARTSECS
-
-
-@pytest.mark.parametrize(("settings", "expected"), [
-    ({"runtime.numa_policy": "bind"}, ["--physcpubind=0-55,112-167", "--membind=0"]),
-    ({}, ["--physcpubind=0-55,112-167", "--preferred=0"]),
-    ({"supervisord": {"numactl": "/opt/bin/numactl"}},
-     ["--physcpubind=0-55,112-167", "--preferred=0"]),
-])
-def test_numactl_prefix_follows_the_plan(settings: dict, expected: list[str]) -> None:
-    conf = conf_of(with_(**settings))
-    numactl = settings.get("supervisord", {}).get("numactl", "/usr/bin/numactl")
-    assert f"command={numactl} {' '.join(expected)} /opt/sglang/venv/bin/python " in conf
-
-
-def test_unknown_numa_node_pins_cpus_only(tmp_path: Path) -> None:
-    topo = json.loads((REPO / "etc/seed-host.topology.json").read_text())
-    for gpu in topo["gpus"]:
-        gpu["numa_node"] = -1  # a VM: the kernel does not know; two nodes, so no memory policy
-    (tmp_path / "vm.json").write_text(json.dumps(topo))
-    conf = conf_of(DEFAULT_CONFIG, load_topology_file(tmp_path / "vm.json"))
-    assert "command=/usr/bin/numactl --physcpubind=0-55,112-167 /opt/sglang/venv/bin/python" \
-        in conf
-    assert "--preferred" not in conf and "--membind" not in conf
 
 
 def test_pinning_without_numactl_is_a_config_error_naming_the_key_and_the_fix() -> None:
@@ -339,26 +213,6 @@ def test_pinning_without_numactl_is_a_config_error_naming_the_key_and_the_fix() 
     # YAML's `off` for "not installed" reads the same
     with pytest.raises(ConfigError, match="supervisord.numactl is null"):
         conf_of(DEFAULT_CONFIG + "supervisord:\n  numactl: off\n")
-
-
-def test_no_pinning_needs_no_numactl() -> None:
-    conf = conf_of(with_(**{"supervisord": {"numactl": None}, "runtime.pinning": "off"}))
-    assert "numactl" not in conf.split("[supervisord]")[1]
-    assert "command=/opt/sglang/venv/bin/python '%(here)s/runtime' engine\n" in conf
-    assert "; SGLang prefill, not pinned: pinning off (runtime.pinning: off)." in conf
-
-
-def test_strict_pinning_says_what_only_a_cgroup_can_add() -> None:
-    conf = conf_of(with_(**{"runtime.pinning": "strict"}))
-    assert "--cpuset-cpus=0-223 --cpuset-mems=0,1" in conf
-    assert "--physcpubind=0-55,112-167 --preferred=0" in conf
-
-
-def test_no_restart_listener_when_decode_is_not_coupled() -> None:
-    conf = conf_of(with_(**{"transfer.backend": "mooncake"}))
-    assert "[eventlistener:" not in conf
-    conf = conf_of(with_(**{"decode.restart_with_prefill": False}))
-    assert "[eventlistener:" not in conf
 
 
 def test_socket_path_must_fit_a_unix_socket() -> None:
