@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,10 +52,9 @@ class Launch:
         return shlex.join(self.argv)
 
 
-def service_settings(text: str) -> list[tuple[str, str]]:
-    """The (key, value) lines of a unit file's [Service] section, in order, with backslash
-    continuations joined."""
-    out: list[tuple[str, str]] = []
+def unit_lines(text: str) -> Iterator[tuple[str, str, str]]:
+    """(section, key, value) of each setting of a unit file, in order, with backslash
+    continuations joined and comments skipped (systemd.syntax(7))."""
     section, pending = "", ""
     for raw in text.splitlines():
         line = pending + raw
@@ -68,10 +67,14 @@ def service_settings(text: str) -> list[tuple[str, str]]:
             continue
         if stripped.startswith("[") and stripped.endswith("]"):
             section = stripped[1:-1]
-        elif section == "Service" and "=" in stripped:
+        elif "=" in stripped:
             key, _, value = stripped.partition("=")
-            out.append((key.strip(), value.strip()))
-    return out
+            yield section, key.strip(), value.strip()
+
+
+def service_settings(text: str) -> list[tuple[str, str]]:
+    """The (key, value) lines of a unit file's [Service] section, in order."""
+    return [(k, v) for section, k, v in unit_lines(text) if section == "Service"]
 
 
 def dropins(unit: str, roots: Iterable[str] = DROPIN_ROOTS) -> list[Path]:

@@ -5,26 +5,14 @@ from __future__ import annotations
 import shlex
 from collections import defaultdict
 
+from pdsvc.doctor.kv_launch import unit_lines  # the one unit-file reader (doctor's too)
+
 
 def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
     """Sections -> key -> list of values (a key may repeat). Joins backslash continuations."""
     sections: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    section = ""
-    pending = ""
-    for raw in text.splitlines():
-        line = pending + raw
-        if line.endswith("\\"):
-            pending = line[:-1] + " "
-            continue
-        pending = ""
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#;":
-            continue
-        if stripped.startswith("[") and stripped.endswith("]"):
-            section = stripped[1:-1]
-            continue
-        key, _, value = stripped.partition("=")
-        sections[section][key.strip()].append(value.strip())
+    for section, key, value in unit_lines(text):
+        sections[section][key].append(value)
     return {s: dict(k) for s, k in sections.items()}
 
 
