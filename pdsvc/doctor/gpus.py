@@ -20,6 +20,7 @@ from ..runtime.gpu import (
     find_nvidia_smi,
     normalize_bus_id,
     parse_compute_apps,
+    query_gpu_rows,
 )
 from .host import Host, comm
 
@@ -47,15 +48,8 @@ def _mib(text: str) -> int | None:
 
 def parse_query_gpu(csv_text: str) -> list[GpuMemory]:
     """Parse ``QUERY_GPU``'s CSV (index, bus id, memory.total, memory.used)."""
-    gpus = []
-    for line in csv_text.splitlines():
-        if not line.strip():
-            continue
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 4 or not fields[0].isdigit():
-            raise GpuQueryError(f"unexpected nvidia-smi --query-gpu line: {line.strip()!r}")
-        gpus.append(GpuMemory(int(fields[0]), fields[1], _mib(fields[2]), _mib(fields[3])))
-    return gpus
+    return [GpuMemory(int(index), bus, _mib(total), _mib(used))
+            for index, bus, total, used in query_gpu_rows(csv_text, 4)]
 
 
 def _smi(path: str, query: tuple[str, ...]) -> str:

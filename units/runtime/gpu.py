@@ -55,18 +55,25 @@ def normalize_bus_id(bus_id: str) -> str:
     return text
 
 
-def parse_gpu_indices(csv_text: str) -> dict[str, tuple[int, str]]:
-    """Parse ``--query-gpu=index,pci.bus_id --format=csv,noheader`` into
-    {canonical bus id: (index, bus id as printed)}."""
-    gpus: dict[str, tuple[int, str]] = {}
+def query_gpu_rows(csv_text: str, columns: int) -> list[list[str]]:
+    """The rows of a ``--query-gpu=index,… --format=csv,noheader`` answer, each ``columns``
+    stripped fields, the first an index; GpuCheckError on any other line."""
+    rows = []
     for line in csv_text.splitlines():
         if not line.strip():
             continue
         fields = [field.strip() for field in line.split(",")]
-        if len(fields) != 2 or not fields[0].isdigit():
+        if len(fields) != columns or not fields[0].isdigit():
             raise GpuCheckError(f"unexpected nvidia-smi --query-gpu line: {line.strip()!r}")
-        gpus[normalize_bus_id(fields[1])] = (int(fields[0]), fields[1])
-    return gpus
+        rows.append(fields)
+    return rows
+
+
+def parse_gpu_indices(csv_text: str) -> dict[str, tuple[int, str]]:
+    """Parse ``--query-gpu=index,pci.bus_id --format=csv,noheader`` into
+    {canonical bus id: (index, bus id as printed)}."""
+    return {normalize_bus_id(bus): (int(index), bus)
+            for index, bus in query_gpu_rows(csv_text, 2)}
 
 
 def parse_compute_apps(csv_text: str) -> list[tuple[str, int, str, str]]:
