@@ -348,6 +348,8 @@ def test_doctor_kv_adds_a_row_per_pair_to_the_report(tmp_path: Path, nixl_python
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     result = runner.invoke(doctor, ["-c", str(tmp_path / "c.yaml"), "--topology",
                                     str(SEED_TOPOLOGY), "--kv", "--kv-as", "direct", "--json"])
-    report = json.loads(result.stdout)
+    report = json.loads(result.stdout)  # progress goes to stderr, the JSON stays whole
+    assert "pdsvc doctor: kv dsv4-prefill→dsv4-decode: both halves (direct), 4 MiB…" in \
+        result.stderr
     [kv] = [c for c in report["checks"] if c["check"].startswith("kv ")]
     assert kv["status"] == "warning" and "under transfer.kv_check_min_gbps" in kv["detail"]

@@ -26,7 +26,7 @@ from ..errors import TopologyError
 from ..plan import Plan
 from .checks import run_checks
 from .host import Host
-from .kv import check_kv, pairs
+from .kv import check_kv
 from .rows import EXIT_OK, EXIT_UNFIT, Row, exit_code, fail, guarded
 
 SYMBOL: dict[str, str] = {"ok": "✓", "warning": "!", "failed": "✗"}
@@ -129,11 +129,10 @@ def doctor(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
                 *run_checks(None, host)]
     else:
         rows = run_checks(plan, host)
-        if kv:
-            if not as_json:
-                click.echo(f"pdsvc doctor: moving KV between {len(pairs(whole))} pair(s) "
-                           "with NIXL…", err=True)
-            rows += guarded("kv path", lambda: check_kv(whole, plan, host, kv_as))
+        if kv:  # progress on stderr, also with --json: the transfers take seconds each
+            rows += guarded("kv path", lambda: check_kv(
+                whole, plan, host, kv_as,
+                progress=lambda line: click.echo(f"pdsvc doctor: {line}", err=True)))
     if as_json:
         click.echo(json.dumps(report_json(rows, config=config_path, plan=plan), indent=2))
     else:

@@ -184,10 +184,12 @@ def _launcher(plan: Plan, how: str, seq: int) -> Callable[[EnginePlan, list[str]
 
 
 def check_kv(whole: Plan, here: Plan, host: Host, how: str = "auto",
-             gpus_here: bool | None = None, keep: Path | None = None) -> list[Row]:
+             gpus_here: bool | None = None, keep: Path | None = None,
+             progress: Callable[[str], None] = lambda line: None) -> list[Row]:
     """One row per pair this host takes part in, after running its half or both.
     ``gpus_here``: whether this host has NVIDIA GPUs (default: /dev/nvidiactl exists);
-    ``keep``: a directory to copy each half's output into (UCX's own lines included)."""
+    ``keep``: a directory to copy each half's output into (UCX's own lines included);
+    ``progress``: told what is being waited for, a line at a time."""
     if whole.transfer_backend != "nixl":
         return [ok("kv path", f"transfer.backend is {whole.transfer_backend}: "
                    "the KV check runs NIXL only")]
@@ -200,6 +202,12 @@ def check_kv(whole: Plan, here: Plan, host: Host, how: str = "auto",
         gpus_here = Path("/dev/nvidiactl").exists()
     rows = []
     for seq, (p, d) in enumerate(todo):
+        halves = ("both halves" if p.name in mine and d.name in mine
+                  else f"the {'decode' if d.name in mine else 'prefill'}-side half, "
+                  f"with {(p if d.name in mine else d).machine}'s doctor (up to "
+                  f"{PEER_WAIT_SECS} s)")
+        progress(f"kv {p.name}→{d.name}: {halves} ({how}), "
+                 f"{whole.kv_check.bytes / 2**20:.0f} MiB…")
         rows.append(_check_pair(whole, p, d, p.name in mine, d.name in mine,
                                 _launcher(here, how, seq), how, gpus_here,
                                 keep / f"{seq}-{p.name}-{d.name}" if keep else None))
