@@ -21,7 +21,9 @@ from pdsvc.clikit import load_plan
 from pdsvc.doctor import doctor
 from pdsvc.doctor.host import Host
 from pdsvc.doctor.kv import (
+    Half,
     HalfResult,
+    _check_pair,
     _failed,
     _judge,
     _parse_result,
@@ -31,6 +33,8 @@ from pdsvc.doctor.kv import (
     transports,
 )
 from pdsvc.doctor.kv_launch import (
+    Launch,
+    UnitSettingError,
     direct_launch,
     dropins,
     service_settings,
@@ -39,6 +43,7 @@ from pdsvc.doctor.kv_launch import (
 )
 from pdsvc.doctor.probes import probe_source
 from pdsvc.plan import KvCheck, Plan
+from pdsvc.render import render_systemd
 
 UCX = REPO / "tests" / "fixtures" / "ucx"
 SEED_TOPOLOGY = REPO / "etc" / "seed-host.topology.json"
@@ -127,29 +132,57 @@ def test_exec_settings_come_from_the_rendered_unit(tmp_path: Path) -> None:
     assert ('Environment', '"UCX_TLS=rc,cuda_copy"') in got
     assert ("Environment", '"CUDA_VISIBLE_DEVICES=0,1,2,3"') in got
     assert ("EnvironmentFile", "-/etc/dsv4/dsv4-prefill.env") in got
-    # what is the unit's own business, not the environment the process sees
-    assert not keys & {"ExecStart", "Restart", "Type", "LoadCredential", "RuntimeDirectory",
-                       "WatchdogSec", "TimeoutStartSec"}
+    # the sandboxing comes along: a drop-in that breaks the engine must break the probe
+    assert {"ProtectSystem", "PrivateTmp", "RestrictAddressFamilies", "CapabilityBoundingSet",
+            "LimitMEMLOCK", "NoNewPrivileges", "UMask"} <= keys
+    # what is the service's own lifecycle (or would be made, or needs doctor's stdio) does not
+    assert not keys & {"ExecStart", "Restart", "RestartSec", "Type", "LoadCredential",
+                       "RuntimeDirectory", "StateDirectory", "CacheDirectory", "WatchdogSec",
+                       "TimeoutStartSec", "KillMode", "SyslogIdentifier", "NotifyAccess"}
 
 
-def test_dropins_apply_after_the_unit_prefix_first_etc_over_run(tmp_path: Path) -> None:
+def test_a_literal_percent_arrives_as_one_and_a_specifier_is_refused(tmp_path: Path) -> None:
+    """The unit file says %% for %; `systemd-run -p` expands nothing, so it must get %."""
+    cfg = {"model": {"path": "/srv/m"}, "prefill": {"env": {"UCX_LOG_FILE": "/tmp/ucx.%p"}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    plan = load_plan(tmp_path / "c.yaml", None, SEED_TOPOLOGY)
+    unit = next(f.content for f in render_systemd(plan, "x") if f.path == "dsv4-prefill.service")
+    assert 'Environment="UCX_LOG_FILE=/tmp/ucx.%%p"' in unit
+    got = unit_exec_settings(plan, plan.engines[0], dropin_roots=[])
+    assert ("Environment", '"UCX_LOG_FILE=/tmp/ucx.%p"') in got
+    etc = tmp_path / "etc"
+    (etc / "dsv4-prefill.service.d").mkdir(parents=True)
+    (etc / "dsv4-prefill.service.d" / "h.conf").write_text(
+        "[Service]\nEnvironment=CACHE=%h/cache\n")
+    with pytest.raises(UnitSettingError, match=r"h\.conf: Environment=: the specifier '%h'"):
+        unit_exec_settings(plan, plan.engines[0], dropin_roots=[str(etc)])
+
+
+def test_dropins_apply_by_name_and_the_more_specific_file_of_a_name_wins(
+        tmp_path: Path) -> None:
+    """systemd.unit(5): UNIT.d/, then its dashed prefixes, then TYPE.d/ — within a root the
+    more specific directory wins a file name, and /etc wins over /run."""
     etc, run = tmp_path / "etc", tmp_path / "run"
-    for d, name, body in ((etc, "dsv4-.service.d/10-all.conf", "[Service]\nEnvironment=A=1\n"),
-                          (etc, "dsv4-prefill.service.d/20-ucx.conf",
-                           "[Service]\nEnvironment=UCX_NET_DEVICES=mlx5_0:1\nRestart=no\n"),
-                          (run, "dsv4-prefill.service.d/20-ucx.conf",
-                           "[Service]\nEnvironment=UCX_NET_DEVICES=masked\n"),
-                          (etc, "dsv4-decode.service.d/30-other.conf",
-                           "[Service]\nEnvironment=B=2\n")):
+    for d, name, body in (
+            (etc, "dsv4-.service.d/10-all.conf", "[Service]\nEnvironment=A=1\n"),
+            (etc, "dsv4-.service.d/20-ucx.conf", "[Service]\nEnvironment=UCX_NET_DEVICES=all\n"),
+            (etc, "dsv4-prefill.service.d/20-ucx.conf",
+             "[Service]\nEnvironment=UCX_NET_DEVICES=mlx5_0:1\nRestart=no\n"),
+            (run, "dsv4-prefill.service.d/20-ucx.conf",
+             "[Service]\nEnvironment=UCX_NET_DEVICES=masked\n"),
+            (run, "service.d/30-every-service.conf", "[Service]\nEnvironment=C=3\n"),
+            (etc, "dsv4-decode.service.d/30-other.conf", "[Service]\nEnvironment=B=2\n")):
         (d / name).parent.mkdir(parents=True, exist_ok=True)
         (d / name).write_text(body)
     roots = [str(etc), str(run)]
-    assert [p.name for p in dropins("dsv4-prefill.service", roots)] == ["10-all.conf",
-                                                                        "20-ucx.conf"]
+    got_files = dropins("dsv4-prefill.service", roots)
+    assert [str(p.relative_to(tmp_path)) for p in got_files] == [
+        "etc/dsv4-.service.d/10-all.conf", "etc/dsv4-prefill.service.d/20-ucx.conf",
+        "run/service.d/30-every-service.conf"]
     plan = load_plan(REPO / "etc" / "pdsvc.yaml", None, SEED_TOPOLOGY)
     got = unit_exec_settings(plan, plan.engines[0], roots)
     envs = [v for k, v in got if k == "Environment"]
-    assert envs[-2:] == ["A=1", "UCX_NET_DEVICES=mlx5_0:1"]  # /etc's file masks /run's
+    assert envs[-3:] == ["A=1", "UCX_NET_DEVICES=mlx5_0:1", "C=3"]
     assert ("Restart", "no") not in got
 
 
@@ -181,7 +214,7 @@ def test_direct_launch_takes_the_plan_env_and_env_file_and_pins(
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert launch.env["UCX_PROTO_INFO"] == "y"
     assert launch.env["HOME"] == dict(d.env)["HOME"] != os.environ.get("HOME")
-    assert list(launch.argv[-2:]) == ["--cpus", d.pinning.cpulist]
+    assert list(launch.argv[-3:]) == ["--cpus", d.pinning.cpulist, "--memlock"]
 
 
 def test_auto_takes_systemd_only_as_root_on_a_systemd_host(tmp_path: Path) -> None:
@@ -296,7 +329,8 @@ def test_the_probe_pins_itself_and_reports_what_it_ran_with(nixl_python: str) ->
     cpu = sorted(os.sched_getaffinity(0))[-1]
     env = {"PATH": os.environ["PATH"], "UCX_LOG_LEVEL": "error"}
     proc = subprocess.run(
-        [nixl_python, "-I", "-", "m", "initiator", "--target", "http://127.0.0.1:9",
+        [nixl_python, "-I", "-", "m", "initiator", "--pair", "p-to-d", "--target",
+         "http://127.0.0.1:9",
          "--bytes", str(1 << 20), "--blocks", "1", "--timeout", "1", "--cpus", str(cpu)],
         input=probe_source("kvpath.py"), capture_output=True, text=True, env=env, timeout=60)
     result = json.loads(proc.stderr.rsplit("pdsvc-doctor-result ", 1)[1])
@@ -304,41 +338,100 @@ def test_the_probe_pins_itself_and_reports_what_it_ran_with(nixl_python: str) ->
     assert result["stage"] == "connect" and result["cpus"] == [cpu]
     assert result["env"] == {"UCX_LOG_LEVEL": "error"}
     bad = subprocess.run(
-        [nixl_python, "-I", "-", "m", "initiator", "--bytes", str(1 << 20), "--blocks", "1",
+        [nixl_python, "-I", "-", "m", "initiator", "--pair", "p-to-d", "--bytes",
+         str(1 << 20), "--blocks", "1",
          "--cpus", "100000"], input=probe_source("kvpath.py"), capture_output=True, text=True,
         env=env, timeout=60)
     assert json.loads(bad.stderr.rsplit("pdsvc-doctor-result ", 1)[1])["stage"] == "pin"
 
 
-def test_across_hosts_each_host_runs_its_half(tmp_path: Path, nixl_python: str) -> None:
-    """Two inventory hosts on two loopback addresses: the decode's host serves the target on
-    the decode's address and port, the prefill's host writes to it; run at once, they pair."""
+def hosts_config(tmp_path: Path, python: str, hosts: dict, **roles: object) -> Path:
     topo = tmp_path / "topo.json"
     topo.write_text(SEED_TOPOLOGY.read_text())
-    cfg = {"model": {"path": "/srv/m"},
-           "runtime": {"python": nixl_python, "pinning": "off"}, "transfer": dict(SMALL),
-           "hosts": {"a": {"address": "127.0.0.2", "topology": str(topo),
-                           "run": ["prefill", "router"], "ucx_net_devices": "lo"},
-                     "b": {"address": "127.0.0.3", "topology": str(topo), "run": ["decode"],
-                           "ucx_net_devices": "lo"}},
-           "prefill": {"gpus": [0]}, "decode": {"gpus": [0]}}
+    cfg = {"model": {"path": "/srv/m"}, "runtime": {"python": python, "pinning": "off"},
+           "transfer": dict(SMALL),
+           "hosts": {name: {"address": addr, "topology": str(topo), "run": run,
+                            "ucx_net_devices": "lo"} for name, (addr, run) in hosts.items()},
+           **roles}
     path = tmp_path / "hosts.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_hosts(path: Path, names: list[str], peer_wait: float = 120) -> dict[str, list]:
+    """`pdsvc doctor --kv --host NAME` on each host at once (threads stand in for hosts)."""
     whole = load_plan(path, None, None, scheduled=True)
     rows: dict[str, list] = {}
 
     def side(name: str) -> None:
         here = load_plan(path, None, None, only_host=name).for_host(name)
-        rows[name] = check_kv(whole, here, Host(), "direct", gpus_here=False)
+        rows[name] = check_kv(whole, here, Host(), "direct", gpus_here=False,
+                              peer_wait=peer_wait)
 
-    threads = [threading.Thread(target=side, args=(n,)) for n in ("b", "a")]
+    threads = [threading.Thread(target=side, args=(n,)) for n in names]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
+    return rows
+
+
+def test_across_hosts_each_host_runs_its_half(tmp_path: Path, nixl_python: str) -> None:
+    """Two inventory hosts on two loopback addresses: the decode's host serves the target on
+    the decode's address and port, the prefill's host writes to it; run at once, they pair."""
+    path = hosts_config(tmp_path, nixl_python, {"a": ("127.0.0.2", ["prefill", "router"]),
+                                                "b": ("127.0.0.3", ["decode"])},
+                        prefill={"gpus": [0]}, decode={"gpus": [0]})
+    rows = run_hosts(path, ["b", "a"])
     [a], [b] = rows["a"], rows["b"]
     assert a.status == "ok" and "intact" in a.detail and "GB/s" in a.detail, a
     assert b.status == "ok" and "received from dsv4-prefill's host" in b.detail, b
+
+
+def test_two_prefill_hosts_take_turns_at_one_decode(tmp_path: Path, nixl_python: str) -> None:
+    """2P1D over three hosts: both prefill hosts reach for the same decode address and port;
+    the decode's host serves one pair at a time, in plan order, and each initiator waits for
+    its own pair (another's target answers 409), so each row is the pair it names."""
+    path = hosts_config(tmp_path, nixl_python,
+                        {"a": ("127.0.0.2", ["prefill[0]", "router"]),
+                         "c": ("127.0.0.4", ["prefill[1]"]), "b": ("127.0.0.3", ["decode"])},
+                        prefill=[{"gpus": [0]}, {"gpus": [1]}], decode={"gpus": [0]})
+    rows = run_hosts(path, ["c", "b", "a"])  # the second pair's prefill host starts first
+    [a], [c] = rows["a"], rows["c"]
+    assert [r.check for r in rows["b"]] == ["kv dsv4-prefill-0→dsv4-decode",
+                                           "kv dsv4-prefill-1→dsv4-decode"]
+    assert all(r.status == "ok" for r in rows["b"]), rows["b"]
+    assert a.check == "kv dsv4-prefill-0→dsv4-decode" and a.status == "ok", a
+    assert c.check == "kv dsv4-prefill-1→dsv4-decode" and c.status == "ok", c
+
+
+def test_a_decode_host_alone_gives_up_on_its_peer_within_the_bound(
+        tmp_path: Path, nixl_python: str) -> None:
+    path = hosts_config(tmp_path, nixl_python, {"a": ("127.0.0.2", ["prefill", "router"]),
+                                                "b": ("127.0.0.3", ["decode"])},
+                        prefill={"gpus": [0]}, decode={"gpus": [0]})
+    [b] = run_hosts(path, ["b"], peer_wait=3)["b"]
+    assert b.status == "failed" and "no prefill-side half came in 3 s" in b.detail, b
+    assert "on the prefill's host" in b.fix
+
+
+def test_a_unit_setting_systemd_run_cannot_take_is_a_row(seed_plan: Plan) -> None:
+    def launch(e, args, extra):  # noqa: ANN001, ANN202
+        raise UnitSettingError("x.conf: Environment=: the specifier '%h' …")
+
+    row = _check_pair(seed_plan, *seed_plan.engines[:2], True, True, launch, "systemd", False,
+                      None, 5)
+    assert row.status == "failed" and "cannot be started as its unit" in row.detail
+    assert "--kv-as direct" in row.fix
+
+
+def test_a_half_that_hangs_is_killed_at_the_bound(tmp_path: Path) -> None:
+    launch = Launch(("sh", "-c", "cat >/dev/null; echo started >&2; sleep 600"),
+                    {"PATH": os.environ["PATH"]}, "direct")
+    half = Half(launch, tmp_path, "hang")
+    got = half.finish(1)
+    assert got.returncode is None and got.error() == "timed out"
+    assert half.proc.poll() is not None  # gone, with its process group
 
 
 def test_doctor_kv_adds_a_row_per_pair_to_the_report(tmp_path: Path, nixl_python: str,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..plan import EnginePlan, Plan
 from .host import Host
-from .kv_launch import Launch, direct_launch, systemd_launch
+from .kv_launch import Launch, UnitSettingError, direct_launch, systemd_launch
 from .probes import RESULT_PREFIX, probe_source
 from .rows import Row, fail, ok, warn
 
@@ -51,18 +51,20 @@ _TL = re.compile(r"\b([a-z][a-z0-9_]*/[\w:.\-\[\]]+)")
 _GLOG = re.compile(r"^[EF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] (.*)$")
 
 
-def transports(ucx_stdout: str, memory: str = "host") -> list[str]:
-    """The transports UCX chose for large remote writes between the two agents from
-    ``memory`` ("host" or "cuda") into the same kind, each once, in order: ``cuda_ipc/cuda``,
-    ``cma/memory``, ``tcp/eth0``. An agent's writes to itself (``self``) are not the path."""
+def transports(ucx_stdout: str, src: str = "host", dst: str | None = None) -> list[str]:
+    """The transports UCX chose for large remote writes between the two agents from ``src``
+    memory ("host" or "cuda") into ``dst`` (default: the same kind), each once, in order:
+    ``cuda_ipc/cuda``, ``cma/memory``, ``tcp/eth0``. An agent's writes to itself (``self``)
+    are not the path."""
+    memory = (src, dst or src)
     found: list[str] = []
     cfg, table = "", False
     for line in ucx_stdout.splitlines():
         if m := _CFG.search(line):
             cfg = m.group(1)
         elif m := _TITLE.search(line):
-            src, dst = (("cuda" if side.startswith("cuda") else "host") for side in m.groups())
-            table = cfg != "self" and src == dst == memory
+            sides = tuple("cuda" if side.startswith("cuda") else "host" for side in m.groups())
+            table = cfg != "self" and sides == memory
         elif table and (m := _ROW.search(line)):
             # one lane ("cma/memory") or several ("52% on tcp/lo and 48% on tcp/eth0")
             for tl in _TL.findall(m.group(1)):
@@ -109,10 +111,10 @@ def _address(plan: Plan, e: EnginePlan) -> str:
     return plan.host(e.machine).address if plan.hosts and e.machine else "127.0.0.1"
 
 
-def _probe_args(plan: Plan, role: str, **opts: str) -> list[str]:
+def _probe_args(plan: Plan, role: str, pair: str, wait: float, **opts: str) -> list[str]:
     kv = plan.kv_check
-    args = [KV_MARKER, role, "--bytes", str(kv.bytes), "--blocks", str(kv.blocks),
-            "--timeout", str(PEER_WAIT_SECS)]
+    args = [KV_MARKER, role, "--pair", pair, "--bytes", str(kv.bytes), "--blocks",
+            str(kv.blocks), "--timeout", f"{wait:g}"]
     for k, v in opts.items():
         args += [f"--{k}", v]
     return args
@@ -133,6 +135,7 @@ class Half:
     """A running half: its output goes to files (no pipe to fill up), read when it ends."""
 
     def __init__(self, launch: Launch, workdir: Path, name: str) -> None:
+        self.launch = launch
         self.out = workdir / f"{name}.out"
         self.err = workdir / f"{name}.err"
         with self.out.open("wb") as out, self.err.open("wb") as err:
@@ -155,12 +158,21 @@ class Half:
             time.sleep(0.05)
         return None
 
+    def kill(self) -> None:
+        """The half and, under systemd, its transient unit: killing systemd-run (the client)
+        would leave the probe holding the GPU memory and the port (systemd-run(1))."""
+        if self.launch.unit:
+            subprocess.run(["systemctl", "kill", "--signal=SIGKILL", self.launch.unit],
+                           capture_output=True, timeout=30, check=False)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
     def finish(self, bound: float) -> HalfResult:
         try:
             rc: int | None = self.proc.wait(timeout=bound)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
+            self.kill()
             rc = None
         err = self.err.read_text(errors="replace")
         return HalfResult(_parse_result(err), self.out.read_text(errors="replace"), err, rc)
@@ -174,22 +186,25 @@ def choose_launcher(host: Host, asked: str) -> str:
     return "systemd" if booted and os.geteuid() == 0 else "direct"
 
 
-def _launcher(plan: Plan, how: str, seq: int) -> Callable[[EnginePlan, list[str], dict], Launch]:
+def _launcher(plan: Plan, how: str, seq: int, wait: float,
+              ) -> Callable[[EnginePlan, list[str], dict], Launch]:
     def launch(e: EnginePlan, args: list[str], extra_env: dict[str, str]) -> Launch:
         if how == "systemd":
             unit = f"{e.name}-kvcheck-{os.getpid()}-{seq}.service"
-            return systemd_launch(plan, e, args, unit, PEER_WAIT_SECS * 3, extra_env)
+            return systemd_launch(plan, e, args, unit, int(wait * 3 + 30), extra_env)
         return direct_launch(plan, e, args, extra_env)
     return launch
 
 
 def check_kv(whole: Plan, here: Plan, host: Host, how: str = "auto",
              gpus_here: bool | None = None, keep: Path | None = None,
-             progress: Callable[[str], None] = lambda line: None) -> list[Row]:
+             progress: Callable[[str], None] = lambda line: None,
+             peer_wait: float = PEER_WAIT_SECS) -> list[Row]:
     """One row per pair this host takes part in, after running its half or both.
     ``gpus_here``: whether this host has NVIDIA GPUs (default: /dev/nvidiactl exists);
     ``keep``: a directory to copy each half's output into (UCX's own lines included);
-    ``progress``: told what is being waited for, a line at a time."""
+    ``progress``: told what is being waited for, a line at a time; ``peer_wait``: how long
+    a half waits for the other (seconds)."""
     if whole.transfer_backend != "nixl":
         return [ok("kv path", f"transfer.backend is {whole.transfer_backend}: "
                    "the KV check runs NIXL only")]
@@ -205,50 +220,65 @@ def check_kv(whole: Plan, here: Plan, host: Host, how: str = "auto",
         halves = ("both halves" if p.name in mine and d.name in mine
                   else f"the {'decode' if d.name in mine else 'prefill'}-side half, "
                   f"with {(p if d.name in mine else d).machine}'s doctor (up to "
-                  f"{PEER_WAIT_SECS} s)")
+                  f"{peer_wait:g} s)")
         progress(f"kv {p.name}→{d.name}: {halves} ({how}), "
                  f"{whole.kv_check.bytes / 2**20:.0f} MiB…")
         rows.append(_check_pair(whole, p, d, p.name in mine, d.name in mine,
-                                _launcher(here, how, seq), how, gpus_here,
-                                keep / f"{seq}-{p.name}-{d.name}" if keep else None))
+                                _launcher(here, how, seq, peer_wait), how, gpus_here,
+                                keep / f"{seq}-{p.name}-{d.name}" if keep else None,
+                                peer_wait))
     return rows
 
 
 def _check_pair(plan: Plan, p: EnginePlan, d: EnginePlan, run_p: bool, run_d: bool,
                 launch: Callable[[EnginePlan, list[str], dict], Launch], how: str,
-                gpus_here: bool, keep: Path | None) -> Row:
+                gpus_here: bool, keep: Path | None, wait: float) -> Row:
+    """One pair's row; a half that cannot be started as its unit is one too."""
+    try:
+        return _run_pair(plan, p, d, run_p, run_d, launch, how, gpus_here, keep, wait)
+    except UnitSettingError as err:
+        return fail(f"kv {p.name}→{d.name}", f"a half cannot be started as its unit: {err}",
+                    "write the value out in the drop-in (systemd-run -p expands no "
+                    "specifiers), or run with --kv-as direct")
+
+
+def _run_pair(plan: Plan, p: EnginePlan, d: EnginePlan, run_p: bool, run_d: bool,
+              launch: Callable[[EnginePlan, list[str], dict], Launch], how: str,
+              gpus_here: bool, keep: Path | None, wait: float) -> Row:
     name = f"kv {p.name}→{d.name}"
+    pair = f"{p.name}-to-{d.name}"
     same_host = run_p and run_d
     listen = "127.0.0.1:0" if same_host else f"{_address(plan, d)}:{d.port}"
-    bound = PEER_WAIT_SECS * 2 + 30.0
+    bound = wait * 2 + 30.0
     with tempfile.TemporaryDirectory(prefix="pdsvc-kv-") as tmp:
         work = Path(tmp)
         work.chmod(0o755)
         target = initiator = None
         try:
             if run_d:
-                target = Half(launch(d, _probe_args(plan, "target", listen=listen), {}),
-                              work, "target")
-                port = target.listen_port(PEER_WAIT_SECS)
+                target = Half(launch(d, _probe_args(plan, "target", pair, wait, listen=listen),
+                                     {}), work, "target")
+                port = target.listen_port(wait)
                 if port is None:
                     return _failed(name, "the decode-side half", target.finish(5), d, how)
             else:
                 port = d.port
             if not run_p:  # the prefill's host writes; this host only receives and checks
                 assert target is not None
-                return _judge_target(name, p, target.finish(bound))
+                return _judge_target(name, p, d, target.finish(bound), how)
             url = f"http://{listen.rpartition(':')[0]}:{port}"
-            initiator = Half(launch(p, _probe_args(plan, "initiator", target=url),
+            initiator = Half(launch(p, _probe_args(plan, "initiator", pair, wait, target=url),
                                     {"UCX_PROTO_INFO": "y"}), work, "initiator")
             got = initiator.finish(bound)
-            if target is not None:
-                target.finish(10)
+            if target is not None and got.result and got.result.get("stage") is None:
+                target.finish(10)  # it answered /verify and ends on its own
+            elif target is not None:
+                target.kill()  # the initiator failed before: nobody will come
             return _judge(plan, name, p, got, same_host, how, gpus_here)
         finally:
             for half in (target, initiator):
                 if half is not None and half.proc.poll() is None:
-                    os.killpg(half.proc.pid, 9)
-                    half.proc.wait()
+                    half.kill()
             if keep:
                 shutil.copytree(work, keep, dirs_exist_ok=True)
 
@@ -270,9 +300,18 @@ def _fix_for(error: str, env: dict[str, str], e: EnginePlan, how: str) -> str:
     if "UCX_NET_DEVICES" in env and ("BACKEND" in error or "device" in error.lower()):
         return (f"UCX_NET_DEVICES={env['UCX_NET_DEVICES']} names no usable device here: "
                 f"`ucx_info -d` lists them; set one or unset it, in {where}")
+    if "no prefill-side half came" in error:
+        return ("run `pdsvc doctor --kv --host NAME` on the prefill's host at the same time "
+                "(with the same config)")
     if "Connection refused" in error or "timed out" in error or "URLError" in error:
         return ("run `pdsvc doctor --kv --host NAME` on the decode's host at the same time, and "
                 "open the decode's port between the hosts")
+    if "Address already in use" in error:
+        return (f"stop {e.unit} and the rest of the stack first: across hosts the check "
+                "borrows the decode's address and port")
+    if "another pair" in error:
+        return ("the decode's host is at another pair: run `pdsvc doctor --kv` with the same "
+                "config on every host at once")
     if "sees no GPU" in error:
         return ("the unit's device policy hides the GPUs (DevicePolicy=/PrivateDevices= in a "
                 "drop-in): allow /dev/nvidia*")
@@ -294,10 +333,10 @@ def _ran_as(r: dict, how: str) -> str:
     return f"ran as {user} ({how})"
 
 
-def _judge_target(name: str, p: EnginePlan, got: HalfResult) -> Row:
+def _judge_target(name: str, p: EnginePlan, d: EnginePlan, got: HalfResult, how: str) -> Row:
     r = got.result
     if not r or not r.get("ok"):
-        return _failed(name, "the decode-side half", got, p, "systemd")
+        return _failed(name, "the decode-side half", got, d, how)
     if not r.get("intact"):
         return fail(name, f"bytes from {p.name} arrived wrong (block {r.get('first_bad_block')})",
                     "a transport fault: rerun with UCX_TLS leaving out the transport "
@@ -312,7 +351,8 @@ def _judge(plan: Plan, name: str, p: EnginePlan, got: HalfResult, same_host: boo
     if not r or not r.get("ok"):
         return _failed(name, "the transfer", got, p, how)
     size = f"{r['bytes'] / 2**20:.0f} MiB in {r['blocks']} blocks"
-    tls = transports(got.stdout, "cuda" if r["kind"] == "VRAM" else "host")
+    kinds = [r["kind"], r.get("peer_kind") or r["kind"]]
+    tls = transports(got.stdout, *("cuda" if k == "VRAM" else "host" for k in kinds))
     via = ", ".join(tls) if tls else "a transport UCX did not name (UCX_PROTO_INFO needs 1.16+)"
     what = (f"{r['gbps']:.1f} GB/s ({r['cold_gbps']:.1f} cold) over {via}, {size}, "
             f"{r['where']} → {r['peer_where']}")
@@ -329,8 +369,8 @@ def _judge(plan: Plan, name: str, p: EnginePlan, got: HalfResult, same_host: boo
         return warn(name, f"{what}: GPU KV over TCP between hosts",
                     "set hosts.NAME.ucx_net_devices to the RDMA NIC beside the GPUs "
                     "(`pdsvc plan` lists them)")
-    if r["kind"] == "DRAM" and gpus_here and p.gpus:
-        return warn(name, f"{what}: the halves saw no GPU, though this host has them",
+    if "DRAM" in kinds and gpus_here and p.gpus:
+        return warn(name, f"{what}: a half saw no GPU, though this host has them",
                     "the unit's device policy hides the GPUs (DevicePolicy=/PrivateDevices= in a "
                     "drop-in): allow /dev/nvidia*")
     floor = plan.kv_check.min_gbps

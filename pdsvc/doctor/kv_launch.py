@@ -5,7 +5,8 @@ interpreter, user, CPUs, memory policy, environment and device policy.
   unit itself, then those of the installed drop-ins (``systemctl edit`` is where an operator
   adds a UCX_NET_DEVICES= or a DevicePolicy=), so there is no second copy of them to drift.
 * ``direct``: a child of doctor with the plan's environment and the env file, pinned to the
-  plan's CPUs by the probe itself (no memory policy: that needs systemd or numactl). For
+  plan's CPUs by the probe itself, its locked-memory limit raised to the hard one (no memory
+  policy, no sandboxing: those need systemd). For
   hosts without systemd as PID 1 (the supervisord bundle, a container) and for non-root runs.
 
 Either way the probe's source goes in on stdin (``python -I -``): the service user need not be
@@ -23,21 +24,42 @@ from pathlib import Path
 from ..plan import EnginePlan, Plan
 from ..render import render_systemd
 
-#: The [Service] settings that decide how a process sees the host (systemd.exec(5),
-#: systemd.resource-control(5)): who it runs as, where, with what environment and devices.
-#: Restart=, timeouts, ExecStart=, credentials and the state directories are the unit's own.
-EXEC_KEYS = frozenset({
-    "User", "Group", "SupplementaryGroups", "Environment", "EnvironmentFile",
-    "UnsetEnvironment", "CPUAffinity", "NUMAPolicy", "NUMAMask", "AllowedCPUs",
-    "AllowedMemoryNodes", "LimitMEMLOCK", "LimitNOFILE", "DevicePolicy", "DeviceAllow",
-    "PrivateDevices", "PrivateNetwork", "PrivateTmp", "ProtectSystem", "ProtectHome",
-    "NoNewPrivileges", "RestrictAddressFamilies", "CapabilityBoundingSet", "UMask",
-    "SystemCallArchitectures", "RestrictNamespaces", "LockPersonality",
+#: [Service] settings that are the service's own lifecycle, not how its process sees the host
+#: (systemd.service(5), systemd.kill(5)): a transient unit running the probe keeps its own.
+#: Everything else — User=, CPUAffinity=, NUMAPolicy=, Environment=, DevicePolicy=,
+#: SystemCallFilter=, the sandboxing (systemd.exec(5), systemd.resource-control(5)) — is
+#: passed on, so a drop-in that breaks the engine breaks the probe too.
+LIFECYCLE_KEYS = frozenset({
+    "Type", "ExitType", "RemainAfterExit", "GuessMainPID", "PIDFile", "BusName",
+    "ExecCondition", "ExecStartPre", "ExecStart", "ExecStartPost", "ExecReload", "ExecStop",
+    "ExecStopPost", "Restart", "RestartSec", "RestartSteps", "RestartMaxDelaySec",
+    "RestartPreventExitStatus", "RestartForceExitStatus", "RestartMode", "SuccessExitStatus",
+    "TimeoutSec", "TimeoutStartSec", "TimeoutStopSec", "TimeoutAbortSec",
+    "TimeoutStartFailureMode", "TimeoutStopFailureMode", "RuntimeMaxSec",
+    "RuntimeRandomizedExtraSec", "WatchdogSec", "NotifyAccess", "Sockets",
+    "FileDescriptorStoreMax", "FileDescriptorStorePreserve", "USBFunctionDescriptors",
+    "USBFunctionStrings", "OOMPolicy", "KillMode", "KillSignal", "RestartKillSignal",
+    "FinalKillSignal", "SendSIGKILL", "SendSIGHUP", "WatchdogSignal",
+    # --pipe gives the probe doctor's own stdin/stdout/stderr
+    "StandardInput", "StandardOutput", "StandardError", "SyslogIdentifier", "SyslogFacility",
+    "SyslogLevel", "SyslogLevelPrefix", "LogLevelMax", "LogExtraFields",
+    # the credential and directories belong to the unit (and would be made or removed)
+    "LoadCredential", "LoadCredentialEncrypted", "SetCredential", "SetCredentialEncrypted",
+    "ImportCredential", "StateDirectory", "StateDirectoryMode", "CacheDirectory",
+    "CacheDirectoryMode", "RuntimeDirectory", "RuntimeDirectoryMode",
+    "RuntimeDirectoryPreserve", "LogsDirectory", "LogsDirectoryMode",
+    "ConfigurationDirectory", "ConfigurationDirectoryMode",
 })
 
-#: systemd's search path for drop-ins an operator writes (systemd.unit(5)), in the order
-#: they apply.
-DROPIN_ROOTS = ("/etc/systemd/system", "/run/systemd/system")
+#: Where systemd looks for drop-ins, the first winning over a later one of the same file name
+#: (systemd.unit(5); `systemctl set-property` writes system.control).
+DROPIN_ROOTS = ("/etc/systemd/system.control", "/run/systemd/system.control",
+                "/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
+                "/usr/lib/systemd/system")
+
+
+class UnitSettingError(ValueError):
+    """A setting the probe cannot be given as the unit has it (a specifier to expand)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +69,7 @@ class Launch:
     argv: tuple[str, ...]
     env: dict[str, str]
     how: str  # "systemd" | "direct", for the report
+    unit: str | None = None  # the transient unit (systemd): stopped with it, not only its client
 
     def describe(self) -> str:
         return shlex.join(self.argv)
@@ -78,11 +101,14 @@ def service_settings(text: str) -> list[tuple[str, str]]:
 
 
 def dropins(unit: str, roots: Iterable[str] = DROPIN_ROOTS) -> list[Path]:
-    """The installed drop-ins of ``unit``: UNIT.d/*.conf and those of its dashed prefixes
-    (``dsv4-.service.d`` applies to every dsv4-… unit), sorted by file name as systemd does."""
+    """The installed drop-ins of ``unit``, applied in file-name order: UNIT.d/*.conf, those of
+    its dashed prefixes (``dsv4-.service.d`` applies to every dsv4-… unit) and of its type
+    (``service.d``). Of two files of one name, the one in the earlier root wins, and within a
+    root the one in the more specific directory (systemd's src/shared/dropin.c)."""
     stem, _, suffix = unit.rpartition(".")
     parts = stem.split("-")
-    names = [f"{'-'.join(parts[:i])}-.{suffix}.d" for i in range(1, len(parts))] + [f"{unit}.d"]
+    prefixes = [f"{'-'.join(parts[:i])}-.{suffix}.d" for i in range(len(parts) - 1, 0, -1)]
+    names = [f"{unit}.d", *prefixes, f"{suffix}.d"]
     found: dict[str, Path] = {}
     for root in roots:
         for name in names:
@@ -93,15 +119,32 @@ def dropins(unit: str, roots: Iterable[str] = DROPIN_ROOTS) -> list[Path]:
     return [found[n] for n in sorted(found)]
 
 
+def unspecified(value: str, where: str) -> str:
+    """A unit-file value as `systemd-run -p` must be given it: there no specifier is expanded,
+    so ``%%`` (a literal %) becomes ``%``, and any other specifier is refused."""
+    out, i = [], 0
+    while i < len(value):
+        if value[i] == "%":
+            if value[i + 1:i + 2] != "%":
+                raise UnitSettingError(f"{where}: the specifier {value[i:i + 2]!r} in {value!r} "
+                                       "is expanded by systemd in a unit file only")
+            i += 1
+        out.append(value[i])
+        i += 1
+    return "".join(out)
+
+
 def unit_exec_settings(plan: Plan, e: EnginePlan, dropin_roots: Iterable[str] = DROPIN_ROOTS,
                        ) -> list[tuple[str, str]]:
-    """The execution settings ``e``'s unit runs with: its rendered [Service] lines, then the
-    installed drop-ins' (later lines of a list setting add to it, as in the unit)."""
+    """The settings ``e``'s unit runs its process with: its rendered [Service] lines, then the
+    installed drop-ins' (later lines of a list setting add to it, as in the unit), less the
+    service's own lifecycle; values as `systemd-run -p` takes them."""
     text = next(f.content for f in render_systemd(plan, "pdsvc doctor --kv") if f.path == e.unit)
-    settings = service_settings(text)
-    for f in dropins(e.unit, dropin_roots):
-        settings += service_settings(f.read_text(errors="replace"))
-    return [(k, v) for k, v in settings if k in EXEC_KEYS]
+    sources = [(e.unit, service_settings(text))]
+    sources += [(str(f), service_settings(f.read_text(errors="replace")))
+                for f in dropins(e.unit, dropin_roots)]
+    return [(k, unspecified(v, f"{where}: {k}=")) for where, settings in sources
+            for k, v in settings if k not in LIFECYCLE_KEYS]
 
 
 def systemd_launch(plan: Plan, e: EnginePlan, probe_args: Sequence[str], unit: str,
@@ -115,7 +158,7 @@ def systemd_launch(plan: Plan, e: EnginePlan, probe_args: Sequence[str], unit: s
     argv = ["systemd-run", "--quiet", "--collect", "--wait", "--pipe", f"--unit={unit}",
             *(w for p in props for w in ("-p", p)),
             "--", plan.python, "-I", "-", *probe_args]
-    return Launch(tuple(argv), dict(os.environ), "systemd")
+    return Launch(tuple(argv), dict(os.environ), "systemd", unit)
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -147,4 +190,4 @@ def direct_launch(plan: Plan, e: EnginePlan, probe_args: Sequence[str],
     env.update(read_env_file(Path(plan.paths.env_dir) / f"{e.name}.env"))
     env.update(extra_env)
     pin = ["--cpus", e.pinning.cpulist] if e.pinning.mode != "off" and e.pinning.cpus else []
-    return Launch((plan.python, "-I", "-", *probe_args, *pin), env, "direct")
+    return Launch((plan.python, "-I", "-", *probe_args, *pin, "--memlock"), env, "direct")

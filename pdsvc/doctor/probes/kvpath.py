@@ -31,8 +31,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 RESULT_PREFIX = "pdsvc-doctor-result "
 LISTEN_PREFIX = "pdsvc-doctor-kv-listen "
-TARGET_AGENT = "pdsvc-kv-target"
-INITIATOR_AGENT = "pdsvc-kv-initiator"
+AGENT = "pdsvc-kv-{role}-{pair}"  # one name per half of each pair: NIXL refuses a second
+# remote agent of a name it already has (NIXL_ERR_NOT_ALLOWED)
 
 
 def say(prefix: str, payload: object) -> None:
@@ -142,42 +142,56 @@ def b64(data: bytes) -> str:
 def run_target(args: argparse.Namespace) -> dict:
     stage = "agent"
     try:
-        agent = make_agent(TARGET_AGENT, args.backend)
+        agent = make_agent(AGENT.format(role="target", pair=args.pair), args.backend)
         stage = "memory"
         blocks = Blocks(args.bytes, args.blocks, args.mem)
         registered(agent, blocks)
-        descs = agent.get_serialized_descs(agent.get_xfer_descs(blocks.descs(), blocks.kind))
     except Exception as exc:  # noqa: BLE001 - every failure is the answer
         return {"ok": False, "stage": stage, "error": f"{type(exc).__name__}: {exc}"}
     verdict: dict = {}
-    meta = {"agent": TARGET_AGENT, "metadata": b64(agent.get_agent_metadata()),
-            "descs": b64(descs), "kind": blocks.kind, "where": blocks.where,
+    peer: list[str] = []  # the initiator's agent name, once it said hello
+    # the block descriptors as plain numbers: NIXL's own serialized form is a pickle, and
+    # nothing read from the network is unpickled here
+    meta = {"pair": args.pair, "metadata": b64(agent.get_agent_metadata()),
+            "descs": blocks.descs(), "kind": blocks.kind, "where": blocks.where,
             "block": blocks.block, "blocks": blocks.count}
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a: object) -> None:  # no access log on stderr
             pass
 
-        def _send(self, body: dict) -> None:
+        def _send(self, body: dict, code: int = 200) -> None:
             data = json.dumps(body).encode()
-            self.send_response(200)
+            self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            # another pair's initiator (across hosts, a host ahead or behind): not this one
+            if self.path != f"/meta/{args.pair}":
+                self._send({"pair": args.pair}, 409)
+                return
             self._send(meta)
 
         def do_POST(self) -> None:  # noqa: N802
             asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if asked.get("pair") != args.pair:
+                self._send({"pair": args.pair}, 409)
+                return
+            if self.path != "/hello" and not peer:  # a verify before any hello: not our peer
+                self._send({"pair": args.pair}, 409)
+                return
             if self.path == "/hello":
-                agent.add_remote_agent(base64.b64decode(asked["metadata"]))
+                name = agent.add_remote_agent(base64.b64decode(asked["metadata"]))
+                # bytes from NIXL 1.5's binding; notifications are filed under str names
+                peer.append(name.decode() if isinstance(name, bytes) else name)
                 self._send({"ok": True})
                 return
             deadline = time.monotonic() + args.timeout
             notif = asked["notif"].encode()
-            while not agent.check_remote_xfer_done(INITIATOR_AGENT, notif):
+            while not agent.check_remote_xfer_done(peer[-1], notif):
                 if time.monotonic() > deadline:
                     verdict.update(ok=False, stage="notify",
                                    error=f"no notification from the initiator in {args.timeout} s")
@@ -191,10 +205,18 @@ def run_target(args: argparse.Namespace) -> dict:
             self._send(verdict)
 
     host, _, port = args.listen.rpartition(":")
-    server = HTTPServer((host.strip("[]"), int(port)), Handler)
+    try:
+        server = HTTPServer((host.strip("[]"), int(port)), Handler)
+    except OSError as exc:
+        return {"ok": False, "stage": "listen", "error": f"{args.listen}: {exc}"}
     say(LISTEN_PREFIX, str(server.server_address[1]))
+    server.timeout = 0.5
+    deadline = time.monotonic() + args.timeout
     while not verdict:
         server.handle_request()
+        if not peer and time.monotonic() > deadline:
+            verdict.update(ok=False, stage="peer",
+                           error=f"no prefill-side half came in {args.timeout:g} s")
     server.server_close()
     return verdict
 
@@ -206,22 +228,25 @@ def call(url: str, body: dict | None, timeout: float) -> dict:
         return json.loads(resp.read())
 
 
-def fetch_meta(url: str, timeout: float) -> dict:
-    """The target's metadata; it may not be up yet (across hosts the halves start apart)."""
+def fetch_meta(url: str, pair: str, timeout: float) -> dict:
+    """The target's metadata; it may not be up yet, or still serve another pair (across hosts
+    the halves start apart): asked again until the bound."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return call(url + "/meta", None, 5)
-        except (OSError, urllib.error.URLError):
+            return call(f"{url}/meta/{pair}", None, 5)
+        except (OSError, urllib.error.URLError) as exc:  # HTTPError 409 is a URLError too
             if time.monotonic() > deadline:
-                raise
+                code = getattr(exc, "code", None)
+                raise TimeoutError(f"{url} served another pair for {timeout:g} s"
+                                   if code == 409 else f"{url}: {exc}") from None
             time.sleep(0.2)
 
 
 def run_initiator(args: argparse.Namespace) -> dict:
     stage = "agent"
     try:
-        agent = make_agent(INITIATOR_AGENT, args.backend)
+        agent = make_agent(AGENT.format(role="initiator", pair=args.pair), args.backend)
         stage = "memory"
         blocks = Blocks(args.bytes, args.blocks, args.mem)
         seed = int.from_bytes(os.urandom(2), "little")
@@ -229,12 +254,14 @@ def run_initiator(args: argparse.Namespace) -> dict:
         blocks.sync()
         registered(agent, blocks)
         stage = "connect"
-        meta = fetch_meta(args.target, args.timeout)
+        meta = fetch_meta(args.target, args.pair, args.timeout)
         if (meta["block"], meta["blocks"]) != (blocks.block, blocks.count):
             raise RuntimeError(f"the target has {meta['blocks']} blocks of {meta['block']} B")
         remote_name = agent.add_remote_agent(base64.b64decode(meta["metadata"]))
-        call(args.target + "/hello", {"metadata": b64(agent.get_agent_metadata())}, 30)
-        remote = agent.deserialize_descs(base64.b64decode(meta["descs"]))
+        call(args.target + "/hello", {"pair": args.pair,
+                                      "metadata": b64(agent.get_agent_metadata())}, 30)
+        remote = agent.get_xfer_descs([(int(a), int(n), int(d)) for a, n, d in meta["descs"]],
+                                      meta["kind"])
         local = agent.get_xfer_descs(blocks.descs(), blocks.kind)
         stage = "transfer"
         rates, backend, notif = [], "", ""
@@ -254,8 +281,8 @@ def run_initiator(args: argparse.Namespace) -> dict:
             agent.release_xfer_handle(handle)
             rates.append(blocks.block * blocks.count / seconds / 1e9)
         stage = "verify"
-        verdict = call(args.target + "/verify", {"notif": notif, "seed": seed},
-                       args.timeout + 30)
+        verdict = call(args.target + "/verify", {"pair": args.pair, "notif": notif,
+                                                 "seed": seed}, args.timeout + 30)
     except Exception as exc:  # noqa: BLE001 - every failure is the answer
         return {"ok": False, "stage": stage, "error": f"{type(exc).__name__}: {exc}"}
     warm = sorted(rates[1:] or rates)
@@ -264,6 +291,7 @@ def run_initiator(args: argparse.Namespace) -> dict:
             "error": verdict.get("error"), "backend": backend, "gbps": warm[len(warm) // 2],
             "cold_gbps": rates[0], "rounds": len(rates), "kind": blocks.kind,
             "where": blocks.where, "peer_where": verdict.get("where", meta.get("where")),
+            "peer_kind": meta.get("kind"),
             "bytes": blocks.block * blocks.count, "blocks": blocks.count}
 
 
@@ -271,6 +299,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kvpath")
     ap.add_argument("marker")
     ap.add_argument("role", choices=("target", "initiator"))
+    ap.add_argument("--pair", required=True, help="PREFILL→DECODE: which pair this half is of")
     ap.add_argument("--listen", default="127.0.0.1:0")
     ap.add_argument("--target", default="")
     ap.add_argument("--bytes", type=int, required=True)
@@ -280,6 +309,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--backend", default=os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND",
                                                         "UCX"))
     ap.add_argument("--cpus", default="", help="pin to these CPUs (when no systemd does)")
+    ap.add_argument("--memlock", action="store_true",
+                    help="raise the locked-memory limit to its hard limit (the units have "
+                    "LimitMEMLOCK=infinity; RDMA registration needs it)")
     ap.add_argument("--timeout", type=float, default=60)
     args = ap.parse_args(argv)
     # A bound of its own: a half whose peer never comes must not outlive the check.
@@ -287,10 +319,15 @@ def main(argv: list[str]) -> int:
     signal.alarm(int(args.timeout * 2 + 30))
     threading.current_thread().name = args.role
     try:
+        if args.memlock:
+            import resource
+
+            _, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
         if args.cpus:
             os.sched_setaffinity(0, cpu_list(args.cpus))
-    except OSError as exc:
-        result = {"ok": False, "stage": "pin", "error": f"CPUs {args.cpus}: {exc}"}
+    except (OSError, ValueError) as exc:
+        result = {"ok": False, "stage": "pin", "error": f"{exc} (--cpus {args.cpus or '-'})"}
     else:
         result = run_target(args) if args.role == "target" else run_initiator(args)
     result["role"] = args.role
