@@ -30,7 +30,7 @@ from .codes import (
 )
 from .gpu import wait_gpus_idle
 from .jitlock import JitLock
-from .membership import Membership, Worker, read_key
+from .membership import MEMBERSHIP_RETRY_S, Membership, Worker, read_key
 from .notify import Log, Notifier
 from .phases import Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
 from .policy import RestartPolicy
@@ -234,8 +234,11 @@ class Unit:
                 if restarted:
                     return Outcome("peer", detail=restarted)
             if self.membership is not None and now >= next_check:
-                next_check = now + a.membership_interval
                 self.membership.check(alive)
+                # not (yet) in the router — it restarted, or still drains our previous entry
+                # (smg keeps one for seconds): look again soon, not a whole interval later
+                next_check = now + (a.membership_interval if self.membership.joined
+                                    else min(a.membership_interval, MEMBERSHIP_RETRY_S))
             if self.canary is not None:
                 rounds = self.canary.take()
                 for r in rounds:

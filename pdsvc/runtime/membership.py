@@ -28,6 +28,10 @@ from .probe import HttpReply, http_call
 
 #: One control-plane call's timeout: the router answers these from memory.
 CALL_TIMEOUT_S = 3.0
+#: How soon to look again while this engine is not (yet) in the router: it restarted, or
+#: smg still lists our previous entry as draining (seconds after a DELETE), and every second
+#: after that one ends is a second the stack does not serve.
+MEMBERSHIP_RETRY_S = 0.25
 #: An entry the router lists as unhealthy this long while our engine is healthy is re-posted.
 STUCK_UNHEALTHY_S = 30.0
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from .codes import CHILD_WAIT_SLICE_S
+from .codes import CHILD_WAIT_SLICE_S, DUTY_SLICE_S
 from .probe import START_PROBE_TIMEOUT_S, ProbeResult, http_probe
 
 if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
@@ -141,8 +141,8 @@ def liveness_loop(
     hang_after: float | None = None,
     duties: Callable[[bool], Outcome | None] | None = None,
 ) -> Outcome:
-    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``duties``: called about
-    once a second with whether the last liveness probe passed (the peer watch, router
+    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``duties``: called every
+    DUTY_SLICE_S with whether the last liveness probe passed (the peer watch, router
     membership, the pair canary's verdicts); an Outcome it returns ends the loop.
 
     A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
@@ -162,7 +162,8 @@ def liveness_loop(
 
     alive = True
     while True:
-        slice_s = min(CHILD_WAIT_SLICE_S, max(0.0, next_probe - clock()), max(0.0, left()))
+        most = CHILD_WAIT_SLICE_S if duties is None else DUTY_SLICE_S
+        slice_s = min(most, max(0.0, next_probe - clock()), max(0.0, left()))
         returncode = child_wait(slice_s)
         if returncode is not None:
             return Outcome("exited", returncode)
