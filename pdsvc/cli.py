@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .bundle import Origin, diff_bundle, hosts_index, write_bundle
 from .clikit import (
     DEFAULT_OUTPUT,
     EPILOG,
@@ -34,7 +35,7 @@ from .clikit import (
 )
 from .errors import OutputError, TopologyError
 from .plan import Plan
-from .render import File, Origin, diff_bundle, hosts_index, render_systemd, write_bundle
+from .render import File, render_systemd
 from .topology import format_cpulist, read_sysfs
 
 

@@ -34,10 +34,10 @@ import yaml
 from ports import free_ports
 from stack import e2e_config, host_topology
 
+from pdsvc.bundle import write_bundle
 from pdsvc.clikit import read_config_text
 from pdsvc.config import parse_config
 from pdsvc.plan import Plan, build_plan
-from pdsvc.render import write_bundle
 from pdsvc.render_supervisord import keygen_command, program_names, render_supervisord
 from pdsvc.runtime.listener import supervisor_rpc
 from pdsvc.runtime.proctree import process_table

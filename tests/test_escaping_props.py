@@ -13,10 +13,11 @@ from conftest import REPO, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pdsvc.bundle import write_bundle
 from pdsvc.config import parse_config
 from pdsvc.errors import PdsvcError
 from pdsvc.plan import build_plan
-from pdsvc.render import render_systemd, sd_env, sd_exec, write_bundle
+from pdsvc.render import render_systemd, sd_env, sd_exec
 from pdsvc.topology import load_topology_file
 from units import exec_words
 

@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from conftest import REPO
 from test_status import SEED_TOPOLOGY, Deployment, dep, hosts_dep  # noqa: F401 (fixtures)
 
+from pdsvc.bundle import RECORD, write_bundle
 from pdsvc.cli import main
-from pdsvc.render import RECORD, write_bundle
 from pdsvc.status import status
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]

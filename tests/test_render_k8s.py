@@ -17,10 +17,11 @@ from conftest import REPO
 from k8s_schema import validate
 from k8sdocs import command_of, container_env
 
+from pdsvc.bundle import write_bundle
 from pdsvc.clikit import load_plan
 from pdsvc.errors import ConfigError
 from pdsvc.plan import EnginePlan, Plan, engine_argv, plan_from_dict, router_argv
-from pdsvc.render import MARKER, write_bundle
+from pdsvc.render import MARKER
 from pdsvc.render_k8s import (
     CUSTOMISE,
     KUSTOMIZATION,

@@ -44,15 +44,11 @@ from test_supervise import (  # noqa: F401  (procs: a fixture, used by name)
     wait_for,
 )
 
+from pdsvc.bundle import write_bundle
 from pdsvc.config import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
-from pdsvc.render import (
-    MARKER,
-    router_command,
-    runtime_modules,
-    write_bundle,
-)
+from pdsvc.render import MARKER, router_command, runtime_modules
 from pdsvc.render_supervisord import (
     STARTSECS,
     program_names,
