@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..plan import EnginePlan, Plan
 from .host import Host
@@ -105,10 +106,6 @@ def pairs(plan: Plan) -> list[tuple[EnginePlan, EnginePlan]]:
     """Every prefill→decode pair, by their serving processes (rank 0), in plan order."""
     heads = [e for e in plan.engines if e.node_rank == 0]
     return [(p, d) for p in heads if p.role == "prefill" for d in heads if d.role == "decode"]
-
-
-def _address(plan: Plan, e: EnginePlan) -> str:
-    return plan.host(e.machine).address if plan.hosts and e.machine else "127.0.0.1"
 
 
 def _probe_args(plan: Plan, role: str, pair: str, wait: float, **opts: str) -> list[str]:
@@ -248,7 +245,9 @@ def _run_pair(plan: Plan, p: EnginePlan, d: EnginePlan, run_p: bool, run_d: bool
     name = f"kv {p.name}→{d.name}"
     pair = f"{p.name}-to-{d.name}"
     same_host = run_p and run_d
-    listen = "127.0.0.1:0" if same_host else f"{_address(plan, d)}:{d.port}"
+    # one host: any free loopback port; across hosts: the decode's own address and port, as
+    # the plan has them (what the prefill's host reaches)
+    listen = "127.0.0.1:0" if same_host else urlsplit(d.url).netloc
     bound = wait * 2 + 30.0
     with tempfile.TemporaryDirectory(prefix="pdsvc-kv-") as tmp:
         work = Path(tmp)
@@ -261,12 +260,10 @@ def _run_pair(plan: Plan, p: EnginePlan, d: EnginePlan, run_p: bool, run_d: bool
                 port = target.listen_port(wait)
                 if port is None:
                     return _failed(name, "the decode-side half", target.finish(5), d, how)
-            else:
-                port = d.port
             if not run_p:  # the prefill's host writes; this host only receives and checks
                 assert target is not None
                 return _judge_target(name, p, d, target.finish(bound), how)
-            url = f"http://{listen.rpartition(':')[0]}:{port}"
+            url = f"http://127.0.0.1:{port}" if same_host else d.url
             initiator = Half(launch(p, _probe_args(plan, "initiator", pair, wait, target=url),
                                     {"UCX_PROTO_INFO": "y"}), work, "initiator")
             got = initiator.finish(bound)
