@@ -13,7 +13,6 @@ prefill's host writes to it. Both go through the pairs in the plan's order, so
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import re
@@ -29,7 +28,7 @@ from urllib.parse import urlsplit
 from ..plan import EnginePlan, Plan
 from .host import Host
 from .kv_launch import Launch, UnitSettingError, direct_launch, systemd_launch
-from .probes import RESULT_PREFIX, probe_source
+from .probes import probe_source, result_line
 from .rows import Row, fail, ok, warn
 
 KV_MARKER = "pdsvc-doctor-kv"
@@ -118,14 +117,11 @@ def _probe_args(plan: Plan, role: str, pair: str, wait: float, **opts: str) -> l
 
 
 def _parse_result(stderr: str) -> dict | None:
-    for line in reversed(stderr.splitlines()):
-        at = line.find(RESULT_PREFIX)
-        if at >= 0:
-            try:
-                return json.loads(line[at + len(RESULT_PREFIX):])
-            except ValueError:
-                return None
-    return None
+    """The half's result line (None: it printed none, or half of one)."""
+    try:
+        return result_line(stderr)
+    except ValueError:
+        return None
 
 
 class Half:

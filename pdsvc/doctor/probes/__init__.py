@@ -36,8 +36,10 @@ def probe_source(probe: str) -> str:
 
 
 def result_line(stdout: str) -> Any:
-    """The JSON of the last result line; ValueError when there is none."""
+    """The JSON of the last result line; ValueError when there is none. The line may follow
+    other output on the same line (a library's own unterminated write)."""
     for line in reversed(stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
+        at = line.find(RESULT_PREFIX)
+        if at >= 0:
+            return json.loads(line[at + len(RESULT_PREFIX):])
     raise ValueError("no result line")
