@@ -230,14 +230,17 @@ class LifecycleConfig(Strict):
         3, description="WatchdogSec = interval × failures + timeout: the hang-detection bound."
     )
     canary_interval_secs: HourSecs = Field(
-        30, description="Pair canary period: a one-token PD request through each pair.")
+        30, description="Pair canary period while rounds are good: a one-token PD request "
+        "through each pair. A round also runs once an engine is ready, whenever a peer's port "
+        "opens again, and every second after a bad round.")
     canary_failures: Count100 = Field(
-        3, description="Failed canary rounds in a row (both engines healthy) before the stale "
-        "side of the pair restarts itself.")
+        3, description="Failed canary rounds in a row (both engines healthy) before the pair "
+        "is healed: by its prefill when the decode restarts with it, else by its stale side.")
     canary_timeout_secs: HourSecs = Field(60, description="One canary request's timeout.")
     canary_heal_attempts: Annotated[int, StrictType(), Field(ge=0, le=100)] = Field(
         2, description="Heals in a row (within an hour) that do not bring a pair back before an "
-        "engine stops restarting for it and only reports (0: the canary only reports).")
+        "engine heals only every 5 minutes, with the reason in its status; a stop of the unit "
+        "starts afresh (0: the canary only reports).")
 
 
 class SupervisordConfig(Strict):

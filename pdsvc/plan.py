@@ -204,10 +204,17 @@ def _members(plan: Plan) -> Plan:
     serving = [e for e in plan.engines if e.node_rank == 0]
     pairs = [(p.url, p.bootstrap_port, d.url) for p in serving if p.role == "prefill"
              for d in serving if d.role == "decode"]
+    following = {d.url for d in serving
+                 if d.role == "decode" and (d.restarts_with or d.peer_health)}
     reach = plan.reachable_router().url
+
+    def mine(e: EnginePlan) -> tuple[tuple[str, int, str], ...]:
+        return tuple(x for x in pairs if e.url in (x[0], x[2]))
+
     return replace(plan, engines=tuple(
         e if e.node_rank else replace(
-            e, router_url=reach, pairs=tuple(x for x in pairs if e.url in (x[0], x[2])))
+            e, router_url=reach, pairs=mine(e),
+            followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)))
         for e in plan.engines))
 
 

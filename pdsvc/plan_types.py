@@ -63,6 +63,9 @@ class EnginePlan:
     # membership and the pair canary (rank 0 only: the process that serves HTTP)
     router_url: str = ""  # the router as this engine reaches it (its /workers API)
     pairs: tuple[tuple[str, int, str], ...] = ()  # (prefill URL, bootstrap port, decode URL)
+    # the decodes of those pairs that restart with their prefills (restarts_with/peer_health):
+    # the prefill heals such a pair, whichever side is stale
+    followers: tuple[str, ...] = ()
 
     @property
     def unit(self) -> str:

@@ -168,10 +168,12 @@ def engine_supervise_flags(plan: Plan, e: EnginePlan) -> list[str]:
             "--jit-cache", plan.paths.jit_cache, "--jit-key", e.name]
 
 
-def router_supervise_flags(r: RouterPlan) -> list[str]:
-    """What supervise.py must know of the router: its readiness, generation and liveness URLs."""
+def router_supervise_flags(plan: Plan, r: RouterPlan) -> list[str]:
+    """What the runtime must know of the router: its readiness, generation and liveness URLs,
+    and the engines of its host, whose giving up ends its wait for a generation."""
+    engines = [x for e in plan.engines for x in ("--engine", e.name)]
     return ["--name", r.name, "--readiness-url", r.readiness_url,
-            "--generate-url", r.generate_url, "--liveness-url", r.liveness_url]
+            "--generate-url", r.generate_url, "--liveness-url", r.liveness_url, *engines]
 
 
 def liveness_flags(plan: Plan) -> list[str]:
@@ -215,6 +217,8 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
     flags += ["--control-plane-key", key_spec(plan, manager)]
     for prefill, port, decode in e.pairs:
         flags += ["--pair", prefill, str(port), decode]
+    for url in e.followers:
+        flags += ["--follower", url]
     if e.pairs:
         flags += ["--canary-interval", str(lc.canary_interval_secs),
                   "--canary-failures", str(lc.canary_failures),
@@ -241,13 +245,29 @@ def peer_watch_flags(plan: Plan, e: EnginePlan) -> list[str]:
     return flags
 
 
+#: The target's gate, a POSIX sh script run as root (it only asks systemd). Each unit is asked
+#: alone: `systemctl is-active A B` exits 0 when *any* one is active (systemctl(1)). Each unit
+#: that is not active gets a line with what explains it (org.freedesktop.systemd1(5)).
+GATE_SCRIPT = (
+    'target=$1; shift; bad=0; for u in "$@"; do systemctl is-active --quiet "$u" && continue; '
+    'bad=1; echo "$u is not active: $(systemctl show --property=ActiveState,SubState,Result,'
+    'ExecMainStatus,StatusText "$u" | tr \'\\n\' \' \')(see: journalctl -u $u)"; done; '
+    'if [ "$bad" = 0 ]; then echo "every unit of $target is active: $*"; exit 0; fi; '
+    'echo "$target is not serving: fix the cause, then: systemctl start $target"; exit 1')
+
+
+def gate_command(plan: Plan) -> list[str]:
+    return ["/bin/sh", "-c", GATE_SCRIPT, "gate", plan.target, *plan.units]
+
+
 def render_systemd(plan: Plan, command: str) -> list[File]:
     """The systemd bundle: target, one service per engine, the router, and their support files."""
     env = _environment()
     ctx = {"plan": plan, "header": header_lines(plan, command),
            "runtime_modules": runtime_modules()}
     files = [File(plan.target, env.get_template("systemd/target.j2").render(**ctx)),
-             File(plan.gate, env.get_template("systemd/gate.service.j2").render(**ctx))]
+             File(plan.gate, env.get_template("systemd/gate.service.j2").render(
+                 gate_command=gate_command(plan), **ctx))]
     poll = ["--poll-interval", POLL_INTERVAL]
     for e in plan.engines:
         # the drains the runtime begins itself (a heal, a peer's restart) are bound as a
@@ -259,7 +279,7 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
         files.append(File(e.unit, env.get_template("systemd/engine.service.j2").render(
             e=e, flags=flags, key=KEY_CREDENTIAL, **ctx)))
     if plan.router:
-        flags = [*router_supervise_flags(plan.router), *liveness_flags(plan),
+        flags = [*router_supervise_flags(plan, plan.router), *liveness_flags(plan),
                  "--poll-interval", ROUTER_POLL_INTERVAL, *policy_flags(plan, plan.paths.run_dir)]
         files.append(File(plan.router.unit, env.get_template(
             "systemd/router.service.j2").render(

@@ -198,7 +198,7 @@ def _engine_program(plan: Plan, e: EnginePlan, prefix: bool) -> dict[str, Any]:
 def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
     r = plan.router
     assert r is not None
-    flags = [*router_supervise_flags(r), *_common_flags(plan, prefix),
+    flags = [*router_supervise_flags(plan, r), *_common_flags(plan, prefix),
              *policy_flags(plan, plan.supervisord.state_dir)]
     # the engines register themselves once healthy: the router starts at once, with no workers
     launch = router_command(plan, r, "supervisord")

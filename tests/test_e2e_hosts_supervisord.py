@@ -117,12 +117,12 @@ def test_three_hosts_under_supervisord_serve_and_recouple(serve_python: Path,
             wait_for(lambda: "is up: a restart of it will restart this engine" in out("gpu-b"),
                      30, "the decode's supervisor to see gpu-a's prefill up")
             # kill -9 the prefill engine on gpu-a: supervisord restarts it there; the decode's
-            # supervisor on gpu-b sees its port refused, then back, and restarts the decode
+            # runtime on gpu-b sees its port refused, and restarts the decode with it
             (engine,) = [pid for pid, cmd in marked(stack_id).items()
                          if "fake_sglang" in cmd and "--disaggregation-mode prefill" in cmd
                          and "/runtime " not in cmd]
             os.kill(engine, signal.SIGKILL)
-            wait_for(lambda: "is back after" in out("gpu-b"), 60,
+            wait_for(lambda: "probes in a row and its port was closed" in out("gpu-b"), 60,
                      "the decode on gpu-b to see gpu-a's prefill restart")
             assert "exiting 75 so that the process manager restarts it" in out("gpu-b")
             meta = wait_for(generate, 60, "serving again after the restart")

@@ -6,6 +6,7 @@ real routers is tests/test_e2e_faults.py."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -100,14 +101,47 @@ def test_heals_that_brought_the_pair_back_are_forgotten(tmp_path: Path) -> None:
     clock, path = Clock(), tmp_path / "u.restart.json"
     p = make_policy(path, clock)
     for _ in range(5):
-        assert p.heals_left(2, 3600) > 0
+        assert p.may_heal(2, 3600, 300) == (True, "")
         p.record_heal()
         p.on_pair_good()  # each heal worked
     p.record_heal()
     p.record_heal()
-    assert make_policy(path, clock).heals_left(2, 3600) == 0  # two in a row that did not
+    heal, why = make_policy(path, clock).may_heal(2, 3600, 300)  # two in a row that did not
+    assert not heal and "2 heals within 60 min did not bring a pair back" in why
+    assert "the next try in 300 s" in why
     clock.now += 3601
-    assert make_policy(path, clock).heals_left(2, 3600) == 2
+    assert make_policy(path, clock).may_heal(2, 3600, 300) == (True, "")
+
+
+def test_past_the_budget_heals_go_on_slower_never_stuck_for_good(tmp_path: Path) -> None:
+    clock, path = Clock(), tmp_path / "u.restart.json"
+    p = make_policy(path, clock)
+    tries = []
+    for second in range(0, 1800, 10):  # a pair that stays broken for half an hour
+        clock.now = 1000.0 + second
+        p = make_policy(path, clock)  # each heal is a new run of the unit
+        if p.may_heal(2, 3600, 300)[0]:
+            p.record_heal()
+            tries.append(second)
+    assert tries[:2] == [0, 10]  # the budget: at once
+    assert tries[2:] == [310, 610, 910, 1210, 1510]  # then one every 300 s, never none
+
+
+def test_an_operators_stop_starts_the_heal_budget_afresh(tmp_path: Path) -> None:
+    clock, path = Clock(), tmp_path / "u.restart.json"
+    p = make_policy(path, clock)
+    p.record_heal()
+    p.record_heal()
+    p.on_stop("a heal: this runtime's own stop")  # not asked: the count stays
+    assert not make_policy(path, clock).may_heal(2, 3600, 300)[0]
+    p = make_policy(path, clock)
+    p.on_stop("stopped (SIGTERM)", asked=True)  # systemctl restart
+    assert make_policy(path, clock).may_heal(2, 3600, 300) == (True, "")
+
+
+def test_a_budget_of_zero_only_reports(tmp_path: Path) -> None:
+    heal, why = make_policy(tmp_path / "u.restart.json", Clock()).may_heal(0, 3600, 300)
+    assert not heal and "only reports" in why
 
 
 # --------------------------------------------------------------------------- membership
@@ -294,12 +328,99 @@ def test_the_side_that_served_the_pair_before_heals_and_the_fresh_side_does_not(
     assert "no pair works from this engine" in fresh.verdict()  # both fresh: together
 
 
+def test_a_coupled_pair_is_healed_by_its_prefill_whichever_side_is_stale() -> None:
+    """The decode restarts with its prefill (--follower): the prefill's restart renews both
+    sides at once, so the prefill heals even when it is the fresh side (replaced behind its
+    address), and the decode, stale or not, leaves it to the prefill."""
+    pair = Pair(P0, 8998, D)
+    prefill = Canary(P0, [pair], failures_to_act=3, log=lambda s: None, followers=[D])
+    decode = Canary(D, [pair], failures_to_act=3, log=lambda s: None, followers=[D])
+    decode.record(rounds(pair, True))  # the decode served the pair with the old prefill
+    for _ in range(3):
+        prefill.record(rounds(pair, False))  # the new prefill never had a good round
+        decode.record(rounds(pair, False))
+    assert "restarting this prefill renews both sides at once" in prefill.verdict()
+    assert decode.verdict() is None  # stale, but its restart would poison the new prefill
+    for _ in range(3):  # the prefill did not act (its budget, say): after twice as long
+        decode.record(rounds(pair, False))
+    assert "its prefill, which heals it" in decode.verdict()
+
+
+def test_only_followers_make_the_prefill_the_healer() -> None:
+    coupled, loose = Pair(P0, 8998, D), Pair(P0, 8998, "http://127.0.0.1:30003")
+    prefill = Canary(P0, [coupled, loose], failures_to_act=2, log=lambda s: None,
+                     followers=[D])
+    for _ in range(2):
+        prefill.record([*rounds(coupled, True), *rounds(loose, False)])
+    assert prefill.verdict() is None  # the loose pair: never served, another works
+    assert [s.heals_by for s in prefill.states.values()] == ["me", "stale side"]
+
+
 def test_one_flapping_pair_does_not_take_down_a_decode_that_serves_its_other_pair() -> None:
     bad, good = Pair(P0, 8998, D), Pair(P1, 8999, D)
     decode = Canary(D, [bad, good], failures_to_act=2, log=lambda s: None)
     for _ in range(10):
         decode.record([*rounds(bad, False), *rounds(good, True)])
     assert decode.verdict() is None  # it never served the bad pair, and another one works
+
+
+# --------------------------------------------------------------------------- when rounds run
+
+
+def _thread(interval: float = 30.0, **kw) -> canary.CanaryThread:
+    c = Canary(P0, [Pair(P0, 8998, D)], failures_to_act=3, log=lambda s: None)
+    return canary.CanaryThread(c, interval, 5.0, **kw)
+
+
+def test_after_a_bad_round_every_second_then_slower_then_steady_once_good() -> None:
+    t = _thread()
+    bad, good = rounds(Pair(P0, 8998, D), False), rounds(Pair(P0, 8998, D), True)
+    delays = [t.next_delay(bad) for _ in range(12)]
+    assert delays[:6] == [1.0] * 6  # 2 x failures rounds at the retry pace
+    assert delays[6:] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]  # then doubling, up to the interval
+    assert t.next_delay(good) == 30.0 and t.bad_rounds == 0
+    skipped = [Round(Pair(P0, 8998, D), False, skipped="peer down")]
+    assert t.next_delay(skipped) == 1.0  # a round that could not be judged is retried soon
+
+
+def test_a_peer_whose_port_opens_again_was_replaced() -> None:
+    looks = iter([True, False, False, True, True])
+    t = _thread(reachable=lambda url: next(looks))
+    seen: dict[str, bool] = {}
+    said = [t.replaced_peers(seen) for _ in range(5)]
+    assert said == [[], [], [], [D], []]
+
+
+def test_the_first_round_runs_as_soon_as_the_engine_is_ready_not_an_interval_later() -> None:
+    t = _thread(interval=30.0, probe=lambda pair, peer, timeout: Round(pair, True),
+                reachable=lambda url: True)
+    t0 = time.monotonic()
+    t.start()
+    try:
+        while not t.results and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+    finally:
+        t.stop()
+    assert t.results and time.monotonic() - t0 < 2.0
+
+
+def test_a_replaced_peer_gets_a_round_at_once_even_mid_interval() -> None:
+    ports = {"open": True}
+    t = _thread(interval=30.0, probe=lambda pair, peer, timeout: Round(pair, True),
+                reachable=lambda url: ports["open"], watch=0.05)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(t.results) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ports["open"] = False  # the peer restarts...
+        time.sleep(0.3)
+        ports["open"] = True  # ... and is back: a round now, not 30 s later
+        while len(t.results) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        t.stop()
+    assert len(t.results) == 2
 
 
 # --------------------------------------------------------------------------- pdsvc status
@@ -339,3 +460,25 @@ def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> 
     assert table[1].split() == ["prefill", "\\", "decode", d]
     assert table[2].split() == [p0, "FAILING", "30s"]
     assert table[3].split() == ["http://127.0.0.1:30002", "unknown"]  # nobody judged it yet
+
+
+# --------------------------------------------------------------------------- the router's wait
+
+
+def test_the_router_stops_waiting_for_an_engine_that_gave_up(tmp_path: Path) -> None:
+    from pdsvc.runtime.lifecycle import GAVE_UP_GRACE_S, gave_up_engines
+
+    clock = Clock()
+    clock.now = 1000.0
+    p = RestartPolicy(str(tmp_path / "dsv4-decode.restart.json"), restart_delay=1, max_delay=8,
+                      reset_after=600, attempts=1, clock=clock)
+    p.on_start()
+    assert gave_up_engines(str(tmp_path), ["dsv4-prefill", "dsv4-decode"], 999.0, 1000.0) == []
+    p.on_failed_start("OSError: Incorrect path_or_model_id")  # during the router's start
+    assert gave_up_engines(str(tmp_path), ["dsv4-prefill", "dsv4-decode"], 999.0, 1000.0) == [
+        "dsv4-decode gave up (gave up after 1 starts in a row that never became healthy; "
+        "last: OSError: Incorrect path_or_model_id)"]
+    # a give-up before the router started may be a stale file the engine is about to rewrite:
+    # believed only once it is still there GAVE_UP_GRACE_S later
+    assert gave_up_engines(str(tmp_path), ["dsv4-decode"], 1001.0, 1002.0) == []
+    assert gave_up_engines(str(tmp_path), ["dsv4-decode"], 1001.0, 1001.0 + GAVE_UP_GRACE_S)

@@ -1,5 +1,5 @@
-"""The pair canary: a periodic one-token generation through every prefill×decode pair this
-engine is part of, sent exactly as the router sends a PD request, and judged by content.
+"""The pair canary: a one-token generation through every prefill×decode pair this engine is
+part of, sent exactly as the router sends a PD request, and judged by content.
 
 Why: a pair can be broken while both /health endpoints answer 200. A decode keeps the NIXL
 endpoints of a prefill that was replaced behind a stable address (sglang #33789, PR #34289); a
@@ -12,23 +12,40 @@ once, with ``bootstrap_host`` (the host of the prefill's URL, verbatim), ``boots
 a fresh random ``bootstrap_room`` below 2^63, which is what the router adds (sglang-router
 ``src/routers/http/pd_router.rs``); the decode's reply is the verdict.
 
+When a round runs. Detection must not wait for the steady interval (the canary is real
+traffic, so that interval may be long): a round runs as soon as this engine is ready, as soon
+as a peer comes back after its port was closed (it was replaced: the moment a stale pair is
+born), and every second after a round that failed or could not be judged, until one is good.
+
 Which side heals. Each side runs the canary for its own pairs and acts only on itself: no unit
-gets the right to restart another. The stale side is the one that is *unchanged* since the pair
-last worked: it served this pair with its current engine, then the peer was replaced, and the
-state it kept about the old peer is what fails. The replaced side is fresh: it has never served
-this pair. So a side restarts its own engine when a pair fails ``failures`` rounds in a row
-while both engines answer /health, and it has had a good round with that peer since its
-engine started. A side without that history leaves the pair to the peer, unless it has no
-working pair at all for twice as long (both sides fresh and still failing: the pair restarts
-together, each side on its own word). A side with other healthy pairs never restarts for a pair
-it has never served, so one flapping pair does not take down the healthy pairs of an xPyD
-deployment; a heal budget (in the restart policy's file) bounds the rest.
+gets the right to restart another. A heal must leave *both* sides fresh: a side that restarts
+alone gets a new NIXL agent (a fresh uuid4 per process, ``nixl/conn.py``), and the side that
+stayed, having talked to the old one while the pair failed, can then be stale toward the new
+one. So:
+
+* When the pair's decode restarts with its prefill (``--follower``: ``PartOf=`` on one host,
+  ``--restart-with`` across hosts), the prefill heals the pair, whichever side is stale: its
+  restart takes the decode with it, and both come back fresh in one step. The decode leaves it
+  to the prefill, and acts itself only if the pair still fails twice as long.
+* Otherwise the stale side is the one that is *unchanged* since the pair last worked: it served
+  this pair with its current engine, then the peer was replaced, and the state it kept about
+  the old peer is what fails. The replaced side is fresh: it has never served this pair. So a
+  side restarts its own engine when a pair fails ``failures`` rounds in a row while both
+  engines answer /health, and it has had a good round with that peer since its engine started
+  (the round at ready makes that the case within a second of both being up). A side without
+  that history leaves the pair to the peer, unless it has no working pair at all for twice as
+  long (both sides fresh and still failing: each side restarts on its own word). A side with
+  other healthy pairs never restarts for a pair it has never served, so one flapping pair does
+  not take down the healthy pairs of an xPyD deployment.
+
+The restart policy's heal budget bounds the rest in time (policy.py).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import socket
 import threading
 import time
 import urllib.parse
@@ -39,6 +56,12 @@ from .probe import START_PROBE_TIMEOUT_S, HttpReply, http_call, judge_generation
 from .statefile import write_json
 
 CANARY_PROMPT = "pdsvc pair canary"
+#: seconds between rounds after one that failed or could not be judged (doubling after
+#: 2 x failures such rounds, up to the steady interval: a peer that stays down is not hammered)
+RETRY_S = 1.0
+#: seconds between looks at each peer's port: a port that closed and opened again is a peer
+#: that was replaced (a connect is all it costs: SGLang's /health runs a generation)
+WATCH_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -76,6 +99,7 @@ class PairState:
     last_error: str = ""
     last_ok: float | None = None  # wall clock: ok since
     served: bool = False  # a good round with this peer since this engine started
+    heals_by: str = ""  # "me" | "peer": who restarts for this pair when it fails
 
 
 @dataclass(frozen=True)
@@ -120,18 +144,33 @@ class Canary:
 
     def __init__(self, me: str, pairs: Sequence[Pair], *, failures_to_act: int,
                  log: Callable[[str], None], path: str | None = None,
+                 followers: Sequence[str] = (),
                  wall: Callable[[], float] = time.time) -> None:
         self.me = me.rstrip("/")
         self.pairs = list(pairs)
         self.failures_to_act = failures_to_act
         self.log = log
         self.path = path
+        self.followers = {f.rstrip("/") for f in followers}
         self.wall = wall
-        self.states = {p.name: PairState(p.name, self.peer(p)) for p in self.pairs}
+        self.states = {p.name: PairState(p.name, self.peer(p), heals_by=self._healer(p))
+                       for p in self.pairs}
         self._saved: list[tuple[str, str, int, str]] = []
 
     def peer(self, pair: Pair) -> str:
-        return pair.decode if pair.prefill.rstrip("/") == self.me else pair.prefill
+        return pair.decode if self.is_prefill(pair) else pair.prefill
+
+    def is_prefill(self, pair: Pair) -> bool:
+        return pair.prefill.rstrip("/") == self.me
+
+    def coupled(self, pair: Pair) -> bool:
+        """The pair's decode restarts whenever its prefill does."""
+        return pair.decode.rstrip("/") in self.followers
+
+    def _healer(self, pair: Pair) -> str:
+        if not self.coupled(pair):
+            return "stale side"
+        return "me" if self.is_prefill(pair) else "peer"
 
     def record(self, rounds: Sequence[Round]) -> None:
         """Fold one round of every pair into the states (journal lines on every change)."""
@@ -153,17 +192,36 @@ class Canary:
                 if s.failures == 0:
                     s.failing_since = now
                 s.failures += 1
+                said = s.last_error
                 s.state, s.last_error = "failing", r.error
-                self.log(f"pair canary {s.pair}: failed ({s.failures}x in a row) "
-                         f"while both engines are healthy: {r.error}")
+                # every round up to the verdict, then only news: rounds run every second
+                # while a pair fails, and the journal is not a metrics store
+                if s.failures <= 2 * self.failures_to_act or r.error != said \
+                        or s.failures % 60 == 0:
+                    self.log(f"pair canary {s.pair}: failed ({s.failures}x in a row) "
+                             f"while both engines are healthy: {r.error}")
         self._save()
 
     def verdict(self) -> str | None:
         """Why this engine must restart to heal a pair, or None."""
         states = list(self.states.values())
         working = any(s.state == "ok" for s in states)
+        by_name = {p.name: p for p in self.pairs}
         for s in states:
             if s.failures < self.failures_to_act:
+                continue
+            pair = by_name[s.pair]
+            if self.coupled(pair):
+                if self.is_prefill(pair):
+                    return (f"pair {s.pair} failed {s.failures} canary rounds in a row while "
+                            f"both engines are healthy ({s.last_error}); its decode restarts "
+                            "with this prefill, so restarting this prefill renews both sides "
+                            "at once and neither keeps the other's stale NIXL state "
+                            "(sglang #33789, smg #2382)")
+                if s.failures >= 2 * self.failures_to_act:
+                    return (f"pair {s.pair} failed {s.failures} canary rounds in a row and "
+                            "its prefill, which heals it (this decode restarts with it), did "
+                            "not: restarting this side of the pair")
                 continue
             if s.served:
                 return (f"pair {s.pair} failed {s.failures} canary rounds in a row while both "
@@ -189,18 +247,41 @@ class Canary:
         write_json(self.path, doc)
 
 
+def port_open(url: str, timeout: float = 0.5) -> bool:
+    """Whether a TCP connect to the URL's host:port succeeds (nothing is sent)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or 80), timeout):
+            return True
+    except OSError:
+        return False
+
+
 class CanaryThread:
     """Runs the rounds off the main loop (a generation may take seconds; the main loop must
-    keep feeding the watchdog): every ``interval`` s, all pairs at once; each finished round
-    is handed over through ``results`` for the main loop to decide on."""
+    keep feeding the watchdog), all pairs at once; each finished round is handed over through
+    ``results`` for the main loop to decide on.
+
+    A round runs at once (this engine just became ready), then every ``interval`` s while
+    rounds are good; after a round that failed or could not be judged, every ``retry`` s
+    (doubling once 2 x failures such rounds came, up to ``interval``); and at once whenever a
+    peer's port opens again after it was seen closed (the peer was replaced)."""
 
     def __init__(self, canary: Canary, interval: float, timeout: float,
-                 probe: Callable[[Pair, str, float], Round] = probe_pair) -> None:
+                 probe: Callable[[Pair, str, float], Round] = probe_pair, *,
+                 retry: float = RETRY_S, watch: float = WATCH_S,
+                 reachable: Callable[[str], bool] = port_open,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.canary = canary
         self.interval = interval
         self.timeout = timeout
         self.probe = probe
+        self.retry = min(retry, interval)
+        self.watch = watch
+        self.reachable = reachable
+        self.clock = clock
         self.results: list[list[Round]] = []
+        self.bad_rounds = 0  # rounds in a row that were not all good
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pair-canary", daemon=True)
@@ -216,19 +297,54 @@ class CanaryThread:
             done, self.results = self.results, []
         return done
 
+    def next_delay(self, rounds: Sequence[Round]) -> float:
+        """Seconds until the next round, given the one just run."""
+        if rounds and all(r.ok for r in rounds):
+            self.bad_rounds = 0
+            return self.interval
+        self.bad_rounds += 1
+        extra = max(0, self.bad_rounds - 2 * self.canary.failures_to_act)
+        return min(self.interval, self.retry * 2 ** min(extra, 16))
+
+    def round(self) -> list[Round]:
+        rounds: list[Round] = []
+
+        def one(pair: Pair, out: list[Round] = rounds) -> None:
+            out.append(self.probe(pair, self.canary.peer(pair), self.timeout))
+
+        workers = [threading.Thread(target=one, args=(p,), daemon=True)
+                   for p in self.canary.pairs]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(self.timeout + START_PROBE_TIMEOUT_S + 2.0)
+        return list(rounds)
+
+    def replaced_peers(self, seen: dict[str, bool]) -> list[str]:
+        """Look at every peer's port once; the peers whose port opened again since it was
+        seen closed (``seen``: the last look, updated)."""
+        back = []
+        for peer in sorted({self.canary.peer(p) for p in self.canary.pairs}):
+            up = self.reachable(peer)
+            if up and seen.get(peer) is False:
+                back.append(peer)
+            seen[peer] = up
+        return back
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            rounds: list[Round] = []
-
-            def one(pair: Pair, out: list[Round] = rounds) -> None:
-                out.append(self.probe(pair, self.canary.peer(pair), self.timeout))
-
-            workers = [threading.Thread(target=one, args=(p,), daemon=True)
-                       for p in self.canary.pairs]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join(self.timeout + START_PROBE_TIMEOUT_S + 2.0)
-            if not self._stop.is_set():
+        seen: dict[str, bool] = {}
+        due = self.clock()  # a round as soon as this engine is ready
+        while not self._stop.is_set():
+            back = self.replaced_peers(seen)
+            if back:
+                self.canary.log(f"pair canary: {', '.join(back)} opened its port again "
+                                "(started or replaced): a round now")
+                due, self.bad_rounds = self.clock(), 0
+            if self.clock() >= due:
+                rounds = self.round()
+                if self._stop.is_set():
+                    return
                 with self._lock:
-                    self.results.append(list(rounds))
+                    self.results.append(rounds)
+                due = self.clock() + self.next_delay(rounds)
+            self._stop.wait(max(0.0, min(self.watch, due - self.clock())))

@@ -33,7 +33,7 @@ from .jitlock import JitLock
 from .membership import MEMBERSHIP_RETRY_S, Membership, Worker, read_key
 from .notify import Log, Notifier
 from .phases import Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
-from .policy import RestartPolicy
+from .policy import GAVE_UP, RestartPolicy
 from .probe import (
     START_PROBE_TIMEOUT_S,
     ProbeResult,
@@ -43,8 +43,11 @@ from .probe import (
     router_start_probe,
 )
 from .proctree import become_subreaper
+from .statefile import read_json
 
 HOUR_S = 3600.0
+#: past the heal budget, one more heal every this many seconds (policy.may_heal)
+SLOW_HEAL_S = 300.0
 
 
 def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
@@ -76,6 +79,29 @@ def engine_fingerprint() -> str:
         except metadata.PackageNotFoundError:
             parts.append(f"no-{dist}")
     return "_".join(parts)
+
+
+#: a gave-up state older than the router's start is believed after this many seconds of it
+#: (an engine started with the router rewrites its state within a second of its start)
+GAVE_UP_GRACE_S = 10.0
+
+
+def gave_up_engines(state_dir: str | None, names: Sequence[str], since: float,
+                    now: float) -> list[str]:
+    """The engines (by their runtime's --name) whose restart policy says they gave up during
+    this start: at or after ``since`` (wall clock), or before it and still so
+    GAVE_UP_GRACE_S later. One line each: the name and its reason."""
+    if not state_dir:
+        return []
+    out = []
+    for name in names:
+        doc = read_json(os.path.join(state_dir, f"{name}.restart.json")) or {}
+        ended = doc.get("ended_at")
+        if doc.get("phase") != GAVE_UP or not isinstance(ended, (int, float)):
+            continue
+        if ended >= since or now - since >= GAVE_UP_GRACE_S:
+            out.append(f"{name} gave up ({doc.get('reason') or 'no reason recorded'})")
+    return out
 
 
 def probes_for(args: argparse.Namespace, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:
@@ -123,6 +149,7 @@ class Unit:
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
+        self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
         self.state = "PREFLIGHT"
 
     def enter(self, state: str, status: str | None = None) -> None:
@@ -224,6 +251,7 @@ class Unit:
                               min(a.liveness_timeout, a.peer_interval), log=self.log)
             peers.check()  # from the first second: a peer killed now is seen go and return
         next_peer = time.monotonic() + a.peer_interval if peers else float("inf")
+        said_wait = [""]
 
         def run(alive: bool) -> Outcome | None:
             nonlocal next_check, next_peer
@@ -247,12 +275,14 @@ class Unit:
                         self.policy.on_pair_good()
                 why = self.canary.canary.verdict() if rounds and alive else None
                 if why:
-                    if self.policy.heals_left(a.canary_heals, HOUR_S) > 0:
+                    heal, wait = self.policy.may_heal(a.canary_heals, HOUR_S, SLOW_HEAL_S)
+                    if heal:
                         self.policy.record_heal()
                         return Outcome("heal", detail=why)
-                    log(f"{why} — but {a.canary_heals} heals in a row did not bring a pair back "
-                        "within the hour: not restarting again; the pair stays failing (see "
-                        "pdsvc status)")
+                    if wait != said_wait[0]:  # news only: rounds come every second
+                        log(f"{why} — but not now: {wait}")
+                        self.notifier.status(f"pair failing, not healed now: {wait}")
+                    said_wait[0] = wait
             return None
 
         return run
@@ -264,7 +294,7 @@ class Unit:
         me = a.advertise or base_url(a.health_url)
         pairs = [Pair(p, int(b) if b not in ("", "none") else None, d) for p, b, d in a.pair]
         canary = Canary(me, pairs, failures_to_act=a.canary_failures, log=self.log,
-                        path=self.canary_path)
+                        path=self.canary_path, followers=a.follower)
         self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout)
         self.canary.start()
 
@@ -287,7 +317,7 @@ class Unit:
         # compile lock, which other engines may be waiting for
         if not self.backoff():
             log(f"stopped before the {self.role} was started")
-            self.policy.on_stop("stopped before the start")
+            self.policy.on_stop("stopped before the start", asked=True)
             return 0
         for step in (self.setup_membership, self.wait_gpus, self.jit_lock):
             refused = step()
@@ -295,9 +325,10 @@ class Unit:
                 return refused
         if child.stopping():
             log(f"stopped before the {self.role} was started")
-            self.policy.on_stop("stopped before the start")
+            self.policy.on_stop("stopped before the start", asked=True)
             return 0
         probe, what, liveness_url = probes_for(a, log)
+        probe = self.unless_engines_gave_up(probe)
         self.enter("STARTING", f"starting {self.role}")
         failed = child.start(self.command)
         if failed is not None:
@@ -324,6 +355,25 @@ class Unit:
             outcome = self.serve(outcome, liveness_url)
         return self.finish(outcome, served)
 
+    def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
+                               ) -> Callable[[], ProbeResult]:
+        """Router: the start probe waits for a generation through a prefill and a decode,
+        which an engine that gave up (exit 78: not restarted) can no longer serve. Once one
+        of this host's engines (--engine) gave up, the wait ends: READY=1 with the reason in
+        the status, so that `systemctl start` returns and the target's gate names it."""
+        names = getattr(self.args, "engine", None)
+        if self.role != "router" or not names:
+            return probe
+        since = time.time()
+
+        def check() -> ProbeResult:
+            self.gave_up = gave_up_engines(self.args.state_dir, names, since, time.time())
+            if self.gave_up:
+                return ProbeResult(True, "; ".join(self.gave_up))
+            return probe()
+
+        return check
+
     def serve(self, healthy: Outcome, liveness_url: str) -> Outcome:
         """SERVING: join the router, READY=1, then liveness, membership and the canary."""
         a, log = self.args, self.log
@@ -335,8 +385,14 @@ class Unit:
         if self.membership is not None:
             self.membership.join()  # before READY=1: ordering waits for a routable engine
         serving = f"serving on {base_url(liveness_url)} (healthy after {healthy.elapsed:.1f} s)"
+        if self.gave_up:
+            serving = (f"up on {base_url(liveness_url)} but not serving: "
+                       f"{'; '.join(self.gave_up)}")
+            log(f"{serving}: READY=1 without a generation, so that the start ends now; the "
+                "router serves once that engine is fixed and started again")
         self.notifier("READY=1", f"STATUS={serving}")
-        log(f"healthy after {healthy.elapsed:.1f} s")
+        if not self.gave_up:
+            log(f"healthy after {healthy.elapsed:.1f} s")
         _watchdog_hint(a, log)
         self.start_canary()
         return liveness_loop(
@@ -405,7 +461,8 @@ class Unit:
         code = supervisor_exit_code(returncode, child.stop_signal)
         ended = f"{role} exited with status {status}" + (f": {last_error}" if last_error else "")
         if asked:
-            self.policy.on_stop(f"stopped ({signal.Signals(child.stop_signal).name})")
+            self.policy.on_stop(f"stopped ({signal.Signals(child.stop_signal).name})",
+                                asked=True)
             stop_name = signal.Signals(child.stop_signal).name
             verdict = "a clean stop" if code == 0 else "a failed stop"
             log(f"after {stop_name}: treating it as {verdict}; exiting {code}")

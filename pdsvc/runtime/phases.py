@@ -33,7 +33,10 @@ class PeerWatch:
     that restarted under it (sglang #33789), so a decode whose prefill runs elsewhere watches
     that prefill's /health: seen healthy, then failing ``down_after`` probes in a row (dead by
     the same measure as the watchdog's) of which at least one was refused (its port closed:
-    the process was gone, not merely slow or unreachable), then healthy again = it restarted.
+    the process was gone, not merely slow or unreachable) = it is restarting. This engine then
+    restarts at once, as PartOf= would stop it with its prefill: it reloads while the prefill
+    does, and never talks to the prefill's successor with the state of the old one (a decode
+    that did would leave that successor stale toward this engine's own successor: smg #2382).
     A peer never seen healthy (still loading when this engine came up) is not a restart.
     """
 
@@ -68,15 +71,17 @@ class PeerWatch:
             result = results.get(url) or ProbeResult(False, f"timed out after {self.timeout:g} s")
             if not result.ok:
                 if self.seen_up[url] and not self.failures[url]:
-                    self.log(f"peer {url}: {result.detail}; watching for its return")
+                    self.log(f"peer {url}: {result.detail}; watching it")
                 self.failures[url] += 1
                 self.refused[url] |= result.detail == "connection refused"
+                down, refused = self.failures[url], self.refused[url]
+                if self.seen_up[url] and down >= self.down_after and refused:
+                    return (f"{url} failed {down} probes in a row and its port was closed: it "
+                            "is restarting, and a NIXL decode must come back with it, fresh "
+                            "(sglang #33789)")
                 continue
             down, refused = self.failures[url], self.refused[url]
             self.failures[url], self.refused[url] = 0, False
-            if self.seen_up[url] and down >= self.down_after and refused:
-                return (f"{url} is back after {down} failed probes (its port was closed): it "
-                        f"restarted, and a NIXL decode must restart with it (sglang #33789)")
             if not self.seen_up[url]:
                 self.log(f"peer {url} is up: a restart of it will restart this engine")
             elif down:

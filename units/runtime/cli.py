@@ -63,6 +63,7 @@ the service's behalf, gated on HTTP probes. Modes:
   engine         GPU idle check, cold JIT cache serialisation, READY=1 once /health is 200
   router         READY=1 once /readiness is 200 and one real generation returned 200
   eventlistener  (supervisord) restart decode whenever prefill (re)starts
+  launch         run a router launcher with the control-plane key added in-process
 
 Without systemd (supervisord), --wait-for, --watchdog-secs, --kill-tree and --stop-timeout
 take over what the units get from After=, WatchdogSec= and KillMode=mixed.
@@ -98,13 +99,13 @@ Exit status: 0 when supervisord closes its stdin, 2 on a usage error.
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="runtime",
-        usage="%(prog)s {engine,router,eventlistener} --name NAME [options] [-- CMD [ARGS...]]",
+        usage="%(prog)s {engine,router,eventlistener,launch} [options] [-- CMD [ARGS...]]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     modes = parser.add_subparsers(
-        dest="mode", metavar="{engine,router,eventlistener}", required=True
+        dest="mode", metavar="{engine,router,eventlistener,launch}", required=True
     )
 
     common = argparse.ArgumentParser(add_help=False)
@@ -322,8 +323,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     canary.add_argument("--pair", nargs=3, action="append", default=[],
                         metavar=("PREFILL_URL", "BOOTSTRAP_PORT", "DECODE_URL"),
                         help="a prefill x decode pair this engine is part of (repeatable)")
+    canary.add_argument("--follower", action="append", default=[], metavar="DECODE_URL",
+                        help="a decode of these pairs that restarts whenever its prefill does "
+                        "(PartOf= or --restart-with): its prefill heals their pair, whichever "
+                        "side is stale, and both come back fresh at once (repeatable)")
     canary.add_argument("--canary-interval", type=_positive_float, default=30.0, metavar="S",
-                        help="seconds between canary rounds (default: %(default)g)")
+                        help="seconds between canary rounds while they are good; a round also "
+                        "runs once ready, whenever a peer's port opens again, and every second "
+                        "after a bad one (default: %(default)g)")
     canary.add_argument("--canary-failures", type=_positive_int, default=3, metavar="N",
                         help="failed rounds in a row, both engines healthy, before the stale "
                         "side restarts itself (default: %(default)s)")
@@ -331,8 +338,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         help="one canary generation's timeout (default: %(default)g)")
     canary.add_argument("--canary-heals", type=_positive_int, default=2, metavar="N",
                         help="at most N heals in a row (within an hour) that do not bring a "
-                        "pair back; then only report; a heal after which a pair serves again "
-                        "is forgotten (default: %(default)s)")
+                        "pair back; then one every 5 minutes, with the reason in the status; "
+                        "a heal after which a pair serves again is forgotten, and a stop of "
+                        "the unit clears the count (default: %(default)s)")
 
     router = modes.add_parser(
         "router",
@@ -390,6 +398,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         metavar="S",
         help="timeout of the probe generation; the first PD request may set up the KV "
         "transfer connection, which can take tens of seconds (default: %(default)g)",
+    )
+    router.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an engine of this host (its runtime's --name, sharing --state-dir): when it gave "
+        "up during this start, stop waiting for a generation through it and send READY=1 with "
+        "the reason in the status, so that the start ends and the target's gate names it "
+        "(repeatable)",
     )
     launcher = modes.add_parser(
         "launch",

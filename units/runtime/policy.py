@@ -135,11 +135,14 @@ class RestartPolicy:
         self._save()
         return why
 
-    def on_stop(self, reason: str) -> None:
-        """A stop that was asked for (operator, coupling, a pair heal): no count changes."""
+    def on_stop(self, reason: str, *, asked: bool = False) -> None:
+        """A stop (operator, coupling, a pair heal): no crash count changes. ``asked``: the
+        process manager stopped it (an operator, or ``PartOf=``), not this runtime itself."""
         s = self.state
         was_serving = s.phase == SERVING
         s.phase, s.reason, s.ended_at = STOPPED, reason, self.clock()
+        if asked:
+            s.heals = []  # an operator's stop or restart starts the heal budget afresh
         if was_serving and s.serving_since is not None and \
                 s.ended_at - s.serving_since >= self.reset_after:
             s.crashes = 0
@@ -149,11 +152,23 @@ class RestartPolicy:
     # ------------------------------------------------------------------ pair heals
     # A heal that worked (the pair served again afterwards) is forgotten: every decode a fleet
     # replaces poisons its prefills again (smg #2382), and each of those is healed. What the
-    # budget bounds is heals in a row that did not bring the pair back: a restart storm.
-    def heals_left(self, budget: int, window: float) -> int:
+    # budget bounds is heals in a row that did not bring the pair back: a restart storm. Past
+    # the budget, heals go on, slower (one per ``slow`` s): nothing ends in a state only an
+    # operator can clear, and an operator's stop or restart clears the count (on_stop).
+    def may_heal(self, budget: int, window: float, slow: float) -> tuple[bool, str]:
+        """(heal now?, why not) for a pair the canary found to need this engine's restart."""
         now = self.clock()
         self.state.heals = [t for t in self.state.heals if now - t < window]
-        return max(0, budget - len(self.state.heals))
+        if budget <= 0:
+            return False, "--canary-heals 0: the canary only reports"
+        if len(self.state.heals) < budget:
+            return True, ""
+        wait = self.state.heals[-1] + slow - now
+        if wait <= 0:
+            return True, ""
+        return False, (f"{len(self.state.heals)} heals within {window / 60:g} min did not "
+                       f"bring a pair back: the next try in {wait:.0f} s (one every "
+                       f"{slow:g} s; `systemctl restart` of the unit starts afresh)")
 
     def record_heal(self) -> None:
         self.state.heals.append(self.clock())
