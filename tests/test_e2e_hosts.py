@@ -47,17 +47,24 @@ def three(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator
 
 def test_a_prefill_killed_in_the_first_seconds_is_followed_by_its_decode(three: Fleet) -> None:
     """The decode's runtime watches its remote prefill from the moment it is ready, every
-    second: a prefill killed right after the stack serves, restarted and healthy again within
-    a liveness interval, is still seen go and return, and the decode restarts with it."""
+    second: a prefill killed right after the stack serves is seen go (its port closed), and
+    the decode restarts at once, reloading while the prefill does: serving again within the
+    prefill's start + the decode's + 5 s."""
     gpu_a, gpu_b = three.hosts["gpu-a"], three.hosts["gpu-b"]
     before = gpu_b.show("e2e-decode.service", "InvocationID")["InvocationID"]
+    t0 = time.monotonic()
     gpu_a.run(["kill", "-9", str(engine_pid(gpu_a, "e2e-prefill.service"))])  # at once
     gpu_b.wait_for(lambda: gpu_b.show("e2e-decode.service", "InvocationID")["InvocationID"]
                    != before, 60, interval=0.25, what="the decode restarted with its prefill")
     assert (f"http://{three.lab.address('gpu-a')}:30000/health failed" in
             gpu_b.journal("e2e-decode.service"))
-    three.hosts["lb"].wait_for(lambda: three.generate()[0], 60, interval=0.5,
+    three.hosts["lb"].wait_for(lambda: three.generate()[0], 60, interval=0.25,
                                what="serving again")
+    seconds = time.monotonic() - t0
+    start = 1 + 3  # one stand-in engine's start (FAKE_SGLANG_LOAD_SECS 1): python, load, join
+    print(f"\nBENCH [{three.plan['router']['package']}] across hosts: kill -9 prefill engine "
+          f"-> serving: {seconds:.1f} s (bound {2 * start + 5} s)")
+    assert seconds <= 2 * start + 5
 
 
 def test_three_hosts_install_start_and_serve_across_the_network(three: Fleet) -> None:
