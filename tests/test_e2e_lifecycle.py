@@ -7,6 +7,7 @@ The tests of the shared stack run in file order and each leaves it serving again
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,8 +200,9 @@ def test_broken_engine_gives_up_after_its_tries_and_the_start_says_so(
         print(f"\nBENCH systemctl start with an engine that gives up -> exit "
               f"{r.returncode} after {took:.1f} s (bound {give_up + 10} s)")
         assert took <= give_up + 10
-        unit = s.unit("prefill")
-        assert s.prop(unit, "ActiveState") == "failed"
+        unit = s.unit("prefill")  # both engines lack the model: the first to give up ends it
+        s.c.wait_for(lambda: s.prop(unit, "ActiveState") == "failed", 30, interval=0.25,
+                     what="prefill gives up too")
         assert s.prop(unit, "ExecMainStatus") == "78"
         restarts = s.restarts("prefill")
         time.sleep(lc["restart_secs"] + 3)  # a restart would have come by now
@@ -215,9 +217,11 @@ def test_broken_engine_gives_up_after_its_tries_and_the_start_says_so(
         # the router is up but says why it does not serve; the gate names the engine
         router = s.unit("router")
         assert s.prop(router, "ActiveState") == "active"
-        assert "not serving: e2e-prefill gave up" in s.prop(router, "StatusText")
+        assert re.search(r"not serving: e2e-(prefill|decode) gave up",
+                         s.prop(router, "StatusText"))
         gate = s.c.journal("e2e-pd-ready.service")
-        assert f"{unit} is not active: ActiveState=failed" in gate, gate
+        assert re.search(r"e2e-(prefill|decode)\.service is not active: ActiveState=failed",
+                         gate), gate
         assert "ExecMainStatus=78" in gate and reason in gate
         assert "e2e-pd.target is not serving: fix the cause, then: systemctl start " \
             "e2e-pd.target" in gate

@@ -27,7 +27,10 @@ one. So:
 * When the pair's decode restarts with its prefill (``--follower``: ``PartOf=`` on one host,
   ``--restart-with`` across hosts), the prefill heals the pair, whichever side is stale: its
   restart takes the decode with it, and both come back fresh in one step. The decode leaves it
-  to the prefill, and acts itself only if the pair still fails twice as long.
+  to the prefill, and acts itself only as a last resort, after ``LAST_RESORT`` × ``failures``
+  rounds (minutes at the slowed pace): a decode that healed alone would come back with a new
+  NIXL agent, and the prefill, which talked to the old one while the pair failed, could be
+  stale toward it; a second heal.
 * Otherwise the stale side is the one that is *unchanged* since the pair last worked: it served
   this pair with its current engine, then the peer was replaced, and the state it kept about
   the old peer is what fails. The replaced side is fresh: it has never served this pair. So a
@@ -57,6 +60,10 @@ from .probe import START_PROBE_TIMEOUT_S, HttpReply, http_call, judge_generation
 from .statefile import write_json
 
 CANARY_PROMPT = "pdsvc pair canary"
+#: a decode whose prefill heals their pair acts itself only after this many times
+#: ``failures`` rounds: well after the prefill would have (its rounds start up to a second
+#: later, and may take longer), so the two never race
+LAST_RESORT = 10
 #: seconds between rounds after one that failed or could not be judged (doubling after
 #: 2 x failures such rounds, up to the steady interval: a peer that stays down is not hammered)
 RETRY_S = 1.0
@@ -219,10 +226,10 @@ class Canary:
                             "with this prefill, so restarting this prefill renews both sides "
                             "at once and neither keeps the other's stale NIXL state "
                             "(sglang #33789, smg #2382)")
-                if s.failures >= 2 * self.failures_to_act:
+                if s.failures >= LAST_RESORT * self.failures_to_act:
                     return (f"pair {s.pair} failed {s.failures} canary rounds in a row and "
                             "its prefill, which heals it (this decode restarts with it), did "
-                            "not: restarting this side of the pair")
+                            "not: restarting this side of the pair, as a last resort")
                 continue
             if s.served:
                 return (f"pair {s.pair} failed {s.failures} canary rounds in a row while both "
