@@ -23,6 +23,7 @@ class UnitRun:
     phase: str  # starting | serving | stopped | crashed | failed-start | gave-up | unknown
     reason: str
     crashes: int
+    heals: int = 0  # pair heals within the hour that brought no pair back (policy.may_heal)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,12 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
     names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
     for name in dict.fromkeys(names):
         doc = _read(directory / f"{name}.restart.json") or {}
+        heals = doc.get("heals")
+        recent = [t for t in heals if isinstance(t, (int, float)) and time.time() - t < 3600] \
+            if isinstance(heals, list) else []
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
-                            str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0)))
+                            str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
+                            len(recent)))
     return runs
 
 
@@ -74,8 +79,11 @@ def pair_views(plan: Plan, directory: Path) -> list[PairView]:
     return list(views.values())
 
 
-def problems(runs: list[UnitRun], pairs: list[PairView]) -> list[str]:
+def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -> list[str]:
     out = [f"{r.unit} gave up: {r.reason}" for r in runs if r.phase == "gave-up"]
+    out += [f"{r.unit}: {r.heals} pair heals within the hour brought no pair back: it heals "
+            f"again only every 5 minutes (`systemctl restart {r.unit}` starts afresh)"
+            for r in runs if heal_budget and r.heals >= heal_budget]
     out += [f"pair {p.prefill} -> {p.decode} failing ({p.by}): {p.last_error}"
             for p in pairs if p.state == "failing"]
     return out

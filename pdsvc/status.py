@@ -269,7 +269,7 @@ def collect(
                               None if plan.router else readiness)
     where = runstate.state_dir(plan, backend.name)
     runs, pairs = runstate.unit_runs(plan, where), runstate.pair_views(plan, where)
-    problems += runstate.problems(runs, pairs)
+    problems += runstate.problems(runs, pairs, plan.lifecycle.canary_heal_attempts)
     # the router of another host: where this host reaches it, not at this host's name
     url = client_url(router, hostname) if plan.router else f"{router.url}/v1/chat/completions"
     return Report(

@@ -454,6 +454,15 @@ def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> 
     decode.record(rounds(Pair(p0, port, d), False))
     runs = runstate.unit_runs(plan, Path(plan.paths.run_dir))
     pairs = runstate.pair_views(plan, Path(plan.paths.run_dir))
+    heals = RestartPolicy(str(tmp_path / "dsv4-decode.restart.json"), restart_delay=1,
+                          max_delay=8, reset_after=600, attempts=3)
+    heals.record_heal()
+    heals.record_heal()  # two heals that brought nothing back: slowed down
+    runs = runstate.unit_runs(plan, Path(plan.paths.run_dir))
+    assert runstate.problems(runs, pairs, heal_budget=2)[1] == (
+        "dsv4-decode.service: 2 pair heals within the hour brought no pair back: it heals "
+        "again only every 5 minutes (`systemctl restart dsv4-decode.service` starts afresh)")
+    assert len(runstate.problems(runs, pairs, heal_budget=3)) == 2  # within the budget
     said = runstate.problems(runs, pairs)
     assert said[0] == ("dsv4-prefill-1.service gave up: gave up after 3 starts in a row that "
                        "never became healthy; last: OSError: Incorrect path_or_model_id")
