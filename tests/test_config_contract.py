@@ -1,0 +1,84 @@
+"""Issue 26: the keys added since issue 11 (membership, the control-plane key, smg, canary and
+restart settings, the bundle's runtime files) reach every output intact, or are refused with one
+line naming the key and the fix. (The property tests over every field: test_hostile_props.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import sdsyntax as sd
+import yaml
+from conftest import REPO
+
+from pdsvc.config import LifecycleConfig, parse_config
+from pdsvc.errors import ConfigError
+from pdsvc.plan import Plan, build_plan
+from pdsvc.render import render_systemd
+from pdsvc.render_supervisord import render_supervisord
+from pdsvc.runtime.cli import parse_args
+from pdsvc.topology import load_topology_file
+
+SEED_FILE = REPO / "etc/seed-host.topology.json"
+SEED = load_topology_file(SEED_FILE)
+BASE = "model: {path: /srv/m}\n"
+
+
+def plan_of(text: str) -> Plan:
+    return build_plan(parse_config(text, "t.yaml"), SEED, config_source="t.yaml",
+                      config_text=text)
+
+
+def runtime_argvs(plan: Plan) -> dict[str, list[str]]:
+    """Each unit's runtime command line (mode, options, `--`, command), as systemd reads it."""
+    files = {f.path: f.content for f in render_systemd(plan, "t")}
+    units = [e.unit for e in plan.engines] + ([plan.router.unit] if plan.router else [])
+    return {u: sd.exec_argv(sd.sections(files[u])["Service"]["ExecStart"][0])[2:]
+            for u in units}
+
+
+# --------------------------------------------------------------- 1. bounds: the runtime's own
+
+
+def test_canary_heal_attempts_0_only_reports_and_the_runtime_takes_it() -> None:
+    plan = plan_of(BASE + "lifecycle: {canary_heal_attempts: 0}\n")
+    for unit, argv in runtime_argvs(plan).items():
+        args, _ = parse_args(argv)
+        if args.mode == "engine":
+            assert args.canary_heals == 0, unit
+    conf = render_supervisord(plan, "t")[0].content
+    assert "--canary-heals 0" in conf
+
+
+def test_a_negative_heal_budget_is_refused_by_the_runtimes_own_bound() -> None:
+    with pytest.raises(ConfigError, match=r"lifecycle.canary_heal_attempts: expected a whole "
+                       r"number >= 0, got '-1'.*--canary-heals"):
+        plan_of(BASE + "lifecycle: {canary_heal_attempts: -1}\n")
+
+
+def _bounds(field: str) -> tuple[int, int]:
+    """The least and the greatest value the schema accepts for a lifecycle field."""
+    top = LifecycleConfig.model_json_schema()["properties"][field]["maximum"]
+    for low in range(-1, 3):
+        try:
+            LifecycleConfig.model_validate({field: low})
+        except ValueError:
+            continue
+        return low, top
+    raise AssertionError(f"{field}: no small value accepted")
+
+
+@pytest.mark.parametrize("field", sorted(LifecycleConfig.model_fields))
+@pytest.mark.parametrize("end", [0, 1], ids=["least", "greatest"])
+def test_every_lifecycle_bound_renders_a_command_the_runtime_accepts(field: str,
+                                                                     end: int) -> None:
+    value = _bounds(field)[end]
+    lc = {field: value}
+    if field == "restart_backoff_max_secs":
+        lc["restart_secs"] = 1  # the backoff cap is at least the first pause
+    try:
+        plan = plan_of(BASE + yaml.safe_dump({"lifecycle": lc}))
+    except ConfigError as e:  # a cross-field check of the schema: refused, one line
+        assert "\n" not in str(e)
+        return
+    for argv in runtime_argvs(plan).values():
+        parse_args(argv)  # exits 2 (SystemExit) on a value the runtime refuses
+
