@@ -12,11 +12,13 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic import Strict as StrictType
 
-from .encode import check_account, check_path, check_text
+from .encode import check_account, check_path, check_plain_path, check_text
 
 #: Every string of the schema is one of these (encode.py: what every output can carry).
 Text = Annotated[str, AfterValidator(check_text)]
 AbsPath = Annotated[str, AfterValidator(check_path)]
+#: ... a path written into a systemd setting as is (no quoting: LoadCredential=).
+PlainPath = Annotated[str, AfterValidator(check_plain_path)]
 Account = Annotated[str, AfterValidator(check_account)]
 #: Integers are YAML integers: `port: true` or `gpus: [0, true]` is refused, not read as 1
 #: (pydantic's lax mode would take a bool, a float or a numeric string), and so is `1e20`.

@@ -24,6 +24,7 @@ from .config_fields import (
     FlagName,
     HourSecs,
     Module,
+    PlainPath,
     Port,
     Strict,
     Text,
@@ -173,7 +174,7 @@ class RouterConfig(Strict):
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Env for the router."
     )
-    control_plane_key: AbsPath | None = Field(
+    control_plane_key: PlainPath | None = Field(
         None, description="File with the key of the router's control plane (/workers), with "
         "which the engines register (default: /etc/NAME/router.key, made by install.sh).")
 

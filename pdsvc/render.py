@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from .encode import printable, uncarried
+from .encode import continues_line, printable, uncarried
 from .errors import ConfigError
 from .plan import EnginePlan, Plan, RouterPlan
 
@@ -44,7 +44,12 @@ class File:
 
 
 def sd_escape(value: str) -> str:
-    """Escape a value for a unit-file setting: `%` is a specifier, `\\` starts an escape."""
+    """Escape a value for a unit-file setting that systemd takes as written: `%` is a
+    specifier. A trailing backslash would continue the line; the schema refuses it where a
+    config value can end a line (encode.continues_line), this is the last guard."""
+    why = continues_line(value)
+    if why:
+        raise ConfigError(f"unit setting value '{printable(value)}' {why}")
     return value.replace("%", "%%")
 
 

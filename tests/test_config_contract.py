@@ -4,11 +4,14 @@ line naming the key and the fix. (The property tests over every field: test_host
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sdsyntax as sd
 import yaml
 from conftest import REPO
 
+from pdsvc.cli import main
 from pdsvc.config import LifecycleConfig, parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
@@ -82,3 +85,38 @@ def test_every_lifecycle_bound_renders_a_command_the_runtime_accepts(field: str,
     for argv in runtime_argvs(plan).values():
         parse_args(argv)  # exits 2 (SystemExit) on a value the runtime refuses
 
+
+
+# --------------------------------------------------------------- one-line refusals, via the CLI
+
+
+def refused(runner, tmp_path: Path, text: str, *args: str) -> str:
+    """Render the config; it must fail with exit 2 and one stderr line, which is returned."""
+    cfg = tmp_path / "pdsvc.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "units"
+    result = runner.invoke(main, ["render", "-c", str(cfg), "--topology", str(SEED_FILE),
+                                  "-o", str(out), *args])
+    assert result.exit_code == 2, (result.output, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert not out.exists()
+    return lines[0]
+
+
+# --------------------------------------------------------------- 2. a key path's last backslash
+
+
+def test_a_key_path_ending_in_a_backslash_is_refused(runner, tmp_path: Path) -> None:
+    line = refused(runner, tmp_path, BASE + "router: {control_plane_key: '/srv/keys/k\\'}\n")
+    assert "router.control_plane_key" in line and "ends with a backslash" in line
+    assert "remove the trailing backslash" in line
+
+
+@pytest.mark.parametrize("key", ["/srv/keys/k\\\\", "/srv/a\\b/k", "/srv/my keys/100%"])
+def test_a_key_path_with_backslashes_reaches_load_credential_exactly(key: str) -> None:
+    plan = plan_of(BASE + yaml.safe_dump({"router": {"control_plane_key": key}}))
+    files = {f.path: f.content for f in render_systemd(plan, "t")}
+    for unit in [e.unit for e in plan.engines] + [plan.router.unit]:
+        (cred,) = sd.sections(files[unit])["Service"]["LoadCredential"]
+        assert sd.plain(cred) == f"router-key:{key}"
