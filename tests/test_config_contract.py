@@ -10,8 +10,8 @@ import pytest
 import sdsyntax as sd
 import yaml
 from conftest import REPO
+from test_hostile_values import refused
 
-from pdsvc.cli import main
 from pdsvc.config import LifecycleConfig, parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
@@ -88,20 +88,6 @@ def test_every_lifecycle_bound_renders_a_command_the_runtime_accepts(field: str,
 
 
 # --------------------------------------------------------------- one-line refusals, via the CLI
-
-
-def refused(runner, tmp_path: Path, text: str, *args: str) -> str:
-    """Render the config; it must fail with exit 2 and one stderr line, which is returned."""
-    cfg = tmp_path / "pdsvc.yaml"
-    cfg.write_text(text)
-    out = tmp_path / "units"
-    result = runner.invoke(main, ["render", "-c", str(cfg), "--topology", str(SEED_FILE),
-                                  "-o", str(out), *args])
-    assert result.exit_code == 2, (result.output, result.stderr)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert not out.exists()
-    return lines[0]
 
 
 # --------------------------------------------------------------- 2. a key path's last backslash
