@@ -134,13 +134,14 @@ def _environment() -> jinja2.Environment:
 
 @functools.cache
 def _templates() -> Traversable:
-    """pdsvc.templates as installed (pyproject maps it to the checkout's templates/); a
-    checkout that is only on PYTHONPATH (as on a GPU host, or in a container) has no such
-    package, and its templates/ lies beside pdsvc/."""
-    try:
-        return resources.files("pdsvc.templates")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "templates"
+    """The templates of this very pdsvc: in a checkout, templates/ beside pdsvc/ (also when
+    the checkout is only on PYTHONPATH, as on a GPU host or in a container, and when another
+    checkout is installed editable, whose `pdsvc.templates` mapping would name ITS templates);
+    else pdsvc.templates as installed (pyproject maps it to templates/)."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "templates" / "systemd").is_dir():
+        return checkout / "templates"
+    return resources.files("pdsvc.templates")
 
 
 def _load_template(name: str) -> str:
