@@ -287,12 +287,20 @@ def runtime_modules() -> list[tuple[str, str]]:
                   if f.name.endswith(".py"))
 
 
+#: Line 1 of every shipped module. Python reads a source's encoding from a comment matching
+#: `coding[:=]NAME` on line 1 or, when line 1 has none, line 2 (PEP 263); the provenance line
+#: names a path of the config (runtime.libexec_dir), so it comes second, after a declaration
+#: of the encoding the file is written in: a `coding:ascii` or `coding:unicode_escape` in that
+#: path is then only text.
+ENCODING_LINE = "# -*- coding: utf-8 -*-"
+
+
 def runtime_files(plan: Plan, where: str | None = None) -> list[File]:
-    """The runtime as shipped: each module verbatim after one provenance line, in a directory
-    that Python runs (``python DIR/runtime MODE``; ``where``: how the bundle uses it, by
-    default where install.sh installs it)."""
-    where = where or f"installed to {plan.paths.supervisor}"
+    """The runtime as shipped: each module verbatim after the encoding line and one provenance
+    line, in a directory that Python runs (``python DIR/runtime MODE``; ``where``: how the
+    bundle uses it, by default where install.sh installs it; written escaped, one line)."""
+    where = printable(where or f"installed to {plan.paths.supervisor}")
     return [File(f"{RUNTIME_DIR}/{name}",
-                 f"# {MARKER} {plan.version} from pdsvc/{RUNTIME_DIR}/{name} — do not edit; "
-                 f"{where}\n" + body)
+                 f"{ENCODING_LINE}\n# {MARKER} {plan.version} from pdsvc/{RUNTIME_DIR}/{name} "
+                 f"— do not edit; {where}\n" + body)
             for name, body in runtime_modules()]

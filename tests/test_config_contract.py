@@ -4,6 +4,10 @@ line naming the key and the fix. (The property tests over every field: test_host
 
 from __future__ import annotations
 
+import io
+import subprocess
+import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from test_hostile_values import refused
 from pdsvc.config import LifecycleConfig, parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan import Plan, build_plan
-from pdsvc.render import render_systemd
+from pdsvc.render import render_systemd, runtime_modules
 from pdsvc.render_supervisord import render_supervisord
 from pdsvc.runtime.cli import parse_args
 from pdsvc.topology import load_topology_file
@@ -106,3 +110,35 @@ def test_a_key_path_with_backslashes_reaches_load_credential_exactly(key: str) -
     for unit in [e.unit for e in plan.engines] + [plan.router.unit]:
         (cred,) = sd.sections(files[unit])["Service"]["LoadCredential"]
         assert sd.plain(cred) == f"router-key:{key}"
+
+
+# --------------------------------------------------------------- 3. paths in the shipped sources
+
+
+def shipped_tokens(source: str) -> tuple[str, list[tuple[int, str]]]:
+    """What Python's tokenizer reads in a shipped module: its encoding (PEP 263) and its
+    tokens but comments (type, text)."""
+    data = source.encode("utf-8")
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    tokens = tokenize.tokenize(io.BytesIO(data).readline)
+    return encoding, [(t.type, t.string) for t in tokens
+                      if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)]
+
+
+@pytest.mark.parametrize("libexec", [
+    "/opt/pdsvc-coding:ascii", "/opt/x-coding:unicode_escape\\n", "/opt/-*- coding: latin-1 -*-",
+    "/opt/a\\b\"'", "/opt/é→"])
+def test_a_path_in_the_shipped_runtime_header_is_only_a_comment(libexec: str,
+                                                                tmp_path: Path) -> None:
+    plan = plan_of(BASE + yaml.safe_dump({"runtime": {"libexec_dir": libexec}}))
+    shipped = [f for f in render_systemd(plan, "t") if f.path.startswith("runtime/")]
+    package = dict(runtime_modules())
+    for f in shipped:
+        encoding, tokens = shipped_tokens(f.content)
+        assert encoding == "utf-8", f.path
+        assert tokens == shipped_tokens(package[f.path.removeprefix("runtime/")])[1], f.path
+        (tmp_path / f.path).parent.mkdir(exist_ok=True)
+        (tmp_path / f.path).write_text(f.content, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(tmp_path / "runtime"), "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: runtime"), done.stderr
