@@ -199,7 +199,10 @@ class RouterConfig(Strict):
     @classmethod
     def _args_fit_package(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if "package" in info.data:  # else package itself is the error reported
-            routers.check_args(info.data["package"], v)
+            pkg = routers.package(info.data["package"])
+            check_flags(v, pkg.owned, f"{pkg.name}'s launch_router", by=f"for {pkg.name}",
+                        fix="remove it")
+            routers.check_args(pkg.name, v)
         return v
 
     @field_validator("env")

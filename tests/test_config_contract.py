@@ -10,14 +10,17 @@ import sys
 import tokenize
 from pathlib import Path
 
+import argv_check
 import pytest
 import sdsyntax as sd
 import yaml
 from conftest import REPO
 from test_hostile_values import refused
 
+from pdsvc import routers
 from pdsvc.config import LifecycleConfig, parse_config
 from pdsvc.errors import ConfigError
+from pdsvc.owned import OWNED_ROUTER_FLAGS
 from pdsvc.plan import Plan, build_plan
 from pdsvc.render import render_systemd, runtime_modules
 from pdsvc.render_supervisord import render_supervisord
@@ -142,3 +145,35 @@ def test_a_path_in_the_shipped_runtime_header_is_only_a_comment(libexec: str,
     done = subprocess.run([sys.executable, str(tmp_path / "runtime"), "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: runtime"), done.stderr
+
+
+# --------------------------------------------------------------- 4. owned router flags, any prefix
+
+
+@pytest.mark.parametrize("package", ["sglang-router", "smg"])
+def test_every_prefix_the_routers_parser_expands_to_an_owned_flag_is_refused(
+        package: str, serve_python: Path) -> None:
+    """Ask the router's own argparse what each prefix of each of its options means; whatever
+    it reads as a flag pdsvc sets (an alias of one too) must be refused in router.args."""
+    pkg = routers.package(package)
+    plan = plan_of(BASE + yaml.safe_dump({"router": {"package": package}}))
+    argv = list(plan.router.argv[3:])
+    kind = {"sglang-router": "router", "smg": "smg"}[package]
+    dests = argv_check.resolve_options(serve_python, kind, argv, [])["dests"]
+    owned = {dests[f"--{f}"] for f in [*OWNED_ROUTER_FLAGS, *pkg.owned] if f"--{f}" in dests}
+    assert len(owned) >= len(OWNED_ROUTER_FLAGS) - 2  # prefill/decode may share a dest
+    words = sorted({o[:n] for o, d in dests.items() if d in owned and o.startswith("--")
+                    for n in range(3, len(o) + 1)})
+    resolved = argv_check.resolve_options(serve_python, kind, argv, words)["resolved"]
+    expands = [w for w, r in resolved.items() if r and r.get("dest") in owned]
+    assert "--remove" in expands or package != "smg"
+    accepted = []
+    for word in expands:
+        try:
+            parse_config(BASE + yaml.safe_dump({"router": {"package": package,
+                                                           "args": {word[2:]: "x"}}}))
+        except ConfigError as e:
+            assert "router.args" in str(e) and "\n" not in str(e)
+        else:
+            accepted.append((word, resolved[word]["option"]))
+    assert not accepted, f"{package} would expand these to a flag pdsvc sets: {accepted}"
