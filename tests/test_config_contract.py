@@ -19,6 +19,7 @@ from test_hostile_values import refused
 
 from pdsvc import routers
 from pdsvc.config import LifecycleConfig, parse_config
+from pdsvc.config_checks import is_loopback
 from pdsvc.errors import ConfigError
 from pdsvc.owned import OWNED_ROUTER_FLAGS
 from pdsvc.plan import Plan, build_plan
@@ -177,3 +178,38 @@ def test_every_prefix_the_routers_parser_expands_to_an_owned_flag_is_refused(
         else:
             accepted.append((word, resolved[word]["option"]))
     assert not accepted, f"{package} would expand these to a flag pdsvc sets: {accepted}"
+
+
+# --------------------------------------------------------------- 5. what other hosts must reach
+
+THREE_HOSTS = (REPO / "etc/examples/three-hosts.yaml").read_text()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "127.0.1.1"])
+def test_a_loopback_router_host_across_hosts_is_refused(host: str, runner,
+                                                       tmp_path: Path) -> None:
+    data = yaml.safe_load(THREE_HOSTS)
+    data["router"]["host"] = host
+    line = refused(runner, tmp_path, yaml.safe_dump(data))
+    assert "router.host" in line and "loopback" in line and "gpu-a, gpu-b" in line
+    assert "use 0.0.0.0" in line
+
+
+@pytest.mark.parametrize(("host", "url"), [("0.0.0.0", "http://10.0.0.1:8000"),
+                                           ("10.0.0.1", "http://10.0.0.1:8000")])
+def test_a_wildcard_or_routable_router_host_is_what_the_engines_dial(host: str,
+                                                                    url: str) -> None:
+    data = yaml.safe_load(THREE_HOSTS)
+    data["router"]["host"] = host
+    plan = plan_of(yaml.safe_dump(data))
+    for e in plan.engines:
+        assert e.router_url == url
+        assert not is_loopback(e.url.split("//")[1].split(":")[0])
+
+
+def test_hosts_that_are_all_loopback_are_one_machine_and_keep_a_loopback_router() -> None:
+    data = yaml.safe_load(THREE_HOSTS)
+    for i, hc in enumerate(data["hosts"].values()):
+        hc["address"] = f"127.0.0.{i + 1}"
+    data["router"]["host"] = "127.0.0.1"
+    plan_of(yaml.safe_dump(data))
