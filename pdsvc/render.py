@@ -50,6 +50,11 @@ def sd_escape(value: str) -> str:
     why = continues_line(value)
     if why:
         raise ConfigError(f"unit setting value '{printable(value)}' {why}")
+    return _specifiers(value)
+
+
+def _specifiers(value: str) -> str:
+    """`%` starts a specifier in every unit setting (systemd.unit(5)): `%%` is one `%`."""
     return value.replace("%", "%%")
 
 
@@ -93,7 +98,7 @@ def sd_exec(argv: tuple[str, ...] | list[str]) -> str:
 
 def sd_env(key: str, value: str) -> str:
     """`Environment=` value for one variable, always quoted so spaces and quotes survive."""
-    inner = (sd_escape(f"{key}={value}").replace("\\", "\\\\").replace('"', '\\"')
+    inner = (_specifiers(f"{key}={value}").replace("\\", "\\\\").replace('"', '\\"')
              .replace("\t", "\\t"))
     return f'"{inner}"'
 

@@ -18,6 +18,7 @@ from conftest import REPO
 from test_hostile_values import refused
 
 from pdsvc import routers
+from pdsvc.cli import main
 from pdsvc.config import LifecycleConfig, parse_config
 from pdsvc.config_checks import is_loopback
 from pdsvc.errors import ConfigError
@@ -213,3 +214,19 @@ def test_hosts_that_are_all_loopback_are_one_machine_and_keep_a_loopback_router(
         hc["address"] = f"127.0.0.{i + 1}"
     data["router"]["host"] = "127.0.0.1"
     plan_of(yaml.safe_dump(data))
+
+
+# --------------------------------------------------------------- 6. the supervisord bundle's dir
+
+
+@pytest.mark.parametrize(("name", "char"), [("out it's here", "'"), ("100% units", "%"),
+                                            ("units[1]", "["), ("u*", "*")])
+def test_a_supervisord_bundle_dir_supervisord_cannot_read_back_is_refused(
+        name: str, char: str, runner, tmp_path: Path) -> None:
+    out = tmp_path / name
+    result = runner.invoke(main, ["render", "--topology", str(SEED_FILE), "--format",
+                                  "supervisord", "-o", str(out)])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert f"cannot live in a path with {char!r}" in result.stderr
+    assert "--output DIR" in result.stderr
+    assert not out.exists()

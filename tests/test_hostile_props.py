@@ -8,6 +8,7 @@ The example budget is fixed and derandomized, so CI time stays small and the sam
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -21,11 +22,11 @@ from hypothesis import strategies as st
 
 from pdsvc.config import parse_config
 from pdsvc.encode import printable
-from pdsvc.errors import ConfigError
+from pdsvc.errors import ConfigError, OutputError
 from pdsvc.plan import Plan, build_plan
 from pdsvc.render import render_systemd, router_command
 from pdsvc.render_k8s import pod_argv, render_k8s
-from pdsvc.render_supervisord import render_supervisord
+from pdsvc.render_supervisord import check_bundle_dir, render_supervisord
 from pdsvc.topology import load_topology_file
 
 SEED = load_topology_file(REPO / "etc/seed-host.topology.json")
@@ -183,7 +184,7 @@ def check_supervisord(plan: Plan, read, conf: Path) -> None:
         return
     router = out["programs"][plan.router.name]
     got = router["argv"][router["argv"].index("--") + 1:]
-    assert got[0] == plan.router.argv[0] and got[1].endswith("/runtime")  # %(here)s/runtime
+    assert got[0] == plan.router.argv[0] and got[1] == f"{conf.parent}/runtime"  # %(here)s
     assert got[2:] == list(router_command(plan, plan.router, "supervisord")[2:])
     assert router["environment"] == dict(plan.router.env)
 
@@ -269,3 +270,36 @@ def test_a_hostile_string_in_a_host_is_refused_or_reaches_its_bundle_intact(
     if plan is not None:
         for host in plan.hosts:
             check_every_output(plan.for_host(host.name), read_supervisord)
+
+
+#: A directory name (no `/` or NUL; not `.`/`..`) that supervisor's reader here, which takes one
+#: config path a line, can be given (no line break).
+DIR_NAME = re.compile(r"(?!\.\.?$)[^/\x00\n\r]+")
+
+
+@SMALL_BUDGET
+@given(hostile=HOSTILE.filter(DIR_NAME.fullmatch))
+def test_a_supervisord_bundle_directory_is_refused_or_read_back_as_here(
+        hostile: str, read_supervisord) -> None:
+    """The bundle's own directory reaches supervisord as %(here)s: every program's runtime is
+    `%(here)s/runtime` after supervisord's expansion and shlex, or the directory is refused."""
+    plan = _parse(_config("model.path", "/srv/m", ""))
+    assert plan is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / hostile
+        try:
+            check_bundle_dir(out)
+        except OutputError as e:
+            assert "\n" not in str(e)
+            event("refused")
+            return
+        event("rendered")
+        try:
+            out.mkdir()
+        except OSError:  # a name the file system cannot hold (too long in bytes)
+            return
+        conf = out / "supervisord.conf"
+        conf.write_text(render_supervisord(plan, "t")[0].content)
+        check_supervisord(plan, read_supervisord, conf)
+        for prog in read_supervisord(conf)["programs"].values():
+            assert f"{out}/runtime" in prog["argv"]
