@@ -230,3 +230,41 @@ def test_a_supervisord_bundle_dir_supervisord_cannot_read_back_is_refused(
     assert f"cannot live in a path with {char!r}" in result.stderr
     assert "--output DIR" in result.stderr
     assert not out.exists()
+
+
+# --------------------------------------------------------------- 7. --force: exactly the new one
+
+ONE_HOST = REPO / "etc/pdsvc.yaml"
+THREE = REPO / "etc/examples/three-hosts.yaml"
+
+
+def _tree(d: Path) -> dict[str, str]:
+    return {p.relative_to(d).as_posix(): p.read_text() for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != ".pdsvc-bundle.json"}
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ((ONE_HOST, "systemd"), (ONE_HOST, "k8s")),
+    ((ONE_HOST, "supervisord"), (ONE_HOST, "k8s")),
+    ((ONE_HOST, "systemd"), (THREE, "systemd")),
+    ((ONE_HOST, "supervisord"), (THREE, "supervisord")),
+    ((THREE, "systemd"), (ONE_HOST, "k8s")),
+    ((ONE_HOST, "k8s"), (ONE_HOST, "systemd")),
+], ids=["systemd>k8s", "supervisord>k8s", "one>three", "one>three-supervisord", "three>k8s",
+        "k8s>systemd"])
+def test_force_leaves_exactly_the_new_bundle(before: tuple[Path, str], after: tuple[Path, str],
+                                             runner, tmp_path: Path) -> None:
+    def render(config: Path, fmt: str, out: Path, *more: str) -> None:
+        result = runner.invoke(main, ["render", "-c", str(config), "--topology", str(SEED_FILE),
+                                      "--format", fmt, "-o", str(out), *more])
+        assert result.exit_code == 0, (result.output, result.stderr)
+
+    render(*before, tmp_path / "out")
+    refusal = runner.invoke(main, ["render", "-c", str(after[0]), "--topology", str(SEED_FILE),
+                                   "--format", after[1], "-o", str(tmp_path / "out")])
+    assert refusal.exit_code == 1 and "--force" in refusal.stderr
+    render(*after, tmp_path / "out", "--force")
+    render(*after, tmp_path / "fresh")
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "fresh")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == sorted(
+        p.name for p in (tmp_path / "fresh").iterdir() if p.is_dir())
