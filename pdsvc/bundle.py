@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import OutputError
 from .plan import Plan
-from .render import MARKER, File, header_lines
+from .render import MARKER, RUNTIME_DIR, File, header_lines
 
 #: In a bundle of several hosts (units/HOST/…), the file that lists them: it is how a later
 #: render knows which subdirectories are its own to clean up, and nothing else is ever scanned.
@@ -113,11 +113,19 @@ def _same_origin(a: Origin, b: Origin) -> bool:
 
 def _stale(files: list[File], outdir: Path) -> list[Path]:
     """Files an older render left in `outdir` (or in the host directories its hosts.list
-    named, or that this render writes) that this render does not write: pdsvc's, so removable.
+    named, the directories its record lists files in, or that this render writes) that this
+    render does not write: pdsvc's, so removable.
     Files without pdsvc's header are the user's and are never listed, nor are hidden files:
     the record, and the staging files of a render that runs (or died) there."""
     wanted = {outdir / f.path for f in files}
     dirs = {outdir} | {p.parent for p in wanted}
+    # ... and where the bundle there had files: a bundle of another format or of other hosts
+    # writes none in them (runtime/ beside the units, HOST/runtime/), yet they are its files
+    record = _read_record(outdir)
+    for rel in record["files"] if record else ():
+        if isinstance(rel, str) and not os.path.isabs(rel) and ".." not in rel.split("/"):
+            dirs.add((outdir / rel).parent)
+    dirs.add(outdir / RUNTIME_DIR)  # a bundle of an older pdsvc has no record
     index = outdir / HOSTS_INDEX
     if index.is_file() and _ours(index):
         for line in index.read_text(encoding="utf-8").splitlines():

@@ -33,7 +33,7 @@ from .clikit import (
     usage_error_line,
     warn_plan,
 )
-from .errors import OutputError, TopologyError
+from .errors import TopologyError
 from .plan import Plan
 from .render import File, render_systemd
 from .topology import format_cpulist, read_sysfs
@@ -151,18 +151,12 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     warn_plan(plan)
     command = _canonical_command(config_path, sysfs_root, topology_file)
     if fmt == "supervisord":
-        from .render_supervisord import render_supervisord
+        from .render_supervisord import check_bundle_dir, render_supervisord
 
         command += " --format supervisord"
         files = per_host(plan, command, lambda p: render_supervisord(p, command))
         output = output or Path(f"{DEFAULT_OUTPUT}-supervisord")
-        if "%" in str(output.absolute()):
-            # supervisord expands %(here)s (the bundle's directory) before it reads `%` as its
-            # own escape (supervisor/options.py): a `%` in that path cannot be written so that
-            # supervisord reads it back
-            raise OutputError(f"{output}: a supervisord bundle cannot live in a path with '%' "
-                              "(supervisord reads it as an expansion)",
-                              hint="render into another directory (--output DIR)")
+        check_bundle_dir(output)
     elif fmt == "k8s":
         from .render_k8s import render_k8s
 

@@ -59,7 +59,7 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
                 f"{hc.address} is also hosts.{seen[hc.address]}.address; one address per host"
             )))
         seen.setdefault(hc.address, host)
-    loopback = [h for h, hc in config.hosts.items() if ipaddress.ip_address(hc.address).is_loopback]
+    loopback = [h for h, hc in config.hosts.items() if is_loopback(hc.address)]
     if loopback and len(loopback) < len(config.hosts):  # all loopback: hosts of one machine
         problems.append((("hosts", loopback[0], "address"), (
             f"{config.hosts[loopback[0]].address} is a loopback address, which the other hosts "
@@ -97,6 +97,7 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
             "the router runs on no host; add `router` to one host's run" if not routers else
             f"the router is on {len(routers)} hosts ({', '.join(routers)}); run it on one"
         )))
+    problems += _router_reach_problems(config, placed, loopback=bool(loopback))
     for host, hc in config.hosts.items():
         if hc.ucx_net_devices is None:
             continue
@@ -109,6 +110,37 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
                     "place"
                 )))
     return problems
+
+
+def is_loopback(host: str) -> bool:
+    """An address only its own machine reaches: 127.0.0.0/8, or `localhost` and names below
+    it (RFC 6761 section 6.3: they resolve to loopback)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        name = host.lower().rstrip(".")
+        return name == "localhost" or name.endswith(".localhost")
+
+
+def _router_reach_problems(config: Config, placed: dict[str, tuple[str, ...]], *,
+                           loopback: bool) -> list[tuple[tuple, str]]:
+    """The engines register with the router's URL (--router), built from router.host unless
+    it is a wildcard (then: its host's address). Engines on another host cannot reach it at a
+    loopback address; hosts that are all loopback are one machine's (tests), where they can."""
+    router_host = (placed.get("router") or (None,))[0]
+    if not config.hosts or router_host is None or not is_loopback(config.router.host):
+        return []
+    if loopback and all(is_loopback(hc.address) for hc in config.hosts.values()):
+        return []
+    elsewhere = sorted({hosts[0] for key, hosts in placed.items()
+                        if key != "router" and hosts[0] != router_host})
+    if not elsewhere:
+        return []
+    return [(("router", "host"), (
+        f"{config.router.host} is a loopback address, but the engines on {', '.join(elsewhere)} "
+        f"register with the router at http://{config.router.host}:{config.router.port}, which "
+        f"on those hosts is their own; use 0.0.0.0 (the default: they then reach it at "
+        f"hosts.{router_host}.address) or that host's routable address"))]
 
 
 def _port_problems(config: Config) -> list[tuple[tuple, str]]:

@@ -4,16 +4,21 @@ strict base model, and key paths as the user writes them (`prefill[1].gpus`).
 
 from __future__ import annotations
 
-from typing import Annotated
+import argparse
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic import Strict as StrictType
 
-from .encode import check_account, check_path, check_text
+from .encode import check_account, check_path, check_plain_path, check_text
 
 #: Every string of the schema is one of these (encode.py: what every output can carry).
 Text = Annotated[str, AfterValidator(check_text)]
 AbsPath = Annotated[str, AfterValidator(check_path)]
+#: ... a path written into a systemd setting as is (no quoting: LoadCredential=).
+PlainPath = Annotated[str, AfterValidator(check_plain_path)]
 Account = Annotated[str, AfterValidator(check_account)]
 #: Integers are YAML integers: `port: true` or `gpus: [0, true]` is refused, not read as 1
 #: (pydantic's lax mode would take a bool, a float or a numeric string), and so is `1e20`.
@@ -37,6 +42,29 @@ TpSize = Annotated[int, StrictType(), Field(ge=1, le=4096)]
 GpuIndex = Annotated[int, StrictType(), Field(ge=0, le=1023)]
 Module = Annotated[str, StringConstraints(
     pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=255)]
+
+
+@functools.cache
+def _runtime_types() -> dict[str, Callable[[str], Any]]:
+    """Each option of the runtime's parser (pdsvc/runtime/cli.py, every mode) -> its type."""
+    from .runtime.cli import build_parser
+
+    _, modes = build_parser()
+    return {opt: action.type for mode in modes.values() for action in mode._actions
+            for opt in action.option_strings if callable(action.type)}
+
+
+def runtime_flag(flag: str) -> AfterValidator:
+    """A number the renderer hands the runtime as `flag`: checked by the runtime's own parser
+    type (one source for its bound), so the schema never accepts a value every start of the
+    unit would refuse with exit 2 (issue 26: `canary_heal_attempts: 0`)."""
+    def check(value: Any) -> Any:
+        try:
+            _runtime_types()[flag](str(value))
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{e}: every start of the unit would refuse it ({flag})") from None
+        return value
+    return AfterValidator(check)
 
 
 class Strict(BaseModel):

@@ -24,10 +24,12 @@ from .config_fields import (
     FlagName,
     HourSecs,
     Module,
+    PlainPath,
     Port,
     Strict,
     Text,
     no_repeats,
+    runtime_flag,
 )
 from .config_roles import Instance
 from .owned import (
@@ -172,7 +174,7 @@ class RouterConfig(Strict):
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="Env for the router."
     )
-    control_plane_key: AbsPath | None = Field(
+    control_plane_key: PlainPath | None = Field(
         None, description="File with the key of the router's control plane (/workers), with "
         "which the engines register (default: /etc/NAME/router.key, made by install.sh).")
 
@@ -197,7 +199,10 @@ class RouterConfig(Strict):
     @classmethod
     def _args_fit_package(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if "package" in info.data:  # else package itself is the error reported
-            routers.check_args(info.data["package"], v)
+            pkg = routers.package(info.data["package"])
+            check_flags(v, pkg.owned, f"{pkg.name}'s launch_router", by=f"for {pkg.name}",
+                        fix="remove it")
+            routers.check_args(pkg.name, v)
         return v
 
     @field_validator("env")
@@ -207,37 +212,40 @@ class RouterConfig(Strict):
 
 
 class LifecycleConfig(Strict):
-    start_timeout_secs: DaySecs = Field(
+    start_timeout_secs: Annotated[DaySecs, runtime_flag("--start-timeout")] = Field(
         3600, description="Load + JIT + warmup budget per start (at most a day).")
-    stop_timeout_secs: DaySecs = Field(
+    stop_timeout_secs: Annotated[DaySecs, runtime_flag("--stop-timeout")] = Field(
         180, description="Drain budget before the cgroup is killed.")
-    restart_secs: HourSecs = Field(
+    restart_secs: Annotated[HourSecs, runtime_flag("--restart-delay")] = Field(
         1, description="RestartSec=: the first restart's pause; the GPU idle check guards an "
         "early start, so this need not cover the GPU memory release (0.3 s on an H200).")
-    restart_backoff_max_secs: HourSecs = Field(
+    restart_backoff_max_secs: Annotated[HourSecs, runtime_flag("--restart-max-delay")] = Field(
         300, description="Crashes in a row double the pause, up to this.")
-    restart_reset_secs: DaySecs = Field(
+    restart_reset_secs: Annotated[DaySecs, runtime_flag("--restart-reset")] = Field(
         600, description="Serving this long in a row forgives earlier crashes.")
-    start_attempts: Count1000 = Field(
+    start_attempts: Annotated[Count1000, runtime_flag("--start-attempts")] = Field(
         3, description="Starts in a row that never become healthy before a unit gives up "
         "(exit 78, not restarted); stops and restarts of a healthy engine never count.")
-    gpu_wait_secs: DaySecs = Field(
+    gpu_wait_secs: Annotated[DaySecs, runtime_flag("--gpu-wait")] = Field(
         600, description="At start, how long to wait (with progress) for busy GPUs to be freed.")
-    liveness_interval_secs: HourSecs = Field(
+    liveness_interval_secs: Annotated[HourSecs, runtime_flag("--liveness-interval")] = Field(
         10, description="Health probe period once serving.")
-    liveness_timeout_secs: HourSecs = Field(30, description="One probe's timeout.")
-    liveness_failures: Count100 = Field(
+    liveness_timeout_secs: Annotated[HourSecs, runtime_flag("--liveness-timeout")] = Field(
+        30, description="One probe's timeout.")
+    liveness_failures: Annotated[Count100, runtime_flag("--peer-down-probes")] = Field(
         3, description="WatchdogSec = interval × failures + timeout: the hang-detection bound."
     )
-    canary_interval_secs: HourSecs = Field(
+    canary_interval_secs: Annotated[HourSecs, runtime_flag("--canary-interval")] = Field(
         30, description="Pair canary period while rounds are good: a one-token PD request "
         "through each pair. A round also runs once an engine is ready, whenever a peer's port "
         "opens again, and every second after a bad round.")
-    canary_failures: Count100 = Field(
+    canary_failures: Annotated[Count100, runtime_flag("--canary-failures")] = Field(
         3, description="Failed canary rounds in a row (both engines healthy) before the pair "
         "is healed: by its prefill when the decode restarts with it, else by its stale side.")
-    canary_timeout_secs: HourSecs = Field(60, description="One canary request's timeout.")
-    canary_heal_attempts: Annotated[int, StrictType(), Field(ge=0, le=100)] = Field(
+    canary_timeout_secs: Annotated[HourSecs, runtime_flag("--canary-timeout")] = Field(
+        60, description="One canary request's timeout.")
+    canary_heal_attempts: Annotated[
+        int, StrictType(), Field(le=100), runtime_flag("--canary-heals")] = Field(
         2, description="Heals in a row (within an hour) that do not bring a pair back before an "
         "engine heals only every 5 minutes, with the reason in its status; a stop of the unit "
         "starts afresh (0: the canary only reports).")

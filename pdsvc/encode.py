@@ -84,6 +84,27 @@ def check_path(value: str) -> str:
     return trimmed
 
 
+def continues_line(value: str) -> str | None:
+    """Why `value` cannot be the end of a systemd setting written as is (a plain value such as
+    LoadCredential='s path, which systemd takes literally), or None: a line that ends in an
+    unescaped backslash continues on the next line (systemd.syntax(7), conf-parser.c), and
+    such a setting has no escape to write the backslash otherwise."""
+    if (len(value) - len(value.rstrip("\\"))) % 2:
+        return ("ends with a backslash; systemd takes this path as written in a unit setting "
+                "(LoadCredential=), and a line ending in a backslash continues on the next "
+                "one (systemd.syntax(7))")
+    return None
+
+
+def check_plain_path(value: str) -> str:
+    """A path that also becomes a systemd setting written as is (see continues_line)."""
+    value = check_path(value)
+    why = continues_line(value)
+    if why:
+        raise ValueError(f"'{printable(value)}' {why}; remove the trailing backslash")
+    return value
+
+
 #: A user or group name: what systemd accepts in User=/Group= under its strict rules
 #: (systemd.exec(5), "User=, Group=": letters, digits, '_', '-', not starting with a digit or
 #: '-', at most 31 characters), which is also what useradd(8) creates.

@@ -79,19 +79,21 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
 
 
-def check_flags(args: dict[str, Any], owned: dict[str, str], parser: str) -> dict[str, Any]:
-    """Refuse a flag in `args` that the plan derives from a config key (naming that key), also
-    when it is only a prefix of one: argparse would expand it (ambiguous prefixes too: which
-    one the parser picks is its business, neither may be set here)."""
+def check_flags(args: dict[str, Any], owned: dict[str, str], parser: str, *,
+                by: str = "from", fix: str = "set that instead") -> dict[str, Any]:
+    """Refuse a flag in `args` that the plan derives (`owned`: flag -> what it comes from,
+    read after `by`), also when it is only a prefix of one: argparse would expand it
+    (ambiguous prefixes too: which one the parser picks is its business, neither may be set
+    here). `fix`: what to do instead."""
     for flag in args:
         if flag in owned:
-            raise ValueError(f"--{flag} is set by pdsvc from {owned[flag]}; set that instead")
+            raise ValueError(f"--{flag} is set by pdsvc {by} {owned[flag]}; {fix}")
         longer = sorted(f for f in owned if f.startswith(flag))
         if longer:
             raise ValueError(
-                f"--{flag} is an abbreviation of --{longer[0]}, which pdsvc sets from "
-                f"{owned[longer[0]]} ({parser}'s argparse expands a prefix of a flag); set that "
-                "instead, or write the flag in full if you meant another one")
+                f"--{flag} is an abbreviation of --{longer[0]}, which pdsvc sets {by} "
+                f"{owned[longer[0]]} ({parser}'s argparse expands a prefix of a flag); {fix}, "
+                "or write the flag in full if you meant another one")
     return args
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from .encode import printable, uncarried
+from .encode import continues_line, printable, uncarried
 from .errors import ConfigError
 from .plan import EnginePlan, Plan, RouterPlan
 
@@ -44,7 +44,17 @@ class File:
 
 
 def sd_escape(value: str) -> str:
-    """Escape a value for a unit-file setting: `%` is a specifier, `\\` starts an escape."""
+    """Escape a value for a unit-file setting that systemd takes as written: `%` is a
+    specifier. A trailing backslash would continue the line; the schema refuses it where a
+    config value can end a line (encode.continues_line), this is the last guard."""
+    why = continues_line(value)
+    if why:
+        raise ConfigError(f"unit setting value '{printable(value)}' {why}")
+    return _specifiers(value)
+
+
+def _specifiers(value: str) -> str:
+    """`%` starts a specifier in every unit setting (systemd.unit(5)): `%%` is one `%`."""
     return value.replace("%", "%%")
 
 
@@ -88,7 +98,7 @@ def sd_exec(argv: tuple[str, ...] | list[str]) -> str:
 
 def sd_env(key: str, value: str) -> str:
     """`Environment=` value for one variable, always quoted so spaces and quotes survive."""
-    inner = (sd_escape(f"{key}={value}").replace("\\", "\\\\").replace('"', '\\"')
+    inner = (_specifiers(f"{key}={value}").replace("\\", "\\\\").replace('"', '\\"')
              .replace("\t", "\\t"))
     return f'"{inner}"'
 
@@ -129,13 +139,14 @@ def _environment() -> jinja2.Environment:
 
 @functools.cache
 def _templates() -> Traversable:
-    """pdsvc.templates as installed (pyproject maps it to the checkout's templates/); a
-    checkout that is only on PYTHONPATH (as on a GPU host, or in a container) has no such
-    package, and its templates/ lies beside pdsvc/."""
-    try:
-        return resources.files("pdsvc.templates")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "templates"
+    """The templates of this very pdsvc: in a checkout, templates/ beside pdsvc/ (also when
+    the checkout is only on PYTHONPATH, as on a GPU host or in a container, and when another
+    checkout is installed editable, whose `pdsvc.templates` mapping would name ITS templates);
+    else pdsvc.templates as installed (pyproject maps it to templates/)."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "templates" / "systemd").is_dir():
+        return checkout / "templates"
+    return resources.files("pdsvc.templates")
 
 
 def _load_template(name: str) -> str:
@@ -301,12 +312,20 @@ def runtime_modules() -> list[tuple[str, str]]:
                   if f.name.endswith(".py"))
 
 
+#: Line 1 of every shipped module. Python reads a source's encoding from a comment matching
+#: `coding[:=]NAME` on line 1 or, when line 1 has none, line 2 (PEP 263); the provenance line
+#: names a path of the config (runtime.libexec_dir), so it comes second, after a declaration
+#: of the encoding the file is written in: a `coding:ascii` or `coding:unicode_escape` in that
+#: path is then only text.
+ENCODING_LINE = "# -*- coding: utf-8 -*-"
+
+
 def runtime_files(plan: Plan, where: str | None = None) -> list[File]:
-    """The runtime as shipped: each module verbatim after one provenance line, in a directory
-    that Python runs (``python DIR/runtime MODE``; ``where``: how the bundle uses it, by
-    default where install.sh installs it)."""
-    where = where or f"installed to {plan.paths.supervisor}"
+    """The runtime as shipped: each module verbatim after the encoding line and one provenance
+    line, in a directory that Python runs (``python DIR/runtime MODE``; ``where``: how the
+    bundle uses it, by default where install.sh installs it; written escaped, one line)."""
+    where = printable(where or f"installed to {plan.paths.supervisor}")
     return [File(f"{RUNTIME_DIR}/{name}",
-                 f"# {MARKER} {plan.version} from pdsvc/{RUNTIME_DIR}/{name} — do not edit; "
-                 f"{where}\n" + body)
+                 f"{ENCODING_LINE}\n# {MARKER} {plan.version} from pdsvc/{RUNTIME_DIR}/{name} "
+                 f"— do not edit; {where}\n" + body)
             for name, body in runtime_modules()]

@@ -25,9 +25,11 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .encode import printable
+from .errors import ConfigError, OutputError
 from .plan import EnginePlan, Plan
 from .render import (
     POLL_INTERVAL,
@@ -290,6 +292,28 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
     where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
     return [File(CONF, conf), *runtime_files(plan, where)]
+
+
+#: What supervisord does with its config's directory (%(here)s), read back exactly only when
+#: the directory's path holds none of these (supervisor/options.py): `expand_here` pastes it
+#: into every value, which is then %-expanded; the runtime's word `'%(here)s/runtime'` is then
+#: split by shlex, where a `'` ends the quoted word; and [include] globs conf.d/*.conf below it.
+_HERE_BREAKERS = {
+    "%": "supervisord %-expands every value after pasting the directory into it",
+    "'": "it ends the quoted '%(here)s/runtime' word of every command (shlex)",
+    **dict.fromkeys("*?[", "supervisord finds conf.d/*.conf overrides below it with glob, "
+                    "where it is a wildcard"),
+}
+
+
+def check_bundle_dir(output: Path) -> None:
+    """Refuse an output directory that supervisord cannot read back as %(here)s (above)."""
+    where = str(output.absolute())
+    for c, why in _HERE_BREAKERS.items():
+        if c in where:
+            raise OutputError(
+                f"{printable(str(output))}: a supervisord bundle cannot live in a path with "
+                f"{c!r}: {why}", hint="render into another directory (--output DIR)")
 
 
 def keygen_command(plan: Plan) -> str:

@@ -120,12 +120,11 @@ def package(name: str) -> RouterPackage:
 
 
 def check_args(name: str, flags: Iterable[str]) -> None:
-    """Refuse a `router.args` flag that package `name` lacks or owns; the message names the
-    package that has it (the caller prefixes `router.args: `)."""
+    """Refuse a `router.args` flag that package `name` lacks; the message names the package
+    that has it (the caller prefixes `router.args: `). The flags it owns, under any
+    abbreviation, are owned.check_flags's to refuse."""
     chosen = PACKAGES[name]
     for flag in flags:
-        if flag in chosen.owned:
-            raise ValueError(f"--{flag} is set by pdsvc for {name} {chosen.owned[flag]}")
         for other in PACKAGES.values():
             if other is not chosen and flag in other.only_flags:
                 raise ValueError(

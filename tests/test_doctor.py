@@ -724,6 +724,7 @@ def test_network_of_one_host_of_several(runner, box: Box) -> None:
     cfg["hosts"] = {"gpu-a": {"address": "10.255.0.8", "run": ["prefill", "decode"],
                               "ucx_net_devices": "mlx5_0:1,mlx5_1:1,eth1,eth9"},
                     "gpu-b": {"address": "10.255.0.9", "run": ["router"]}}
+    cfg["router"]["host"] = "0.0.0.0"  # the engines on gpu-a register with it across hosts
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     ib = box.sysfs / "class/infiniband"
     for dev, state in (("mlx5_0", "4: ACTIVE"), ("mlx5_1", "1: DOWN")):

@@ -8,7 +8,10 @@ The example budget is fixed and derandomized, so CI time stays small and the sam
 
 from __future__ import annotations
 
+import io
+import re
 import tempfile
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -19,13 +22,21 @@ from consumers import install_list_rows, k8s_unescape, supervisord_reader
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pdsvc.config import parse_config
+from pdsvc.config import LifecycleConfig, parse_config
 from pdsvc.encode import printable
-from pdsvc.errors import ConfigError
+from pdsvc.errors import ConfigError, OutputError, TopologyError
 from pdsvc.plan import Plan, build_plan
-from pdsvc.render import render_systemd, router_command
+from pdsvc.reference import reference_markdown
+from pdsvc.render import (
+    KEY_CREDENTIAL,
+    RUNTIME_DIR,
+    render_systemd,
+    router_command,
+    runtime_modules,
+)
 from pdsvc.render_k8s import pod_argv, render_k8s
-from pdsvc.render_supervisord import render_supervisord
+from pdsvc.render_supervisord import check_bundle_dir, render_supervisord
+from pdsvc.runtime.cli import parse_args as runtime_parse_args
 from pdsvc.topology import load_topology_file
 
 SEED = load_topology_file(REPO / "etc/seed-host.topology.json")
@@ -52,6 +63,7 @@ FIELDS: list[tuple[str, str]] = [
     ("runtime.jit_cache", "/var/cache/{}"), ("runtime.jit_cache", "/data/{}"),
     ("runtime.libexec_dir", "/opt/{}"), ("runtime.read_write_paths", "/srv/{}"),
     ("runtime.env.WEIRD", "{}"), ("prefill.env.WEIRD", "{}"), ("router.env.WEIRD", "{}"),
+    ("decode.env.WEIRD", "{}"),
     ("runtime.env.*", "1"), ("prefill.args.*", "1"), ("router.args.*", "x"),
     ("prefill.args.chat-template", "{}"), ("decode.args.extra-words", "[{}]"),
     ("router.args.log-level", "{}"), ("router.host", "{}"), ("router.prometheus_host", "{}"),
@@ -59,11 +71,16 @@ FIELDS: list[tuple[str, str]] = [
     ("supervisord.run_dir", "/run/{}"), ("supervisord.numactl", "/usr/bin/{}"),
     ("k8s.image", "{}"), ("k8s.python", "{}"), ("k8s.node_selector.gpu", "{}"),
     ("k8s.jit_cache_claim", "{}"), ("k8s.node_selector.*", "x"), ("name", "{}"),
+    ("router.control_plane_key", "/srv/{}"), ("router.control_plane_key", "/srv/{}\\"),
+    ("runtime.libexec_dir", "/opt/x-coding:{}"), ("runtime.engine_module", "{}"),
+    ("runtime.router_module", "m.{}"), ("transfer.nixl_backend", "{}"), ("k8s.namespace", "{}"),
+    ("k8s.router_image", "{}"), ("k8s.gpu_resource", "{}"), ("model.path", "/srv/{}\\"),
 ]
 #: ... and in a config over two hosts (rendered per host, as `pdsvc render` does).
 HOST_FIELDS: list[tuple[str, str]] = [
     ("hosts.b.env.WEIRD", "{}"), ("hosts.b.env.*", "1"), ("hosts.b.ucx_net_devices", "{}"),
     ("hosts.b.topology", "{}"), ("hosts.b.address", "{}"), ("hosts.*.address", "10.0.0.3"),
+    ("hosts.b.run", "[{}]"), ("router.host", "{}"),
 ]
 
 
@@ -93,8 +110,14 @@ def _hosts_config(path: str, shape: str, hostile: str) -> dict:
         data["hosts"][hostile] = {"address": "10.0.0.3", "run": ["decode"]}
         data["hosts"]["b"]["run"] = ["prefill"]
         return data
+    if path == "router.host":  # what the engines on another host are told to dial
+        data["router"] = {"host": hostile}
+        return data
     leaf = path.rsplit(".", 1)[1]
     node = data["hosts"]["b"]
+    if leaf == "run":
+        node["run"] = [hostile]
+        return data
     if path.startswith("hosts.b.env."):
         node = node.setdefault("env", {})
     node[hostile if leaf == "*" else leaf] = shape.format(hostile)
@@ -109,7 +132,11 @@ def _parse(data: dict) -> Plan | None:
     except ConfigError as e:
         assert "\n" not in str(e) and "\r" not in str(e), repr(str(e))
         return None
-    return build_plan(config, SEED, config_source="hostile.yaml", config_text=text)
+    try:
+        return build_plan(config, SEED, config_source="hostile.yaml", config_text=text)
+    except TopologyError as e:  # the plan does not fit the host (a numa_node): one line too
+        assert "\n" not in str(e) and "\r" not in str(e), repr(str(e))
+        return None
 
 
 # --------------------------------------------------------------------------- each consumer
@@ -128,6 +155,9 @@ def check_systemd(plan: Plan, bundle: dict[str, str]) -> None:
     for e in plan.engines:
         svc = sd.sections(bundle[e.unit])["Service"]
         _check_service(plan, svc, list(e.env), list(e.argv), plan.python)
+        assert [sd.plain(v) for v in svc["LoadCredential"]] == [
+            f"{KEY_CREDENTIAL}:{plan.paths.router_key}"]
+        _check_runtime_argv(sd.exec_argv(svc["ExecStart"][0])[2:])
         cache = svc.get("CacheDirectory", [])
         assert [i for v in cache for i in sd.list_items(v)] == (
             [plan.paths.cache_directory] if plan.paths.cache_directory else [])
@@ -151,6 +181,31 @@ def _check_service(plan: Plan, svc: dict[str, list[str]], env: list, argv: list[
     assert words[words.index("--") + 1:] == argv
     paths = [i for v in svc.get("ReadWritePaths", []) for i in sd.list_items(v)]
     assert paths == list(plan.read_write_paths)
+
+
+def _check_runtime_argv(argv: list[str]) -> None:
+    """The runtime's own parser takes what the unit hands it (exit 2 at every start if not)."""
+    runtime_parse_args(argv)
+
+
+def check_runtime_sources(plan: Plan, files: dict[str, str]) -> None:
+    """Python's tokenizer reads each shipped module as the package's own: utf-8 (PEP 263),
+    and the same tokens once the comments (the provenance naming config paths) are left out."""
+    package = dict(runtime_modules())
+    shipped = {p.removeprefix(f"{RUNTIME_DIR}/"): c for p, c in files.items()
+               if p.startswith(f"{RUNTIME_DIR}/")}
+    assert shipped.keys() == package.keys()
+    for name, source in shipped.items():
+        encoding, tokens = _tokens(source)
+        assert encoding == "utf-8", name
+        assert tokens == _tokens(package[name])[1], name
+
+
+def _tokens(source: str) -> tuple[str, list[tuple[int, str]]]:
+    data = source.encode("utf-8")
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return encoding, [(t.type, t.string) for t in tokenize.tokenize(io.BytesIO(data).readline)
+                      if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)]
 
 
 def check_install_list(plan: Plan, path: Path) -> None:
@@ -183,8 +238,9 @@ def check_supervisord(plan: Plan, read, conf: Path) -> None:
         return
     router = out["programs"][plan.router.name]
     got = router["argv"][router["argv"].index("--") + 1:]
-    assert got[0] == plan.router.argv[0] and got[1].endswith("/runtime")  # %(here)s/runtime
+    assert got[0] == plan.router.argv[0] and got[1] == f"{conf.parent}/runtime"  # %(here)s
     assert got[2:] == list(router_command(plan, plan.router, "supervisord")[2:])
+    assert got[got.index("--control-plane-key") + 1] == plan.paths.router_key
     assert router["environment"] == dict(plan.router.env)
 
 
@@ -208,6 +264,7 @@ def check_every_output(plan: Plan, read_supervisord) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         files = {f.path: f.content for f in render_systemd(plan, "pdsvc render")}
         check_systemd(plan, files)
+        check_runtime_sources(plan, files)
         (Path(tmp) / "install.list").write_text(files["install.list"])
         check_install_list(plan, Path(tmp) / "install.list")
         try:
@@ -269,3 +326,111 @@ def test_a_hostile_string_in_a_host_is_refused_or_reaches_its_bundle_intact(
     if plan is not None:
         for host in plan.hosts:
             check_every_output(plan.for_host(host.name), read_supervisord)
+
+
+#: A directory name (no `/` or NUL; not `.`/`..`) that supervisor's reader here, which takes one
+#: config path a line, can be given (no line break).
+DIR_NAME = re.compile(r"(?!\.\.?$)[^/\x00\n\r]+")
+
+
+@SMALL_BUDGET
+@given(hostile=HOSTILE.filter(DIR_NAME.fullmatch))
+def test_a_supervisord_bundle_directory_is_refused_or_read_back_as_here(
+        hostile: str, read_supervisord) -> None:
+    """The bundle's own directory reaches supervisord as %(here)s: every program's runtime is
+    `%(here)s/runtime` after supervisord's expansion and shlex, or the directory is refused."""
+    plan = _parse(_config("model.path", "/srv/m", ""))
+    assert plan is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / hostile
+        try:
+            check_bundle_dir(out)
+        except OutputError as e:
+            assert "\n" not in str(e)
+            event("refused")
+            return
+        event("rendered")
+        try:
+            out.mkdir()
+        except OSError:  # a name the file system cannot hold (too long in bytes)
+            return
+        conf = out / "supervisord.conf"
+        conf.write_text(render_supervisord(plan, "t")[0].content)
+        check_supervisord(plan, read_supervisord, conf)
+        for prog in read_supervisord(conf)["programs"].values():
+            assert f"{out}/runtime" in prog["argv"]
+
+
+# --------------------------------------------------------------- every other field (issue 26)
+
+#: The schema's non-string fields (numbers, booleans, choices, lists) as the reference names
+#: them (pdsvc.reference): each drawn from values in and out of range, of the right and the
+#: wrong type; the config is refused with one line, or every output carries the plan (above),
+#: the runtime's own parser included.
+OTHER_FIELDS = [
+    "format", "model.trust_remote_code", "runtime.pinning", "runtime.numa_policy",
+    "transfer.backend", "transfer.kv_check_bytes", "transfer.kv_check_blocks",
+    "transfer.kv_check_min_gbps", "prefill.gpus", "prefill.numa_node", "prefill.port",
+    "prefill.tp", "prefill.dist_init_port", "prefill.bootstrap_port", "prefill[i].gpus",
+    "prefill[i].port", "prefill[i].dist_init_port", "prefill[i].bootstrap_port",
+    "decode.gpus", "decode.numa_node", "decode.port", "decode.tp", "decode.dist_init_port",
+    "decode.restart_with_prefill", "decode[i].gpus", "decode[i].port",
+    "decode[i].dist_init_port", "decode[i].restart_with_prefill", "router.package",
+    "router.port", "router.prometheus_port", "router.policy",
+    "router.health_check.interval_secs", "router.health_check.timeout_secs",
+    "router.health_check.failure_threshold", "router.health_check.success_threshold",
+    *(f"lifecycle.{f}" for f in LifecycleConfig.model_fields),
+    "supervisord.logs", "supervisord.drop_privileges", "k8s.router_service_type",
+    "k8s.host_network", "hosts",
+]
+ANY_VALUE = st.one_of(
+    st.integers(-2, 10), st.integers(0, 1 << 40), st.sampled_from([0, 1, 8, 100, 3600, 86400]),
+    st.booleans(), st.none(), st.floats(allow_nan=True), st.lists(st.integers(-1, 9), max_size=5),
+    st.sampled_from(["numa", "strict", "off", "bind", "nixl", "mooncake", "smg", "random",
+                     "files", "NodePort", "auto", "systemd", "k8s", "supervisord", "x", ""]),
+)
+
+
+def _set(data: dict, key: str, value: object) -> dict:
+    """`key` (a reference key: `prefill[i].port`, `hosts`) set to `value` in a config."""
+    if key == "hosts":
+        data["hosts"] = value
+        return data
+    if "[i]." in key:  # the list form, one item
+        role, leaf = key.split("[i].")
+        data[role] = [{"gpus": [0, 1, 2, 3] if role == "prefill" else [4, 5, 6, 7], leaf: value}]
+        return data
+    *parents, leaf = key.split(".")
+    node = data
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return data
+
+
+@BUDGET
+@given(key=st.sampled_from(OTHER_FIELDS), value=ANY_VALUE)
+def test_any_value_of_any_other_field_is_refused_or_reaches_every_output(
+        key: str, value: object, read_supervisord) -> None:
+    plan = _parse(_set(_config("model.path", "/srv/m", ""), key, value))
+    event("refused" if plan is None else "rendered")
+    if plan is not None:
+        check_every_output(plan, read_supervisord)
+
+
+def _covered(path: str) -> str:
+    """The reference key a property's field path stands for."""
+    parts = path.split(".")
+    if parts[0] == "hosts":
+        return "hosts" if parts[1] == "*" else ".".join(["hosts", "NAME", parts[2]])
+    if parts[-2:-1] and parts[-2] in ("env", "args", "node_selector"):
+        return ".".join(parts[:-1])
+    return path
+
+
+def test_every_field_of_the_config_schema_has_a_property() -> None:
+    """A field added to the schema without a property here fails: the contract covers it."""
+    keys = re.findall(r"^\| `([^`]+)`", reference_markdown(), re.M)
+    covered = {_covered(p) for p, _ in FIELDS + HOST_FIELDS} | set(OTHER_FIELDS)
+    missing = [k for k in keys if k not in covered]
+    assert not missing, f"schema fields without a property in {__file__}: {missing}"

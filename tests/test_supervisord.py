@@ -234,9 +234,9 @@ def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> No
     assert conf.startswith(f"; {MARKER} ")
     assert "; Command: pdsvc render --format supervisord" in conf
     assert "install -d -m 0750 -o sglang -g sglang /var/cache/dsv4/jit /var/lib/dsv4" in conf
-    assert MARKER in copy.splitlines()[0] and "%(here)s/runtime" in copy.splitlines()[0]
+    assert MARKER in copy.splitlines()[1] and "%(here)s/runtime" in copy.splitlines()[1]
     name = files[-1].path.split("/")[1]
-    assert copy.split("\n", 1)[1] == (SUPERVISE / name).read_text()  # verbatim
+    assert copy.split("\n", 2)[2] == (SUPERVISE / name).read_text()  # verbatim
     write_bundle(files, tmp_path)
     assert {status for _, status in write_bundle(files, tmp_path)} == {"unchanged"}
     assert program_names(plan) == {"dsv4-prefill.service": "dsv4-pd:dsv4-prefill",

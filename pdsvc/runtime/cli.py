@@ -27,6 +27,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _whole_number(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 def _gpu_list(text: str) -> list[int]:
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or not all(item.isdigit() for item in items):
@@ -335,11 +341,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         "side restarts itself (default: %(default)s)")
     canary.add_argument("--canary-timeout", type=_positive_float, default=60.0, metavar="S",
                         help="one canary generation's timeout (default: %(default)g)")
-    canary.add_argument("--canary-heals", type=_positive_int, default=2, metavar="N",
+    canary.add_argument("--canary-heals", type=_whole_number, default=2, metavar="N",
                         help="at most N heals in a row (within an hour) that do not bring a "
-                        "pair back; then one every 5 minutes, with the reason in the status; "
-                        "a heal after which a pair serves again is forgotten, and a stop of "
-                        "the unit clears the count (default: %(default)s)")
+                        "pair back; then one every 5 minutes, with the reason in the status "
+                        "(0: never heal, only report); a heal after which a pair serves again "
+                        "is forgotten, and a stop of the unit clears the count (default: "
+                        "%(default)s)")
 
     router = modes.add_parser(
         "router",

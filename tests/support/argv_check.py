@@ -109,6 +109,26 @@ def run_checks(
     return results
 
 
+def resolve_options(
+    python: Path | str, kind: str, argv: Sequence[str], words: Sequence[str],
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Ask the ``kind`` launcher's own parser, after it accepted ``argv``, what each option
+    word in ``words`` (``--por``) means to it: ``{"dests": {option string: dest} of every
+    option, "resolved": {word: {"option", "dest"} or {"ambiguous": [options]} or None}}``."""
+    proc = subprocess.run(
+        [str(python), str(Path(__file__).resolve()), "batch", "-"],
+        input=json.dumps([{"kind": kind, "argv": list(argv), "resolve": list(words)}]),
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"argv_check failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    (result,) = json.loads(proc.stdout)
+    if not result["ok"]:
+        raise RuntimeError(f"{kind} refused {argv}: {result['error']}")
+    return result["options"]
+
+
 # --------------------------------------------------------------------------------------------
 # Checker side: runs inside the serve venv.
 # --------------------------------------------------------------------------------------------
@@ -235,6 +255,25 @@ def abbreviations(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     return found
 
 
+def resolve(parser: argparse.ArgumentParser, words: Sequence[str]) -> dict[str, Any]:
+    """What argparse itself makes of each option word (``ArgumentParser._parse_optional``:
+    an exact option, a unique prefix of one, or an ambiguous prefix), and every option's dest."""
+    known = parser._option_string_actions
+    resolved: dict[str, Any] = {}
+    for word in words:
+        try:
+            found = parser._parse_optional(word)
+        except ParserError as exc:  # argparse: "ambiguous option: --p could match ..."
+            resolved[word] = {"ambiguous": sorted(o for o in known if o.startswith(word)),
+                              "error": exc.text}
+            continue
+        if isinstance(found, list):  # Python >= 3.12.7: a list of candidates
+            found = found[0] if len(found) == 1 else None
+        action, option = (found[0], found[1]) if found else (None, None)
+        resolved[word] = {"option": option, "dest": action.dest} if action else None
+    return {"dests": {o: a.dest for o, a in known.items()}, "resolved": resolved}
+
+
 def _parse_sglang(argv: list[str]) -> _Parsed:
     install_triton_stub()
     import sglang.launch_server as launch_server  # the module `python -m` runs
@@ -285,8 +324,10 @@ def _parse_with(launch_router: Any, Router: Any, argv: list[str], before: Any = 
 _PARSERS = {"sglang": _parse_sglang, "router": _parse_router, "smg": _parse_smg}
 
 
-def check(kind: str, argv: Sequence[str]) -> dict[str, Any]:
-    """Parse ``argv`` the way the ``kind`` launcher would; never raises for a bad argv."""
+def check(kind: str, argv: Sequence[str],
+          words: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv`` the way the ``kind`` launcher would; never raises for a bad argv.
+    ``words``: option words to look up in the parser afterwards (``resolve``)."""
     if kind not in _PARSERS:
         raise ValueError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
     result: dict[str, Any] = {
@@ -319,6 +360,9 @@ def check(kind: str, argv: Sequence[str]) -> dict[str, Any]:
                 record=json_safe(record),
                 abbreviated=abbreviations(parser, argv) if parser else [],
             )
+            if words is not None and parser:
+                with _argparse_hooks():  # parser.error() raises ParserError there too
+                    result["options"] = resolve(parser, words)
     return result
 
 
@@ -344,6 +388,7 @@ def main(args: Sequence[str]) -> int:
             else:
                 batch = json.loads(Path(args[1]).read_text(encoding="utf-8"))
             items = [(entry["kind"], entry["argv"]) for entry in batch]
+            words = [entry.get("resolve") for entry in batch]
         except (OSError, ValueError, TypeError, KeyError) as exc:
             return _usage(f"bad batch file: {type(exc).__name__}: {exc}")
         bad = [
@@ -357,7 +402,7 @@ def main(args: Sequence[str]) -> int:
             return _usage(
                 f"bad batch entries (kind must be sglang|router|smg, argv a str list): {bad!r}"
             )
-        results = [check(kind, argv) for kind, argv in items]
+        results = [check(kind, argv, w) for (kind, argv), w in zip(items, words, strict=True)]
         json.dump(results, sys.stdout, sort_keys=True)
         sys.stdout.write("\n")
         return 0
