@@ -170,6 +170,9 @@ def _common_flags(plan: Plan, prefix_output: bool) -> list[str]:
         # one source: the systemd units' WatchdogSec= is this same plan.watchdog_secs
         "--watchdog-secs", str(plan.watchdog_secs),
         "--kill-tree",
+        # a give-up (78) must come after startsecs to count as one: supervisord honours
+        # exitcodes= only for a RUNNING process
+        "--min-uptime", str(STARTSECS + 0.5),
         "--stop-timeout", str(plan.lifecycle.stop_timeout_secs),
         "--poll-interval", POLL_INTERVAL,
     ]

@@ -493,3 +493,24 @@ def test_the_router_stops_waiting_for_an_engine_that_gave_up(tmp_path: Path) -> 
     # believed only once it is still there GAVE_UP_GRACE_S later
     assert gave_up_engines(str(tmp_path), ["dsv4-decode"], 1001.0, 1002.0) == []
     assert gave_up_engines(str(tmp_path), ["dsv4-decode"], 1001.0, 1001.0 + GAVE_UP_GRACE_S)
+
+
+def test_a_give_up_under_supervisord_waits_out_startsecs() -> None:
+    """supervisord honours exitcodes= only for a process that ran startsecs: a give-up
+    (78) sooner would be retried as a failed spawn (supervisord's process.py)."""
+    from pdsvc.runtime.cli import parse_args
+    from pdsvc.runtime.codes import EXIT_GAVE_UP
+    from pdsvc.runtime.lifecycle import run
+
+    args, command = parse_args(["engine", "--name", "x", "--health-url",
+                                "http://127.0.0.1:9/health", "--start-attempts", "1",
+                                "--min-uptime", "1.5", "--", "false"])
+    t0 = time.monotonic()
+    assert run(args, command) == EXIT_GAVE_UP
+    assert time.monotonic() - t0 >= 1.5
+    args, command = parse_args(["engine", "--name", "x", "--health-url",
+                                "http://127.0.0.1:9/health", "--start-attempts", "1",
+                                "--", "false"])
+    t0 = time.monotonic()
+    assert run(args, command) == EXIT_GAVE_UP
+    assert time.monotonic() - t0 < 1.5  # systemd: no wait

@@ -170,6 +170,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "once the command is gone, as KillMode=mixed does with a unit's cgroup",
     )
     common.add_argument(
+        "--min-uptime",
+        type=_positive_float,
+        metavar="S",
+        help="exit with a give-up (78) no sooner than S seconds after this process started: "
+        "supervisord honours exitcodes= only for a process that ran startsecs (pass them), "
+        "and retries one that ended sooner as a failed spawn",
+    )
+    common.add_argument(
         "--prefix-output",
         action="store_true",
         help="prefix every line of the command's stdout and stderr with 'NAME: ', as our own "

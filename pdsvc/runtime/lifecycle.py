@@ -496,4 +496,12 @@ class Unit:
 
 def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     """Supervise one engine or the router; returns the exit status (see cli.EPILOG)."""
-    return Unit(args, command).run()
+    started = time.monotonic()
+    code = Unit(args, command).run()
+    # supervisord judges an exit code against exitcodes= only once the process has been
+    # RUNNING startsecs; a give-up sooner is a failed spawn, retried (supervisord's
+    # process.py, ProcessStates.STARTING -> BACKOFF), and the give-up would not hold
+    left = (getattr(args, "min_uptime", None) or 0.0) - (time.monotonic() - started)
+    if code == EXIT_GAVE_UP and left > 0:
+        time.sleep(left)
+    return code
