@@ -50,8 +50,10 @@ Exit codes: 0 every run valid (--slo: a rate found), 1 a gate failed (named) or 
 EXIT_INVALID, EXIT_CANNOT = 1, 3
 
 
-def parse_slo(text: str) -> Slo:
+def parse_slo(ctx: click.Context | None, param: object, text: str | None) -> Slo | None:
     """``ttft=2000,itl=50`` (milliseconds; ``2s`` and ``50ms`` read too)."""
+    if text is None:
+        return None
     values: dict[str, float] = {}
     for part in text.split(","):
         key, _, raw = part.partition("=")
@@ -64,7 +66,7 @@ def parse_slo(text: str) -> Slo:
     return Slo(values["ttft"], values["itl"])
 
 
-def parse_range(text: str) -> tuple[float, float]:
+def parse_range(ctx: click.Context | None, param: object, text: str) -> tuple[float, float]:
     lo, _, hi = text.partition(":")
     try:
         a, b = float(lo), float(hi)
@@ -113,10 +115,11 @@ def owns(target: Target) -> str | None:
               help="Requests per run.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run the same load N times and show the spread (mean ± stdev, min, max).")
-@click.option("--slo", "slo_text", metavar="ttft=MS,itl=MS", default=None,
+@click.option("--slo", metavar="ttft=MS,itl=MS", default=None, callback=parse_slo,
               help="Search the highest rate at which ≥ 99 % of requests have TTFT and mean "
               "inter-token latency within these (goodput), by bisection over --rate-range.")
 @click.option("--rate-range", default="0.5:64", show_default=True, metavar="LO:HI",
+              callback=parse_range,
               help="With --slo: the rates searched (requests/s).")
 @click.option("--precision", type=click.FloatRange(min=0.01, max=1), default=0.05,
               show_default=True, help="With --slo: stop when the bracket is this narrow "
@@ -137,7 +140,7 @@ def owns(target: Target) -> str | None:
 @handle_errors
 def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None, rate: float,
           input_len: int, output_len: int, num_prompts: int, repeat: int,
-          slo_text: str | None, rate_range: str, precision: float, max_error_rate: float,
+          slo: Slo | None, rate_range: tuple[float, float], precision: float, max_error_rate: float,
           url: str | None, state_dir: Path | None, output_dir: Path, dry_run: bool,
           as_json: bool) -> None:
     """Load the running deployment through its router with SGLang's own
@@ -148,8 +151,7 @@ def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None
     the engines whose failure counters and pair canaries are watched. Progress goes to
     stderr; the table (or --json) to stdout.
     """
-    slo = parse_slo(slo_text) if slo_text else None
-    lo, hi = parse_range(rate_range)
+    lo, hi = rate_range
     plan, _, _ = load_host_plan_anyway(config_path, sysfs_root, topology_file, None)
     target = target_from_plan(plan, url)
     loads = [Load(rate, input_len, output_len, num_prompts, seed=i + 1) for i in range(repeat)]

@@ -111,9 +111,13 @@ def run_once(target: Target, load: Load, out_file: Path, *, env: Mapping[str, st
     out_file.unlink(missing_ok=True)
     before = read_counters(target.engines)
     started = time.time()
-    with open(log_file, "w", encoding="utf-8") as logf:
-        proc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT,
-                              env=bench_env(target, env), check=False)
+    try:
+        with open(log_file, "w", encoding="utf-8") as logf:
+            proc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT,
+                                  env=bench_env(target, env), check=False)
+    except OSError as e:  # runtime.python missing or not executable
+        res.error = f"cannot run {argv[0]}: {e.strerror or e} (runtime.python)"
+        return res
     after = read_counters(target.engines)
     doc = read_result(out_file)
     if proc.returncode != 0 or doc is None:

@@ -60,6 +60,8 @@ class BenchStack:
     python: Path
     config: Path
     router_url: str
+    prefill_url: str = ""
+    decode_url: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     @classmethod
@@ -77,7 +79,8 @@ class BenchStack:
         }
         config = work / "config.yaml"
         config.write_text(yaml.safe_dump(cfg))
-        stack = cls(work, python, config, f"http://127.0.0.1:{rport}")
+        stack = cls(work, python, config, f"http://127.0.0.1:{rport}",
+                    f"http://127.0.0.1:{pport}", f"http://127.0.0.1:{dport}")
         env = {**os.environ, "PYTHONPATH": str(SUPPORT), "FAKE_SGLANG_LOAD_SECS": "0.2",
                "FAKE_SGLANG_MAX_LIFETIME": str(LIFETIME), **engine_env}
         env.pop("TRITON_CACHE_DIR", None)
