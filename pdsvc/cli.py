@@ -53,7 +53,8 @@ class _Commands(click.Group):
     """Commands that live in modules of their own are imported when they are run (or listed):
     doctor and status are most of pdsvc's code, and a render needs neither."""
 
-    LAZY = {"doctor": ("pdsvc.doctor", "doctor"), "status": ("pdsvc.status", "status")}
+    LAZY = {"doctor": ("pdsvc.doctor", "doctor"), "status": ("pdsvc.status", "status"),
+            "bench": ("pdsvc.bench.command", "bench")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})

@@ -68,6 +68,18 @@ def _cases() -> list[tuple[list[str], int, str]]:
          "pdsvc: error: /nonexistent.yaml: config file not found"),
         (["status", *c, "--backend", "upstart"], 2,
          "pdsvc: error: Invalid value for '--backend': 'upstart' is not one of"),
+        # bench: 0 valid · 1 a gate failed (tests/test_bench.py) · 2 usage · 3 cannot run
+        (["bench", *c, "--topology", SEED, "--dry-run"], 0,
+         "/opt/sglang/venv/bin/python -m sglang.bench_serving --backend sglang --base-url "
+         "http://127.0.0.1:8000 --model /srv/models/DeepSeek-V4-Flash"),
+        (["bench", *c, "--topology", SEED, "--slo", "ttft=fast"], 2,
+         "pdsvc: error: Invalid value for '--slo': 'ttft=fast': expected ttft=MS,itl=MS"),
+        (["bench", *c, "--topology", SEED, "--rate-range", "8:2"], 2,
+         "pdsvc: error: Invalid value for '--rate-range': '8:2': need 0 < LO < HI"),
+        (["bench", *c, "--topology", SEED, "-o", "out"], 3,
+         "pdsvc: error: not loading http://127.0.0.1:8000: "),
+        (["bench", *c, "--topology", SEED, "-o", "out", "--url", "http://127.0.0.1:9"], 3,
+         "pdsvc bench: warning: this loads http://127.0.0.1:9"),
         # the program itself
         ([], 0, "Usage: pdsvc [OPTIONS]"),  # click 8.5 writes [COMMAND], 8.4 COMMAND
         (["--version"], 0, "pdsvc, version "),
@@ -106,5 +118,5 @@ def test_the_readme_exit_code_table_is_the_one_tested() -> None:
     table = table[:table.index("\n\n")]
     rows = {re.match(r"\| `?([a-z, ]+)", line).group(1).strip(): line
             for line in table.splitlines()[2:]}
-    assert set(rows) == {"render", "validate, plan", "topology", "status", "doctor"}
+    assert set(rows) == {"render", "validate, plan", "topology", "status", "doctor", "bench"}
     assert "a finding" in rows["status"] and "| – (" in rows["status"]

@@ -36,6 +36,7 @@ How each launcher is reproduced, without starting anything:
   ``parse_args`` + ``RouterArgs.from_cli_args``) then, in ``launch_router``,
   ``_validate_router_args()`` and ``Router.from_args()``, which builds the Rust router's config
   object; only ``router.start()`` binds ports. This script does all but ``start()``.
+* sglang.bench_serving (kind ``bench``): ``cli_main()`` with ``run_benchmark`` replaced.
 * smg 1.13.0 (kind ``smg``): ``python -m smg.launch_router`` has the same shape
   (smg/launch_router.py: ``parse_router_args`` then, in ``launch_router``, IGW on when a
   discovery provider is selected, ``_validate_router_args()``, ``Router.from_args()``); this
@@ -68,7 +69,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-KINDS = ("sglang", "router", "smg")
+KINDS = ("sglang", "router", "smg", "bench")
 EX_USAGE = 64  # a misuse of this script itself, as opposed to a rejected command line
 
 
@@ -321,7 +322,32 @@ def _parse_with(launch_router: Any, Router: Any, argv: list[str], before: Any = 
     return (*capture.last(), router_args)
 
 
-_PARSERS = {"sglang": _parse_sglang, "router": _parse_router, "smg": _parse_smg}
+def _parse_bench(argv: list[str]) -> _Parsed:
+    """``python -m sglang.bench_serving`` (sglang 0.5.23: an alias of
+    sglang/benchmark/serving.py) runs ``cli_main()``, which builds its parser inline, checks
+    the namespace (``--rust-client``, the gsp flags) and calls ``run_benchmark(args)``: this
+    runs ``cli_main`` itself with ``run_benchmark`` replaced, so nothing is sent. Its imports
+    go through bench_site/sitecustomize.py's stand-ins (the test venv has no GPU stack)."""
+    import runpy
+
+    runpy.run_path(str(Path(__file__).resolve().parent / "bench_site" / "sitecustomize.py"))
+    import sglang.benchmark.serving as serving
+
+    seen: list[argparse.Namespace] = []
+    saved_argv = sys.argv
+    sys.argv = ["bench_serving.py", *argv]
+    try:
+        with _argparse_hooks() as capture, mock.patch.object(serving, "run_benchmark",
+                                                             seen.append):
+            serving.cli_main()
+    finally:
+        sys.argv = saved_argv
+    parser, _ = capture.last()
+    return parser, seen[0], seen[0]
+
+
+_PARSERS = {"sglang": _parse_sglang, "router": _parse_router, "smg": _parse_smg,
+            "bench": _parse_bench}
 
 
 def check(kind: str, argv: Sequence[str],
@@ -400,7 +426,8 @@ def main(args: Sequence[str]) -> int:
         ]
         if bad:
             return _usage(
-                f"bad batch entries (kind must be sglang|router|smg, argv a str list): {bad!r}"
+                f"bad batch entries (kind must be one of {'|'.join(KINDS)}, argv a str list): "
+                f"{bad!r}"
             )
         results = [check(kind, argv, w) for (kind, argv), w in zip(items, words, strict=True)]
         json.dump(results, sys.stdout, sort_keys=True)

@@ -54,6 +54,8 @@ own session, reparented away from the engine, ``FAKE_SGLANG_ORPHAN_SECS`` <= 900
 safety net, then exit 0), ``FAKE_SGLANG_LOG`` (JSONL request log), ``FAKE_SGLANG_GEN_DELAY``
 (seconds before answering a generation), ``FAKE_SGLANG_BOOTSTRAP_TIMEOUT`` (2.0 s, decode's probe),
 ``FAKE_SGLANG_ACCESS_LOG=1`` (uvicorn-style access lines on stderr),
+``FAKE_SGLANG_KNEE_RATE`` and the other knobs of tests/support/fake_latency.py (a latency model
+with a knee, token streaming, empty completions, transfer-failure counter),
 ``FAKE_SGLANG_HTTP_AFTER_LOAD=1`` (bind the HTTP and bootstrap ports only after "loading
 weights", as SGLang does: the ports are closed, not 503, during the load).
 
@@ -85,6 +87,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import fake_latency
 import fake_pair
 
 VERSION = "0.5.23+fake"
@@ -1135,6 +1138,7 @@ class _EngineHandler(_BaseHandler):
                 f"{name}{label} {float(eng.counters[counter])}",
             ]
         text = "\n".join(lines) + "\n"
+        text += fake_latency.MODEL.metric_text(label, text)  # pdsvc bench's gates
         self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def h_flush_cache(self, path: str, body: Any, parse_error: str | None) -> None:
@@ -1250,6 +1254,8 @@ class _EngineHandler(_BaseHandler):
             return
         if eng.gen_delay > 0:
             time.sleep(eng.gen_delay)
+        if not failures and fake_latency.MODEL.serve(self, kind, body, eng.role):
+            return  # the latency model answered (tests/support/fake_latency.py)
         self._answer(kind, body, prompts, boot, failures)
 
     def _reach_prefill(self, boot: dict[str, list]) -> tuple[str | None, dict[int, str]]:

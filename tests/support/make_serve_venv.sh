@@ -28,7 +28,10 @@
 # NVIDIA wheels. The CPU wheel lies in /opt/wheels (pip's find-links on these machines).
 #
 # Why no triton: sglang imports it once, at module level, for nothing the parser needs;
-# tests/support/argv_check.py installs a stub module instead (saves ~1 GB).
+# tests/support/argv_check.py installs a stub module instead (saves ~1 GB). Every `sglang.*`
+# import runs sglang/__init__.py, which imports sglang.srt.utils.common and with it triton, so
+# sglang.bench_serving has no lighter import path: the tests run it with
+# tests/support/bench_site/ on PYTHONPATH, whose sitecustomize.py installs the same stub.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -78,8 +81,39 @@ recipe-version=2"
 recipe_hash="$(printf '%s\n' "$recipe" | sha256sum | cut -d' ' -f1)"
 stamp="$venv_dir/.pdsvc-serve-venv.stamp"
 
+# The bench layer (`pdsvc bench` runs SGLang's own sglang.bench_serving in this venv): what
+# sglang/benchmark/serving.py imports beyond the parser's deps, at the versions sglang 0.5.23's
+# own metadata pins (transformers==5.19.0, tokenizers==0.23.2; tokenizers asks for
+# huggingface-hub<2.0), and `datasets`, which sglang requires unpinned and
+# sglang/benchmark/datasets/mmmu.py imports at module level. (Not torchvision: PyPI's wheel
+# is built for CUDA torch and fails to load against the CPU build; see bench_site/.) It is a
+# layer of its own, with its own stamp, added to an existing venv in place: a change here reinstalls these packages only, never wipes the venv.
+bench_pins=("transformers==5.19.0" "tokenizers==0.23.2" "huggingface_hub<2.0" "datasets==5.2.0")
+bench_recipe="${bench_pins[*]}
+bench-recipe-version=1"
+bench_hash="$(printf '%s\n' "$bench_recipe" | sha256sum | cut -d' ' -f1)"
+bench_stamp="$venv_dir/.pdsvc-serve-venv.bench.stamp"
+
+bench_layer() {
+    if [[ -f "$bench_stamp" && "$(cat "$bench_stamp")" == "$bench_hash" ]]; then
+        log "bench layer is up to date (recipe $bench_hash)"
+        return 0
+    fi
+    local t pip_cmd=("$venv_dir/bin/python" -m pip --disable-pip-version-check --no-input)
+    local cargs=(-c "$venv_dir/pdsvc-constraints.txt")
+    [[ -f "$system_constraints" ]] && cargs+=(-c "$system_constraints")
+    t="$(now)"
+    "${pip_cmd[@]}" install "${cargs[@]}" "${bench_pins[@]}"
+    # bench_serving's own parser (and its imports) through argv_check's triton stub
+    "$venv_dir/bin/python" "$here/argv_check.py" bench -- --backend sglang \
+        --dataset-name random-ids --num-prompts 1 >/dev/null
+    printf '%s\n' "$bench_hash" >"$bench_stamp"
+    log "bench layer (${bench_pins[*]}) installed and checked in $(elapsed "$t") s"
+}
+
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$recipe_hash" ]]; then
     log "$venv_dir is up to date (recipe $recipe_hash)"
+    bench_layer
     exit 0
 fi
 
@@ -161,4 +195,5 @@ EOF
 log "imports and the three parsers checked in $(elapsed "$t") s"
 
 printf '%s\n' "$recipe_hash" >"$stamp"
+bench_layer
 log "done in $(elapsed "$t_all") s: $venv_dir ($(du -sh "$venv_dir" | cut -f1))"
