@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import ConfigError
+from .monitoring import MONITORING_CUSTOMISE, monitoring_files
 from .plan import EnginePlan, Plan
 from .render import (
     POLL_INTERVAL,
@@ -289,7 +290,8 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
     }
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
     where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
-    return [File(CONF, conf), *runtime_files(plan, where)]
+    return [File(CONF, conf), *runtime_files(plan, where),
+            *monitoring_files(plan, header_lines(plan, command, MONITORING_CUSTOMISE))]
 
 
 def keygen_command(plan: Plan) -> str:
