@@ -43,6 +43,7 @@ from .config_sections import (  # noqa: F401  (re-exported)
     HostConfig,
     K8sConfig,
     LifecycleConfig,
+    MetricsConfig,
     ModelConfig,
     RouterConfig,
     RuntimeConfig,
@@ -71,6 +72,7 @@ class Config(Strict):
     decode: DecodeSpec = DecodeConfig()
     router: RouterConfig = RouterConfig()
     lifecycle: LifecycleConfig = LifecycleConfig()
+    metrics: MetricsConfig = MetricsConfig()
     supervisord: SupervisordConfig = SupervisordConfig()
     k8s: K8sConfig = K8sConfig()
     hosts: dict[HostName, HostConfig] | None = Field(

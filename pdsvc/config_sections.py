@@ -251,6 +251,25 @@ class LifecycleConfig(Strict):
         "starts afresh (0: the canary only reports).")
 
 
+class MetricsConfig(Strict):
+    engines: bool = Field(
+        True, description="Pass --enable-metrics: each engine serves Prometheus text on its own "
+        "port's /metrics (sglang:* names, incl. the PD transfer and bootstrap failure counters).")
+    textfile: bool = Field(
+        True, description="The runtime writes pdsvc's own state (up, ready, restarts, gave-up, "
+        "pair canary) as NAME.prom into RUN_DIR/metrics, for node_exporter's textfile collector.")
+    node_exporter_port: Port = Field(
+        9100, description="Where each host's node_exporter (reading that directory) listens; the "
+        "rendered scrape config points there.")
+    scrape_interval_secs: HourSecs = Field(15, description="Scrape interval in prometheus.yml.")
+    ttft_p99_slo_secs: Annotated[float, Field(gt=0, le=3600)] = Field(
+        2.0, description="Alert PdsvcTTFTAboveSLO when the decodes' p99 time to first token "
+        "over 5 min is above this.")
+    restarts_per_hour: Count1000 = Field(
+        3, description="Alert PdsvcRestartsHigh when a unit starts again after a crash, failed "
+        "start or kill more often than this within an hour.")
+
+
 class SupervisordConfig(Strict):
     """The supervisord bundle (`pdsvc render --format supervisord`): hosts and containers
     without systemd. The plan is the same; only how it is run differs."""

@@ -34,6 +34,7 @@ OWNED_ENGINE_FLAGS = {
     "disaggregation-transfer-backend": "transfer.backend",
     "disaggregation-bootstrap-port": "prefill.bootstrap_port",
     "base-gpu-id": "<role>.gpus (CUDA_VISIBLE_DEVICES)",
+    "enable-metrics": "metrics.engines",
 }
 #: router flags pdsvc derives from the plan.
 OWNED_ROUTER_FLAGS = {

@@ -21,6 +21,7 @@ from .plan_types import (  # noqa: F401  (re-exported: the plan's types are impo
     K8sPlan,
     KvCheck,
     LifecyclePlan,
+    MetricsPlan,
     Paths,
     Pinning,
     Plan,
@@ -175,6 +176,7 @@ def build_plan(
         user=config.runtime.user,
         group=config.runtime.group,
         transfer_backend=config.transfer.backend,
+        metrics=MetricsPlan(**config.metrics.model_dump()),
         kv_check=KvCheck(config.transfer.kv_check_bytes, config.transfer.kv_check_blocks,
                          config.transfer.kv_check_min_gbps),
         paths=paths,
@@ -309,6 +311,7 @@ def _engine(
         model_args=tuple(model_args),
         transfer_backend=config.transfer.backend,
         extra_args=tuple(flag_args(role_cfg.args)),
+        metrics=config.metrics.engines,
     )
     return replace(plan, argv=engine_argv(plan))
 
@@ -332,6 +335,11 @@ def engine_argv(
         "--disaggregation-transfer-backend", e.transfer_backend,
         # prefill binds it; decode uses it for requests that carry bootstrap_port=null (fact 4)
         "--disaggregation-bootstrap-port", str(e.bootstrap_port),
+        # /metrics on the engine's own port: sglang:* series, among them the PD failure
+        # counters sglang:num_{bootstrap,transfer}_failed_reqs_total (sglang PR #7317) and the
+        # sglang:kv_transfer_* histograms (PR #19009), python/sglang/srt/observability/
+        # metrics_collector.py in 0.5.23
+        *(("--enable-metrics",) if e.metrics else ()),
         *e.extra_args,
     )
 

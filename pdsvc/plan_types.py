@@ -60,6 +60,7 @@ class EnginePlan:
     model_args: tuple[str, ...] = ()
     transfer_backend: str = ""
     extra_args: tuple[str, ...] = ()  # the role's `args`
+    metrics: bool = False  # --enable-metrics (metrics.engines)
     # membership and the pair canary (rank 0 only: the process that serves HTTP)
     router_url: str = ""  # the router as this engine reaches it (its /workers API)
     pairs: tuple[tuple[str, int, str], ...] = ()  # (prefill URL, bootstrap port, decode URL)
@@ -157,6 +158,18 @@ class LifecyclePlan:
 
 
 @dataclass(frozen=True)
+class MetricsPlan:
+    """config.metrics: what the engines export and what the monitoring files say."""
+
+    engines: bool
+    textfile: bool
+    node_exporter_port: int
+    scrape_interval_secs: int
+    ttft_p99_slo_secs: float
+    restarts_per_hour: int
+
+
+@dataclass(frozen=True)
 class SupervisordPlan:
     """config.supervisord: how the supervisord bundle runs the same plan."""
 
@@ -209,6 +222,7 @@ class Plan:
     hosts: tuple[HostPlan, ...]  # several hosts; () for one (engines on loopback)
     k8s: K8sPlan  # for the manifests
     kv_check: KvCheck  # for `pdsvc doctor --kv`
+    metrics: MetricsPlan = MetricsPlan(True, True, 9100, 15, 2.0, 3)
 
     @property
     def units(self) -> tuple[str, ...]:

@@ -208,11 +208,18 @@ def policy_flags(plan: Plan, state_dir: str) -> list[str]:
     that outlives a restart, not a reboot (a boot is a first start), and leaves no file behind
     on disk."""
     lc = plan.lifecycle
+    textfile = ["--metrics-dir", metrics_dir(state_dir), "--deployment", plan.name] \
+        if plan.metrics.textfile else []
     return ["--state-dir", state_dir, "--start-timeout", str(lc.start_timeout_secs),
             "--restart-delay", str(lc.restart_secs),
             "--restart-max-delay", str(lc.restart_backoff_max_secs),
             "--restart-reset", str(lc.restart_reset_secs),
-            "--start-attempts", str(lc.start_attempts)]
+            "--start-attempts", str(lc.start_attempts), *textfile]
+
+
+def metrics_dir(state_dir: str) -> str:
+    """Where the runtimes write their textfiles (node_exporter's --collector.textfile.directory)."""
+    return f"{state_dir}/metrics"
 
 
 def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
@@ -298,6 +305,9 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
                 command=router_command(plan, plan.router, "systemd"), **ctx)))
     files += runtime_files(plan)
     files.append(File("install.list", env.get_template("systemd/install.list.j2").render(**ctx)))
+    from .monitoring import MONITORING_CUSTOMISE, monitoring_files
+
+    files += monitoring_files(plan, header_lines(plan, command, MONITORING_CUSTOMISE))
     return files
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from .encode import printable
 from .errors import ConfigError, OutputError
+from .monitoring import MONITORING_CUSTOMISE, monitoring_files
 from .plan import EnginePlan, Plan
 from .render import (
     POLL_INTERVAL,
@@ -294,7 +295,8 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
     }
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
     where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
-    return [File(CONF, conf), *runtime_files(plan, where)]
+    return [File(CONF, conf), *runtime_files(plan, where),
+            *monitoring_files(plan, header_lines(plan, command, MONITORING_CUSTOMISE))]
 
 
 #: What supervisord does with its config's directory (%(here)s), read back exactly only when

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .plan import Plan
+from .runtime.metrics import exposition, unit_samples
 from .runtime.statefile import read_json
 
 
@@ -121,3 +122,20 @@ def to_dict(runs: list[UnitRun], pairs: list[PairView]) -> dict[str, Any]:
         "runs": [r.__dict__ for r in runs],
         "pairs": [p.__dict__ for p in pairs],
     }
+
+
+def metrics_text(plan: Plan, directory: Path, up: dict[str, bool], now: float) -> str:
+    """`pdsvc status --metrics`: the pdsvc_* series of every unit of the plan, from the same
+    state files the runtimes derive their textfiles from (runtime/metrics.py); ``up``: each
+    unit's service manager state (unit -> active)."""
+    samples = []
+    units = [(e.name, e.role, bool(e.pairs)) for e in plan.engines]
+    units += [(plan.router.name, "router", False)] if plan.router else []
+    for name, role, paired in dict.fromkeys(units):
+        labels = {"deployment": plan.name, "role": role, "unit": f"{name}.service"}
+        samples += unit_samples(
+            labels, _read(directory / f"{name}.restart.json"),
+            _read(directory / f"{name}.canary.json"), _read(directory / f"{name}.metrics.json"),
+            up=up.get(f"{name}.service"),
+            heal_budget=plan.lifecycle.canary_heal_attempts if paired else None, now=now)
+    return exposition(samples)

@@ -434,11 +434,14 @@ def watch(interval: float, frame: Callable[[], tuple[str, int]], *, clear: bool)
 @click.option("--socket", "socket_path", default=None, metavar="PATH",
               help="supervisord's control socket (implies --backend supervisord under auto). "
               "Default: {supervisord.run_dir}/{name}-supervisord.sock, as the bundle has it.")
+@click.option("--metrics", "as_metrics", is_flag=True,
+              help="Print pdsvc's own state as Prometheus text instead (the pdsvc_* series "
+              "the runtimes write for node_exporter, from the same state files).")
 @host_option
 @handle_errors
 def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
            as_json: bool, watch_secs: float | None, backend: str, systemctl: str,
-           socket_path: str | None, host_name: str | None) -> None:
+           socket_path: str | None, host_name: str | None, as_metrics: bool = False) -> None:
     """Show whether the stack serves: each unit's state, uptime and restarts, each engine's
     /health, the router's /readiness and its view of the workers, the URL to send requests to,
     and a verdict (`serving` / `not serving: why`).
@@ -457,6 +460,10 @@ def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
     def frame() -> tuple[str, int]:
         report = collect(plan, manager, hostname=hostname, whole=whole, findings=findings)
         code = 0 if report.serving else 1
+        if as_metrics:
+            up = {v.state.unit: v.state.state == "active" for v in report.units}
+            where = runstate.state_dir(plan, manager.name)
+            return runstate.metrics_text(plan, where, up, time.time()).rstrip("\n"), code
         if as_json:
             doc = report_dict(report)
             return json.dumps(doc) if watch_secs else json.dumps(doc, indent=2), code

@@ -25,11 +25,12 @@ def test_render_writes_the_bundle_and_reports_each_file(runner, tmp_path: Path) 
         ".pdsvc-bundle.json",  # the record: what pdsvc wrote, each file's sha256
         "dsv4-pd.target", "dsv4-pd-ready.service", "dsv4-prefill.service",
         "dsv4-decode.service", "dsv4-router.service", "runtime", "install.list",
+        "monitoring",  # the scrape config, alert rules and dashboard (issue 24)
     ])
     assert "created" in result.output
     again = runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out)])
     assert again.exit_code == 0 and "created" not in again.output
-    assert again.output.count("unchanged") == 6 + len(runtime_modules())
+    assert again.output.count("unchanged") == 6 + 3 + len(runtime_modules())
 
 
 def test_dry_run_and_diff_write_nothing(runner, tmp_path: Path) -> None:

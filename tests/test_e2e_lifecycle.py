@@ -204,6 +204,14 @@ def test_broken_engine_gives_up_after_its_tries_and_the_start_says_so(
         s.c.wait_for(lambda: s.prop(unit, "ActiveState") == "failed", 30, interval=0.25,
                      what="prefill gives up too")
         assert s.prop(unit, "ExecMainStatus") == "78"
+        # the textfile node_exporter would read (issue 24): the give-up, the failed starts
+        # before it, and a runtime that is no longer up (PdsvcEngineGaveUp's series)
+        prom = s.c.run(["cat", f"/run/e2e/metrics/{unit.removesuffix('.service')}.prom"],
+                       check=False).stdout
+        labels = f'deployment="e2e",role="prefill",unit="{unit}"'
+        assert f"pdsvc_unit_gave_up{{{labels}}} 1" in prom, prom
+        assert f'pdsvc_unit_starts_total{{{labels},cause="failed-start"}} 2' in prom, prom
+        assert f"pdsvc_unit_up{{{labels}}} 0" in prom, prom
         restarts = s.restarts("prefill")
         time.sleep(lc["restart_secs"] + 3)  # a restart would have come by now
         assert s.restarts("prefill") == restarts and s.prop(unit, "ActiveState") == "failed"

@@ -812,3 +812,33 @@ def test_pair_wildcard_decode_is_known_by_its_source_address(engines):
     dec.wait_healthy()
     assert_pair_ok(pd_pair(pre, dec, room=30)["d"], "decode", dec.port)
     assert list(control(pre)["peers"]) == [f"127.0.0.1:{dec.port}"]
+
+
+def _metric(raw: bytes, name: str) -> float:
+    """The sum of a family's samples named exactly ``name`` (any labels)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in raw.decode().splitlines()
+               if line.startswith(name + "{"))
+
+
+def test_metrics_move_under_load_and_faults(engines):
+    """SGLang's names (metrics_collector.py): a served request counts and observes its TTFT
+    (a slow one lands in a high bucket); a bootstrap that fails counts too (fake_metrics.py)."""
+    pre = engines("prefill", args=["--enable-metrics"])
+    dec = engines("decode", bport=pre.bport, args=["--enable-metrics"])
+    pre.wait_healthy()
+    dec.wait_healthy()
+    assert request(dec.port, "POST", "/generate", pd_body(room=1, bport=pre.bport))[0] == 200
+    request(dec.port, "POST", "/_fake/control", {"gen_delay": 1.2})
+    assert request(dec.port, "POST", "/generate", pd_body(room=2, bport=pre.bport))[0] == 200
+    (dead_port,) = free_ports(1)
+    assert request(dec.port, "POST", "/generate", pd_body(room=3, bport=dead_port))[0] == 500
+    raw = request(dec.port, "GET", "/metrics")[1]
+    assert _metric(raw, "sglang:num_requests_total") == 2
+    assert _metric(raw, "sglang:time_to_first_token_seconds_count") == 2
+    assert 'engine_type="decode"' in raw.decode()
+    fast = next(line for line in raw.decode().splitlines()
+                if line.startswith("sglang:time_to_first_token_seconds_bucket") and
+                'le="1.0"' in line)
+    assert fast.endswith(" 1.0")  # the 1.2 s one is above that bucket
+    assert _metric(raw, "sglang:num_bootstrap_failed_reqs_total") == 1
+    assert _metric(raw, "sglang:num_transfer_failed_reqs_total") == 0

@@ -132,8 +132,8 @@ def test_rendering_another_config_into_the_seed_units_is_refused(tmp_path: Path)
     assert r.stderr.splitlines() == [
         "pdsvc: error: units holds the systemd bundle of etc/pdsvc.yaml; rendering the "
         "systemd bundle of etc/examples/2p1d.yaml there would remove 1 of its files "
-        "(dsv4-prefill.service); replace 5 of its files (dsv4-pd.target, dsv4-pd-ready.service,"
-        " dsv4-decode.service, dsv4-router.service and 1 more); render into another directory "
+        "(dsv4-prefill.service); replace 8 of its files (dsv4-pd.target, dsv4-pd-ready.service,"
+        " dsv4-decode.service, dsv4-router.service and 4 more); render into another directory "
         "(--output DIR), or pass --force to replace it"]
     assert tree(cwd / "units") == before
     forced = run(cwd, "render", "-c", "etc/examples/2p1d.yaml", *SEED, "--force")

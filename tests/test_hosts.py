@@ -80,7 +80,7 @@ def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
         "gpu-a", "gpu-b", "hosts.list", "lb"]
     assert sorted(p.name for p in (out / "lb").iterdir()) == [
         "dsv4-pd-ready.service", "dsv4-pd.target", "dsv4-router.service", "install.list",
-        "runtime"]
+        "monitoring", "runtime"]  # monitoring/: this host's targets (the router, node_exporter)
     assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
     decode = (out / "gpu-b/dsv4-decode.service").read_text()
     assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3 --" in decode

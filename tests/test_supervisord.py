@@ -228,8 +228,12 @@ def test_supervisord_section_is_strict() -> None:
 def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> None:
     plan = plan_of(DEFAULT_CONFIG)
     files = render_supervisord(plan, "pdsvc render --format supervisord")
+    monitoring = [f"monitoring/dsv4-{n}" for n in ("prometheus.yml", "rules.yml",
+                                                   "dashboard.json")]
     assert [(f.path, f.mode) for f in files] == [("supervisord.conf", 0o644)] + [
-        (f"runtime/{name}", 0o644) for name, _ in runtime_modules()]
+        (f"runtime/{name}", 0o644) for name, _ in runtime_modules()] + [
+        (path, 0o644) for path in monitoring]
+    files = [f for f in files if not f.path.startswith("monitoring/")]
     conf, copy = files[0].content, files[-1].content
     assert conf.startswith(f"; {MARKER} ")
     assert "; Command: pdsvc render --format supervisord" in conf

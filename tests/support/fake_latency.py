@@ -74,6 +74,9 @@ class LatencyModel:
         if self.fail_every and rid % self.fail_every == 0:
             with self._lock:
                 self.counters[TRANSFER_FAILED] += 1
+            metrics = getattr(handler.server.engine, "metrics", None)
+            if metrics is not None:  # the engine's own /metrics (fake_metrics) counts it too
+                metrics.transfer_failure()
             why = {"type": "abort", "message": "KV transfer failed (fake_latency knob)"}
             handler._sse({"text": "", "output_ids": [],
                           "meta_info": {**meta, "completion_tokens": 0, "finish_reason": why}})

@@ -88,6 +88,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import fake_latency
+import fake_metrics
 import fake_pair
 
 VERSION = "0.5.23+fake"
@@ -253,6 +254,7 @@ class Engine:
         self._lock = threading.Lock()
         self.inflight = 0
         self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.metrics = fake_metrics.EngineMetrics()  # /metrics (fake_metrics.py)
         self.http: _Server | None = None
         self.bootstrap: _Server | None = None
         self._threads: list[threading.Thread] = []
@@ -1106,39 +1108,11 @@ class _EngineHandler(_BaseHandler):
 
     def h_metrics(self, path: str, body: Any, parse_error: str | None) -> None:
         eng = self.server.engine
-        name_value = eng.served_name.replace("\\", "\\\\").replace('"', '\\"')
-        label = f'{{model_name="{name_value}"}}'
-        gauges = [
-            ("sglang:num_running_reqs", "The number of running requests.", eng.inflight),
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", 0),
-            ("sglang:num_used_tokens", "The number of used tokens.", 0),
-            ("sglang:token_usage", "The token usage.", 0.0),
-            ("sglang:gen_throughput", "The generation throughput (token/s).", 0.0),
-        ]
-        counters = [
-            ("sglang:num_requests_total", "Number of requests processed.", "requests"),
-            ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", "prompt_tokens"),
-            (
-                "sglang:generation_tokens_total",
-                "Number of generation tokens processed.",
-                "generation_tokens",
-            ),
-        ]
-        lines = []
-        for name, help_text, value in gauges:
-            lines += [
-                f"# HELP {name} {help_text}",
-                f"# TYPE {name} gauge",
-                f"{name}{label} {float(value)}",
-            ]
-        for name, help_text, counter in counters:
-            lines += [
-                f"# HELP {name} {help_text}",
-                f"# TYPE {name} counter",
-                f"{name}{label} {float(eng.counters[counter])}",
-            ]
-        text = "\n".join(lines) + "\n"
-        text += fake_latency.MODEL.metric_text(label, text)  # pdsvc bench's gates
+        kind = eng.role if eng.role in ("prefill", "decode") else "unified"
+        text = eng.metrics.text(eng.served_name, kind, eng.inflight)
+        # pdsvc bench's knobs (fake_latency) count into the same counters; it adds only what
+        # the text lacks
+        text += fake_latency.MODEL.metric_text(f'{{model_name="{eng.served_name}"}}', text)
         self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def h_flush_cache(self, path: str, body: Any, parse_error: str | None) -> None:
@@ -1209,6 +1183,7 @@ class _EngineHandler(_BaseHandler):
 
     def h_generate(self, path: str, body: Any, parse_error: str | None) -> None:
         eng = self.server.engine
+        self._t0 = time.monotonic()  # arrival, for the TTFT fake_metrics observes
         if parse_error is not None or not isinstance(body, dict):
             why = parse_error or f"got {type(body).__name__}"
             self._json(400, _err(f"request body must be a JSON object ({why})", 400))
@@ -1245,6 +1220,7 @@ class _EngineHandler(_BaseHandler):
         if eng.role == "decode":
             failure, failures = self._reach_prefill(boot)
             if failure is not None:
+                eng.metrics.bootstrap_failure()
                 self._json(500, _err(failure, 500, "InternalServerError"))
                 return
         elif eng.role == "prefill":
@@ -1375,6 +1351,7 @@ class _EngineHandler(_BaseHandler):
             eng.counters["requests"] += len(items)
             eng.counters["prompt_tokens"] += sum(m["prompt_tokens"] for m in items)
             eng.counters["generation_tokens"] += sum(m["completion_tokens"] for m in items)
+        eng.metrics.served(items, len(failures), time.monotonic() - self._t0)
         meta_out: Any = items if batch else items[0]
         # OpenAI choices carry the finish_reason's type ("length", or "abort" for a failure)
         reasons = [m["finish_reason"]["type"] for m in items]

@@ -202,6 +202,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "unit's StateDirectory= (default: keep nothing, every start is a first start)",
     )
     common.add_argument(
+        "--metrics-dir", metavar="DIR",
+        help="write this unit's state as Prometheus text (NAME.prom, atomically) into DIR, for "
+        "node_exporter's textfile collector (metrics.py; needs --state-dir)",
+    )
+    common.add_argument(
+        "--deployment", metavar="NAME", default="",
+        help="the deployment label of those series (the config's name)",
+    )
+    common.add_argument(
         "--start-timeout", type=_positive_float, metavar="S",
         help="a start not healthy within S seconds is stopped and counts as a failed start "
         "(see --start-attempts); the units pass lifecycle.start_timeout_secs and give systemd's "
@@ -513,5 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return launch(args.control_plane_key, args.module, args.module_args)
     from .lifecycle import run
+    from .metrics import textfile
 
-    return run(args, command)
+    with textfile(args):
+        return run(args, command)

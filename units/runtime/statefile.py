@@ -25,13 +25,23 @@ def read_json(path: str) -> dict | None:
 def write_json(path: str, doc: dict) -> None:
     """Replace ``path`` with ``doc`` atomically, creating its directory (0750) if need be.
     Best effort: state that cannot be written is lost, never a reason to stop serving."""
+    write_atomic(path, json.dumps(doc))
+
+
+def write_atomic(path: str, text: str, *, mode: int | None = None,
+                 dir_mode: int = 0o750) -> None:
+    """Replace ``path`` with ``text``, whole or not at all: a temporary file in the same
+    directory (a dot name that does not end like ``path``) renamed over it; ``mode``: the
+    file's (default mkstemp's 0600). Best effort, like write_json."""
     directory = os.path.dirname(path) or "."
     with contextlib.suppress(OSError):
-        os.makedirs(directory, mode=0o750, exist_ok=True)
+        os.makedirs(directory, mode=dir_mode, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh)
+                fh.write(text)
+            if mode is not None:
+                os.chmod(tmp, mode)
             os.replace(tmp, path)
         except OSError:
             os.unlink(tmp)

@@ -1,0 +1,79 @@
+"""The runtime's textfile (pdsvc/runtime/metrics.py): derived from the state files the restart
+policy and the canary write, counters that survive the runtime's restarts, atomic 0644 files
+that Prometheus' own parser accepts (`promtool check metrics`)."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+
+from pdsvc.runtime.metrics import Textfile
+from pdsvc.runtime.statefile import write_json
+
+U = 'deployment="dsv4",role="prefill",unit="dsv4-prefill.service"'
+LABELS = {"deployment": "dsv4", "role": "prefill", "unit": "dsv4-prefill.service"}
+PAIR = "http://127.0.0.1:30000 -> http://127.0.0.1:30001"
+
+
+def _text(tmp_path) -> str:
+    return (tmp_path / "metrics" / "dsv4-prefill.prom").read_text()
+
+
+def test_starts_by_cause_heals_and_pairs(tmp_path) -> None:
+    state, mdir = str(tmp_path), str(tmp_path / "metrics")
+    with Textfile("dsv4-prefill", state, mdir, dict(LABELS), heal_budget=2).running():
+        write_json(f"{state}/dsv4-prefill.restart.json",
+                   {"phase": "serving", "crashes": 0, "heals": [100.0]})
+        write_json(f"{state}/dsv4-prefill.canary.json", {"pairs": [
+            {"pair": PAIR, "state": "failing", "failures": 4, "failing_since": 50.0}]})
+    text = _text(tmp_path)
+    assert f'pdsvc_unit_starts_total{{{U},cause="first"}} 1' in text
+    assert f'pdsvc_unit_up{{{U}}} 0' in text
+    assert f'pdsvc_pair_state{{{U},pair="{PAIR}",state="failing"}} 1' in text
+    assert f'pdsvc_unit_heals_total{{{U}}} 1' in text
+    assert stat.S_IMODE((tmp_path / "metrics" / "dsv4-prefill.prom").stat().st_mode) == 0o644
+    # the next run: the last one ended crashed; the heal already counted is not counted again
+    write_json(f"{state}/dsv4-prefill.restart.json",
+               {"phase": "crashed", "crashes": 1, "heals": [100.0]})
+    with Textfile("dsv4-prefill", state, mdir, dict(LABELS), heal_budget=2).running():
+        assert f'pdsvc_unit_up{{{U}}} 1' \
+            in _text(tmp_path)
+        write_json(f"{state}/dsv4-prefill.restart.json", {"phase": "gave-up"})
+    text = _text(tmp_path)
+    assert 'cause="crash"} 1' in text and 'cause="first"} 1' in text
+    assert f'pdsvc_unit_heals_total{{{U}}} 1' in text
+    assert f'pdsvc_unit_gave_up{{{U}}} 1' in text
+    assert not [p for p in (tmp_path / "metrics").iterdir() if p.name.startswith(".")]
+    promtool = shutil.which("promtool")
+    if promtool:
+        done = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                              capture_output=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_status_metrics_are_the_runtimes_series_for_every_unit(tmp_path) -> None:
+    """`pdsvc status --metrics` prints the same families from the same files, for every unit
+    of the plan, with up from the service manager."""
+    from pathlib import Path
+
+    from pdsvc.clikit import load_plan
+    from pdsvc.runstate import metrics_text
+
+    repo = Path(__file__).resolve().parent.parent
+    plan = load_plan(repo / "etc/pdsvc.yaml", None, repo / "etc/seed-host.topology.json")
+    write_json(f"{tmp_path}/dsv4-decode.restart.json", {"phase": "gave-up"})
+    write_json(f"{tmp_path}/dsv4-prefill.canary.json", {"pairs": [
+        {"pair": PAIR, "state": "ok", "failures": 0, "last_ok": 12.5}]})
+    text = metrics_text(plan, tmp_path, {"dsv4-prefill.service": True}, 99.0)
+    assert f'pdsvc_unit_up{{{U}}} 1' in text
+    assert 'pdsvc_unit_gave_up{deployment="dsv4",role="decode",unit="dsv4-decode.service"} 1' \
+        in text
+    assert f'pdsvc_pair_last_good_timestamp_seconds{{{U},pair="{PAIR}"}} 12.5' in text
+    assert 'unit="dsv4-router.service"' in text
+    assert text.count("# TYPE pdsvc_unit_gave_up gauge") == 1
+    promtool = shutil.which("promtool")
+    if promtool:
+        done = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                              capture_output=True)
+        assert done.returncode == 0, done.stdout + done.stderr
