@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pdsvc.config import LifecycleConfig, parse_config
+from pdsvc.config_sections import MetricsConfig
 from pdsvc.encode import printable
 from pdsvc.errors import ConfigError, OutputError, TopologyError
 from pdsvc.plan import Plan, build_plan
@@ -380,6 +381,7 @@ OTHER_FIELDS = [
     "router.health_check.interval_secs", "router.health_check.timeout_secs",
     "router.health_check.failure_threshold", "router.health_check.success_threshold",
     *(f"lifecycle.{f}" for f in LifecycleConfig.model_fields),
+    *(f"metrics.{f}" for f in MetricsConfig.model_fields),
     "supervisord.logs", "supervisord.drop_privileges", "k8s.router_service_type",
     "k8s.host_network", "hosts",
 ]

@@ -72,9 +72,9 @@ class BenchStack:
             "name": "bench",
             "model": {"path": str(model), "served_name": "stand-in"},
             "runtime": {"python": str(python)},
-            "prefill": {"port": pport, "bootstrap_port": bport,
-                        "args": {"enable-metrics": True}},
-            "decode": {"port": dport, "args": {"enable-metrics": True}},
+            "prefill": {"port": pport, "bootstrap_port": bport},
+            "decode": {"port": dport},
+            "metrics": {"engines": True},  # --enable-metrics (the default), for the gates
             "router": {"host": "127.0.0.1", "port": rport, "prometheus_port": mport},
         }
         config = work / "config.yaml"
