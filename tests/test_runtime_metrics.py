@@ -4,11 +4,12 @@ that Prometheus' own parser accepts (`promtool check metrics`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
 
-from pdsvc.runtime.metrics import Textfile
+from pdsvc.runtime.metrics import Textfile, write_textfile
 from pdsvc.runtime.statefile import write_json
 
 U = 'deployment="dsv4",role="prefill",unit="dsv4-prefill.service"'
@@ -50,6 +51,23 @@ def test_starts_by_cause_heals_and_pairs(tmp_path) -> None:
         done = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
                               capture_output=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_textfile_directory_is_0755_under_the_units_umask(tmp_path) -> None:
+    """The units run with UMask=0027, which turns mkdir's 0755 into 0750: node_exporter's user
+    (neither the service user nor in its group) could not list the directory. Found by
+    tests/test_e2e_alerts.py ("open /run/e2e/metrics: permission denied")."""
+    old = os.umask(0o027)
+    try:
+        write_textfile(str(tmp_path / "made" / "a.prom"), "x 1\n")
+        stale = tmp_path / "stale"  # made 0750 by an earlier runtime, kept across restarts
+        stale.mkdir(mode=0o750)
+        write_textfile(str(stale / "a.prom"), "x 1\n")
+    finally:
+        os.umask(old)
+    for d in ("made", "stale"):
+        assert stat.S_IMODE((tmp_path / d).stat().st_mode) == 0o755, d
+        assert stat.S_IMODE((tmp_path / d / "a.prom").stat().st_mode) == 0o644, d
 
 
 def test_status_metrics_are_the_runtimes_series_for_every_unit(tmp_path) -> None:

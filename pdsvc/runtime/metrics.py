@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -188,8 +189,16 @@ def count(counters: dict, run: dict | None, *, starting: bool) -> bool:
 
 def write_textfile(path: str, text: str) -> None:
     """Replace ``path`` with ``text`` atomically, readable by node_exporter's user (0644), in a
-    directory of 0755 (created if need be). Best effort, like the state files."""
+    directory of 0755 (created if need be). Best effort, like the state files.
+
+    A directory already there with another mode is set to 0755 too: one an earlier runtime
+    made 0750 under the unit's UMask=0027 outlives restarts (RuntimeDirectoryPreserve=yes), and
+    node_exporter's user could not list it."""
     write_atomic(path, text, mode=0o644, dir_mode=0o755)
+    with contextlib.suppress(OSError):
+        directory = os.path.dirname(path) or "."
+        if stat.S_IMODE(os.stat(directory).st_mode) != 0o755:
+            os.chmod(directory, 0o755)
 
 
 @dataclass

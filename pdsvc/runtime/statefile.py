@@ -33,7 +33,10 @@ def write_atomic(path: str, text: str, *, mode: int | None = None,
     file's (default mkstemp's 0600). Best effort, like write_json."""
     directory = os.path.dirname(path) or "."
     with contextlib.suppress(OSError):
-        os.makedirs(directory, mode=dir_mode, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=dir_mode, exist_ok=True)
+            # mkdir(2)'s mode is masked by the umask (the units' UMask=0027 made 0755 a 0750)
+            os.chmod(directory, dir_mode)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
