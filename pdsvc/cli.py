@@ -33,6 +33,7 @@ from .clikit import (
     usage_error_line,
     warn_plan,
 )
+from .connections import connections
 from .errors import OutputError, TopologyError
 from .plan import Plan
 from .render import File, render_systemd
@@ -289,7 +290,9 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
     """Show the resolved plan: role, GPUs, NUMA node, CPUs, ports, cache dir, command lines."""
     plan = load_plan(config_path, sysfs_root, topology_file)
     if as_json:  # the plan's own `format` is its bundle's: the schema tag is `schema`
-        click.echo(json.dumps({"schema": "pdsvc-plan/1", **plan.to_dict()}, indent=2))
+        click.echo(json.dumps({"schema": "pdsvc-plan/1", **plan.to_dict(),
+                               "connections": [c.to_dict() for c in connections(plan)]},
+                              indent=2))
         return
     warn_plan(plan)
     click.echo(f"{plan.target}  (config {plan.config_source}, topology {plan.topology_source})\n")
@@ -326,37 +329,8 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
     click.echo(f"\n{r.unit}:\n  {shlex.join(r.argv)}")
     if hosted:
         click.echo("\nConnections between hosts (open them in host firewalls):")
-        for src, dst, what in connections(plan):
-            click.echo(f"  {src:<10} -> {dst:<22} {what}")
-
-
-def connections(plan: Plan) -> list[tuple[str, str, str]]:
-    """(from host, to ADDRESS:PORT, why) for every connection one host opens to another, as
-    the plan makes them; SGLang's own KV/ZMQ rank ports are ephemeral and only named."""
-    r = plan.router
-    assert r is not None
-    out: list[tuple[str, str, str]] = []
-    rank0 = [e for e in plan.engines if e.node_rank == 0]
-    prefills = [e for e in rank0 if e.role == "prefill"]
-    for e in rank0:
-        if e.machine != r.machine:
-            out.append((r.machine, f"{e.host}:{e.port}", f"router -> {e.name} HTTP"))
-    for d in (e for e in rank0 if e.role == "decode"):
-        for p in prefills:
-            if p.machine != d.machine:
-                out.append((d.machine, f"{p.host}:{p.bootstrap_port}",
-                            f"{d.name} -> {p.name} KV bootstrap (then NIXL/ZMQ rank ports, "
-                            "ephemeral, both ways)"))
-    for e in plan.engines:
-        if e.node_rank > 0:
-            out.append((e.machine, e.dist_init_addr,
-                        f"{e.name} rank {e.node_rank} -> rank 0 dist-init (and NCCL, ephemeral)"))
-            out.append((e.machine, e.health_url.split("/")[2],
-                        f"{e.name} rank {e.node_rank} is ready when rank 0's {e.health_url} is"))
-    for e in plan.engines:
-        for url in e.peer_health:
-            out.append((e.machine, url.split("/")[2], f"{e.name} watches {url}"))
-    return out
+        for c in connections(plan):
+            click.echo(f"  {c.source:<10} -> {c.target:<22} {c.why}")
 
 
 @main.command(epilog=EPILOG)
