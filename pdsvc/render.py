@@ -129,13 +129,15 @@ def _environment() -> jinja2.Environment:
 
 @functools.cache
 def _templates() -> Traversable:
-    """pdsvc.templates as installed (pyproject maps it to the checkout's templates/); a
-    checkout that is only on PYTHONPATH (as on a GPU host, or in a container) has no such
-    package, and its templates/ lies beside pdsvc/."""
-    try:
-        return resources.files("pdsvc.templates")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "templates"
+    """The templates of the pdsvc that is running. Imported from a checkout (pyproject.toml
+    beside pdsvc/), its own templates/: an editable install of another checkout would
+    otherwise lend its pdsvc.templates to this one's code (the editable finder maps that
+    package to its own checkout). Installed, pdsvc.templates (pyproject maps it to
+    templates/)."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "templates").is_dir():
+        return checkout / "templates"
+    return resources.files("pdsvc.templates")
 
 
 def _load_template(name: str) -> str:
