@@ -36,7 +36,7 @@ from .clikit import (
 from .connections import connections
 from .errors import OutputError, TopologyError
 from .plan import Plan
-from .render import File, render_systemd
+from .render import File, key_fetch_command, render_systemd
 from .topology import format_cpulist, read_sysfs
 
 
@@ -235,19 +235,41 @@ def next_step(fmt: str, plan: Plan, output: Path) -> str:
     if fmt == "supervisord":
         conf = output / ("HOST" if plan.hosts else "") / "supervisord.conf"
         on = "on each host: " if plan.hosts else ""
-        return f"next, {on}supervisord -c {shown(conf)}   (see its header)"
+        key = (f"; the router's control-plane key is made on {plan.router_machine} and copied "
+               "to the engine hosts" if plan.hosts else "")
+        return f"next, {on}supervisord -c {shown(conf)}   (see its header{key})"
     if fmt == "k8s":
         return (f"next: kubectl apply -k {shown(output)}   (an engine on several hosts needs "
                 "the LeaderWorkerSet controller)")
     script = install_script()
     run = f"sudo {shown(script, command=True)}" if script else "sudo PDSVC_SOURCE/install.sh"
     if plan.hosts:
-        return (f"next, on each host: {run} --bundle {shown(output)}/HOST   "
-                f"(then: systemctl start {plan.target}; engines first, the router waits)")
+        return hosts_next_step(plan, run, shown(output))
     beside = script is not None and os.path.realpath(output) == os.path.realpath(
         script.parent / "units")
     bundle = "" if beside else f" --bundle {shown(output)}"
     return f"next: {run}{bundle}   (then: systemctl start {plan.target})"
+
+
+def hosts_next_step(plan: Plan, run: str, bundles: str) -> str:
+    """Install on several hosts: the router's host first (its install.sh makes the
+    control-plane key), then each engine host with that key (--key-from), then the hosts
+    whose units read no key; then start."""
+    by_use: dict[str, list[str]] = {"make": [], "copy": [], "none": []}
+    for h in plan.hosts:
+        by_use[plan.for_host(h.name).key_use].append(h.name)
+    lines = [f"next, on {plan.router_machine} (it makes the router's control-plane key): "
+             f"{run} --bundle {bundles}/{plan.router_machine}"]
+    if by_use["copy"]:
+        fetch = key_fetch_command(plan.for_host(by_use["copy"][0]))
+        lines.append(f"then on {', '.join(by_use['copy'])} (HOST), with that key: {fetch} && "
+                     f"{run} --bundle {bundles}/HOST --key-from router.key && rm router.key")
+    if by_use["none"]:
+        lines.append(f"on {', '.join(by_use['none'])} (no key used): "
+                     f"{run} --bundle {bundles}/HOST")
+    lines.append(f"then, on each host: systemctl start {plan.target}   (engine hosts first: "
+                 f"on {plan.router_machine} it returns once the router served)")
+    return "\n".join(lines)
 
 
 def per_host(plan: Plan, command: str, render_one: Callable[[Plan], list[File]]) -> list[File]:
