@@ -22,6 +22,7 @@ A value that cannot survive all three is refused with a ConfigError naming it, n
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -295,10 +296,12 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
 
 
 def keygen_command(plan: Plan) -> str:
-    """The shell line that makes the control-plane key once (install.sh's ensure_secret)."""
+    """The shell line that makes the control-plane key once (install.sh's ensure_secret), in
+    its directory (mkdir -p: an existing one keeps its mode)."""
     key, q = plan.paths.router_key, shlex.quote
-    return (f"[ -s {q(key)} ] || {{ (umask 077 && od -An -vtx1 -N32 /dev/urandom | tr -d ' \\n' "
-            f"> {q(key)}) && chgrp {q(plan.group)} {q(key)} && chmod 0640 {q(key)}; }}")
+    return (f"[ -s {q(key)} ] || {{ mkdir -p {q(posixpath.dirname(key))} && (umask 077 && "
+            f"od -An -vtx1 -N32 /dev/urandom | tr -d ' \\n' > {q(key)}) && "
+            f"chgrp {q(plan.group)} {q(key)} && chmod 0640 {q(key)}; }}")
 
 
 def key_copy_command(plan: Plan) -> str:
