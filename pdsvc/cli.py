@@ -267,8 +267,10 @@ def hosts_next_step(plan: Plan, run: str, bundles: str) -> str:
     if by_use["none"]:
         lines.append(f"on {', '.join(by_use['none'])} (no key used): "
                      f"{run} --bundle {bundles}/HOST")
-    lines.append(f"then, on each host: systemctl start {plan.target}   (engine hosts first: "
-                 f"on {plan.router_machine} it returns once the router served)")
+    r, t = plan.router_machine, plan.target
+    lines.append(f"then: on {r} systemctl start --no-block {t}; on each other host pdsvc doctor "
+                 f"-c CONFIG --host HOST, then systemctl start --no-block {t}; on {r} systemctl "
+                 f"start {t} (returns once the stack serves)")
     return "\n".join(lines)
 
 

@@ -112,8 +112,9 @@ def test_next_step_of_several_hosts_names_the_output(tmp_path: Path) -> None:
         f"next, on lb (it makes the router's control-plane key): sudo {script} --bundle three/lb",
         "then on gpu-a, gpu-b (HOST), with that key: scp root@10.0.0.1:/etc/dsv4/router.key "
         f"router.key && sudo {script} --bundle three/HOST --key-from router.key && rm router.key",
-        "then, on each host: systemctl start dsv4-pd.target   (engine hosts first: on lb it "
-        "returns once the router served)"]
+        "then: on lb systemctl start --no-block dsv4-pd.target; on each other host pdsvc "
+        "doctor -c CONFIG --host HOST, then systemctl start --no-block dsv4-pd.target; on lb "
+        "systemctl start dsv4-pd.target (returns once the stack serves)"]
 
 
 # --------------------------------------------------------------------------- item 2
