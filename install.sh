@@ -15,6 +15,10 @@
 #                     current (default: the config path install.list records; if that is not
 #                     here, the file of that name beside the bundle directory)
 #   --unit-dir DIR    where units go (default: /etc/systemd/system)
+#   --key-from FILE   on an engine host of several: install FILE, the router host's
+#                     control-plane key (/etc/NAME/router.key there, made by its install.sh),
+#                     root:GROUP 0640; a key that is not one token (RFC 6750 b64token) is
+#                     refused. The router's host makes its own and refuses this option.
 #   --start           start the target after installing, and fail unless every unit is active
 #   --force           replace (or with --uninstall: remove) files edited in place; diff shown
 #   --dry-run         print every action, change nothing (allowed without root)
@@ -27,13 +31,15 @@
 #
 # Refusals (exit 1, before anything changes): not root (unless --dry-run or DESTDIR); systemd
 # is not PID 1 (also with --dry-run, since the real run would refuse the same way; DESTDIR
-# needs no systemd); no bundle; a bundle older than its config; a file edited in place.
+# needs no systemd); no bundle; a bundle older than its config; a file edited in place;
+# --key-from on a host that makes the key or reads none, or with a malformed key.
 #
 # Exit codes: 0 done · 1 refused or failed (the message says why) · 2 usage.
 set -euo pipefail
 
 main() {
     local here bundle config="" unit_dir="/etc/systemd/system" start=0 force=0 uninstall=0 purge=0
+    KEY_FROM=""
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
     bundle="$here/units"
     DRY=0
@@ -42,6 +48,7 @@ main() {
             --bundle) bundle="${2:?--bundle needs a directory}"; shift ;;
             --config) config="${2:?--config needs a file}"; shift ;;
             --unit-dir) unit_dir="${2:?--unit-dir needs a directory}"; shift ;;
+            --key-from) KEY_FROM="${2:?--key-from needs a file}"; shift ;;
             --start) start=1 ;;
             --force) force=1 ;;
             --dry-run) DRY=1 ;;
@@ -59,6 +66,7 @@ main() {
     if [ "$start" = 1 ] && { [ "$uninstall" = 1 ] || [ -n "$DEST" ]; }; then
         usage_error "--start does not go with --uninstall or DESTDIR"
     fi
+    [ -z "$KEY_FROM" ] || [ "$uninstall" = 0 ] || usage_error "--key-from does not go with --uninstall"
     unit_dir="${unit_dir%/}"
 
     # Refusals come first, before anything is read or changed.
@@ -81,6 +89,7 @@ install.sh --bundle $bundle/HOST"
     [ -f "$LIST" ] || die "$LIST not found: run \`pdsvc render\` first (or pass --bundle DIR)"
     [ -r "$LIST" ] || die "cannot read $LIST"
     read_list
+    [ -z "$KEY_FROM" ] || read_key_from
     MANIFEST="$DEST/var/lib/pdsvc/$NAME.manifest"
     load_manifest
 
@@ -114,6 +123,7 @@ dry_note() { if [ "$DRY" = 1 ]; then printf ' (dry run: nothing changes)'; fi; }
 # Parse install.list into globals (tab-separated; see the renderer's template).
 read_list() {
     NAME="" TARGET="" SVC_USER="" SVC_GROUP="" STATE_HOME="" CONFIG_SRC="" CONFIG_SHA=""
+    KEY_HOST="" KEY_ADDRESS=""
     UNITS=() FILES=() DIRS=() ENVFILES=() SECRETS=()
     local kind a b c d
     while IFS=$'\t' read -r kind a b c d; do
@@ -128,11 +138,40 @@ read_list() {
             dir) DIRS+=("$a	$c	$d") ;;
             envfile) ENVFILES+=("$a	$c	$d") ;;
             secret) SECRETS+=("$a	$c	$d	$b") ;;
+            keyhost) KEY_HOST="$a" KEY_ADDRESS="$b" ;;
             *) die "$LIST: unknown entry '$kind' (rendered by a newer pdsvc?)" ;;
         esac
     done < "$LIST"
     if [ -z "$NAME" ] || [ -z "$TARGET" ] || [ -z "$SVC_USER" ]; then
         die "$LIST is incomplete; run \`pdsvc render\` again"
+    fi
+}
+
+# --key-from FILE, checked before anything changes: this host's units read the router's key
+# and do not make it, and FILE holds one key as the router takes it — a Bearer token
+# (RFC 6750 section 2.1, b64token: no space, no ':', which would split the router's
+# --control-plane-api-keys ID:NAME:ROLE:KEY entry). KEY holds it from here on; never printed.
+read_key_from() {
+    local e how="" path=""
+    for e in "${SECRETS[@]}"; do IFS=$'\t' read -r path _ _ how <<<"$e"; done
+    case "$how" in
+        make) die "--key-from: the router runs on this host, so install.sh makes its \
+control-plane key here ($path) and the other hosts copy it from here; run without --key-from" ;;
+        copy) ;;
+        *) die "--key-from: no unit of this host reads the router's control-plane key \
+(it runs no engine that registers with the router); run without --key-from" ;;
+    esac
+    if [ ! -f "$KEY_FROM" ] || [ ! -r "$KEY_FROM" ]; then
+        die "--key-from $KEY_FROM: no such readable file"
+    fi
+    local lines
+    lines="$(wc -l < "$KEY_FROM")"
+    KEY="$(cat "$KEY_FROM")"
+    if [ "$lines" -gt 1 ] || ! [[ "$KEY" =~ ^[A-Za-z0-9._~+/-]{16,}=*$ ]]; then
+        KEY=""
+        die "--key-from $KEY_FROM is not a control-plane key (one line of at least 16 \
+letters, digits or -._~+/, as install.sh makes it on the router's host: 64 hex digits); \
+copy $path from ${KEY_HOST:-the router host} again"
     fi
 }
 
@@ -416,6 +455,29 @@ ensure_user() {
     done
 }
 
+# install_key DEST MODE OWNER: write $KEY (checked by read_key_from) to DEST atomically, made
+# 0600 and filled before the service group may read it; unchanged when DEST holds it already.
+install_key() {
+    local d="$1" mode="$2" owner="$3"
+    if [ -f "$d" ] && [ "$(cat "$d")" = "$KEY" ]; then
+        report unchanged "$d (the router host's key)"
+        return 0
+    fi
+    local verb=created
+    if [ -e "$d" ]; then verb=updated; fi
+    make_parents "$(dirname "$d")"
+    if [ "$DRY" = 1 ]; then
+        printf '    would write: the key from %s to %s (%s %s)\n' "$KEY_FROM" "$d" "$owner" "$mode"
+    else
+        install -m 0600 /dev/null "$d.tmp"
+        printf '%s\n' "$KEY" > "$d.tmp"
+        if [ -z "$DEST" ]; then chown "$owner" "$d.tmp"; fi
+        chmod "$mode" "$d.tmp"
+        mv -f "$d.tmp" "$d"
+    fi
+    report "$verb" "$d (the router host's key, from $KEY_FROM)"; CHANGED=1; KEY_CHANGED=1
+}
+
 # ensure_secret PATH MODE OWNER HOW: the router's control-plane key (its /workers API), which
 # the engines' runtimes use to register. HOW=make (the router's host): a random key, made once
 # and never shown, created 0600 and filled before the service group may read it, so no one
@@ -424,10 +486,18 @@ ensure_user() {
 ensure_secret() {
     local path="$1" mode="$2" owner="$3" how="${4:-make}" d="$DEST$1"
     if [ "$how" = copy ]; then
-        if [ -s "$d" ]; then
-            report kept "$d (the router host's key)"
+        if [ -n "$KEY_FROM" ]; then
+            install_key "$d" "$mode" "$owner"
+            add_entry secret "$path" copied
+        elif [ -s "$d" ]; then
+            report kept "$d (the router host's key, as copied; replace it with --key-from FILE)"
+            if old_info secret "$path" >/dev/null; then add_entry secret "$path" copied; fi
         else
-            warn "$d is missing: copy the router host's key here (root:${owner#*:} $mode), e.g. scp ROUTER_HOST:$path $path; the engines cannot register with the router without it"
+            local from="${KEY_ADDRESS:-ROUTER_HOST}"
+            warn "$d is missing: the engines here cannot register with the router without \
+the router's control-plane key, made on ${KEY_HOST:-the router host}. Copy it and install \
+with it: scp root@$from:$path router.key && sudo $0 --bundle $BUNDLE --key-from router.key \
+&& rm router.key"
         fi
         return 0
     fi
@@ -502,7 +572,7 @@ clean_stale() {
 do_install() {
     local bundle="$1" unit_dir="$2" force="$3" start="$4" entry src dest mode owner path unit d
     local first=1
-    CHANGED=0 UNITS_CHANGED=0 NEW_MANIFEST=() CHANGED_UNITS=()
+    CHANGED=0 UNITS_CHANGED=0 NEW_MANIFEST=() CHANGED_UNITS=() KEY_CHANGED=0 BUNDLE="$bundle"
     declare -gA NEW_KEYS=() MADE=() GONE=()
     UNIT_DIR="$unit_dir"
     if old_info enabled "$TARGET" >/dev/null; then first=0; fi
@@ -595,6 +665,8 @@ do_install() {
     done
     if [ ${#running_old[@]} -gt 0 ]; then
         status "still running the previous definition: ${running_old[*]}; apply with: systemctl restart $TARGET"
+    elif [ "$KEY_CHANGED" = 1 ] && [ ${#inactive[@]} -lt ${#UNITS[@]} ]; then
+        status "the engines read the key when they start: systemctl restart $TARGET"
     fi
     if [ "$start" = 1 ] && [ ${#inactive[@]} -gt 0 ]; then
         die "$TARGET was started but ${inactive[*]} not active (see above): systemctl status '$NAME-*'; journalctl -u ${inactive[0]}"

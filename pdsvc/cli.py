@@ -33,9 +33,10 @@ from .clikit import (
     usage_error_line,
     warn_plan,
 )
-from .errors import TopologyError
+from .connections import connections
+from .errors import OutputError, TopologyError
 from .plan import Plan
-from .render import File, render_systemd
+from .render import File, key_fetch_command, render_systemd
 from .topology import format_cpulist, read_sysfs
 
 
@@ -229,19 +230,43 @@ def next_step(fmt: str, plan: Plan, output: Path) -> str:
     if fmt == "supervisord":
         conf = output / ("HOST" if plan.hosts else "") / "supervisord.conf"
         on = "on each host: " if plan.hosts else ""
-        return f"next, {on}supervisord -c {shown(conf)}   (see its header)"
+        key = (f"; the router's control-plane key is made on {plan.router_machine} and copied "
+               "to the engine hosts" if plan.hosts else "")
+        return f"next, {on}supervisord -c {shown(conf)}   (see its header{key})"
     if fmt == "k8s":
         return (f"next: kubectl apply -k {shown(output)}   (an engine on several hosts needs "
                 "the LeaderWorkerSet controller)")
     script = install_script()
     run = f"sudo {shown(script, command=True)}" if script else "sudo PDSVC_SOURCE/install.sh"
     if plan.hosts:
-        return (f"next, on each host: {run} --bundle {shown(output)}/HOST   "
-                f"(then: systemctl start {plan.target}; engines first, the router waits)")
+        return hosts_next_step(plan, run, shown(output))
     beside = script is not None and os.path.realpath(output) == os.path.realpath(
         script.parent / "units")
     bundle = "" if beside else f" --bundle {shown(output)}"
     return f"next: {run}{bundle}   (then: systemctl start {plan.target})"
+
+
+def hosts_next_step(plan: Plan, run: str, bundles: str) -> str:
+    """Install on several hosts: the router's host first (its install.sh makes the
+    control-plane key), then each engine host with that key (--key-from), then the hosts
+    whose units read no key; then start."""
+    by_use: dict[str, list[str]] = {"make": [], "copy": [], "none": []}
+    for h in plan.hosts:
+        by_use[plan.for_host(h.name).key_use].append(h.name)
+    lines = [f"next, on {plan.router_machine} (it makes the router's control-plane key): "
+             f"{run} --bundle {bundles}/{plan.router_machine}"]
+    if by_use["copy"]:
+        fetch = key_fetch_command(plan.for_host(by_use["copy"][0]))
+        lines.append(f"then on {', '.join(by_use['copy'])} (HOST), with that key: {fetch} && "
+                     f"{run} --bundle {bundles}/HOST --key-from router.key && rm router.key")
+    if by_use["none"]:
+        lines.append(f"on {', '.join(by_use['none'])} (no key used): "
+                     f"{run} --bundle {bundles}/HOST")
+    r, t = plan.router_machine, plan.target
+    lines.append(f"then: on {r} systemctl start --no-block {t}; on each other host pdsvc doctor "
+                 f"-c CONFIG --host HOST, then systemctl start --no-block {t}; on {r} systemctl "
+                 f"start {t} (returns once the stack serves)")
+    return "\n".join(lines)
 
 
 def per_host(plan: Plan, command: str, render_one: Callable[[Plan], list[File]]) -> list[File]:
@@ -284,7 +309,9 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
     """Show the resolved plan: role, GPUs, NUMA node, CPUs, ports, cache dir, command lines."""
     plan = load_plan(config_path, sysfs_root, topology_file)
     if as_json:  # the plan's own `format` is its bundle's: the schema tag is `schema`
-        click.echo(json.dumps({"schema": "pdsvc-plan/1", **plan.to_dict()}, indent=2))
+        click.echo(json.dumps({"schema": "pdsvc-plan/1", **plan.to_dict(),
+                               "connections": [c.to_dict() for c in connections(plan)]},
+                              indent=2))
         return
     warn_plan(plan)
     click.echo(f"{plan.target}  (config {plan.config_source}, topology {plan.topology_source})\n")
@@ -321,37 +348,8 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
     click.echo(f"\n{r.unit}:\n  {shlex.join(r.argv)}")
     if hosted:
         click.echo("\nConnections between hosts (open them in host firewalls):")
-        for src, dst, what in connections(plan):
-            click.echo(f"  {src:<10} -> {dst:<22} {what}")
-
-
-def connections(plan: Plan) -> list[tuple[str, str, str]]:
-    """(from host, to ADDRESS:PORT, why) for every connection one host opens to another, as
-    the plan makes them; SGLang's own KV/ZMQ rank ports are ephemeral and only named."""
-    r = plan.router
-    assert r is not None
-    out: list[tuple[str, str, str]] = []
-    rank0 = [e for e in plan.engines if e.node_rank == 0]
-    prefills = [e for e in rank0 if e.role == "prefill"]
-    for e in rank0:
-        if e.machine != r.machine:
-            out.append((r.machine, f"{e.host}:{e.port}", f"router -> {e.name} HTTP"))
-    for d in (e for e in rank0 if e.role == "decode"):
-        for p in prefills:
-            if p.machine != d.machine:
-                out.append((d.machine, f"{p.host}:{p.bootstrap_port}",
-                            f"{d.name} -> {p.name} KV bootstrap (then NIXL/ZMQ rank ports, "
-                            "ephemeral, both ways)"))
-    for e in plan.engines:
-        if e.node_rank > 0:
-            out.append((e.machine, e.dist_init_addr,
-                        f"{e.name} rank {e.node_rank} -> rank 0 dist-init (and NCCL, ephemeral)"))
-            out.append((e.machine, e.health_url.split("/")[2],
-                        f"{e.name} rank {e.node_rank} is ready when rank 0's {e.health_url} is"))
-    for e in plan.engines:
-        for url in e.peer_health:
-            out.append((e.machine, url.split("/")[2], f"{e.name} watches {url}"))
-    return out
+        for c in connections(plan):
+            click.echo(f"  {c.source:<10} -> {c.target:<22} {c.why}")
 
 
 @main.command(epilog=EPILOG)

@@ -196,6 +196,7 @@ def build_plan(
         ),
         hosts=tuple(hosts),
         k8s=K8sPlan(**config.k8s.model_dump()),
+        router_machine=router_machine,
     ))
 
 

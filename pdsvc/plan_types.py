@@ -7,6 +7,7 @@ plan_from_dict() its inverse (pdsvc/fromdict.py: driven by the field types).
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -223,6 +224,9 @@ class Plan:
     k8s: K8sPlan  # for the manifests
     kv_check: KvCheck  # for `pdsvc doctor --kv`
     metrics: MetricsPlan = MetricsPlan(True, True, 9100, 15, 2.0, 3)
+    # the inventory host the router runs on, also in a host's view without it: where the
+    # router's control-plane key is made ("" on one host)
+    router_machine: str = ""
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -260,6 +264,22 @@ class Plan:
         router = self.router if self.router and self.router.machine == name else None
         return replace(self, engines=tuple(e for e in self.engines if e.machine == name),
                        router=router, hosts=(h,), topology_source=h.topology_source)
+
+    @property
+    def key_use(self) -> Literal["make", "copy", "none"]:
+        """What this plan's host does with the router's control-plane key: ``make`` it (the
+        router runs here; one key per deployment, made on its host only), ``copy`` it from the
+        router's host (an engine here registers with it), or ``none`` (no unit here reads it:
+        only ranks > 0 of engines spanning hosts)."""
+        if self.router is not None:
+            return "make"
+        return "copy" if any(e.router_url for e in self.engines) else "none"
+
+    def key_origin(self) -> tuple[str, str]:
+        """(host name, address) of the router's host, where a ``copy`` host gets the key:
+        the address its engines register at."""
+        url = next(e.router_url for e in self.engines if e.router_url)
+        return self.router_machine, urllib.parse.urlsplit(url).hostname or ""
 
     @property
     def watchdog_secs(self) -> int:

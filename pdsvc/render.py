@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -201,6 +202,13 @@ def key_spec(plan: Plan, manager: str) -> str:
     """How the runtime finds the control-plane key: a systemd credential (copied by systemd
     into the unit's private $CREDENTIALS_DIRECTORY, systemd.exec(5)), or the file itself."""
     return f"credential:{KEY_CREDENTIAL}" if manager == "systemd" else plan.paths.router_key
+
+
+def key_fetch_command(plan: Plan) -> str:
+    """How an engine host of several fetches the router's control-plane key from the router's
+    host, where it was made (root reads it there): into ./router.key, to install from."""
+    _host, address = plan.key_origin()
+    return f"scp {shlex.quote(f'root@{address}:{plan.paths.router_key}')} router.key"
 
 
 def policy_flags(plan: Plan, state_dir: str) -> list[str]:

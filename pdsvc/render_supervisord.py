@@ -22,6 +22,7 @@ A value that cannot survive all three is refused with a ConfigError naming it, n
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -39,6 +40,7 @@ from .render import (
     engine_supervise_flags,
     header_lines,
     jinja_environment,
+    key_fetch_command,
     liveness_flags,
     member_flags,
     peer_watch_flags,
@@ -289,6 +291,7 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
         "prepare": shlex.join(["install", "-d", "-m", "0750", "-o", plan.user, "-g", plan.group,
                                *prepare]),
         "keygen": keygen_command(plan),
+        "keycopy": key_copy_command(plan) if plan.key_use == "copy" else "",
         "cpuset_cpus": _union_cpus(strict),
         "cpuset_mems": ",".join(sorted({str(e.pinning.numa_node) for e in strict
                                         if e.pinning.numa_node is not None})),
@@ -322,10 +325,20 @@ def check_bundle_dir(output: Path) -> None:
 
 
 def keygen_command(plan: Plan) -> str:
-    """The shell line that makes the control-plane key once (install.sh's ensure_secret)."""
+    """The shell line that makes the control-plane key once (install.sh's ensure_secret), in
+    its directory (mkdir -p: an existing one keeps its mode)."""
     key, q = plan.paths.router_key, shlex.quote
-    return (f"[ -s {q(key)} ] || {{ (umask 077 && od -An -vtx1 -N32 /dev/urandom | tr -d ' \\n' "
-            f"> {q(key)}) && chgrp {q(plan.group)} {q(key)} && chmod 0640 {q(key)}; }}")
+    return (f"[ -s {q(key)} ] || {{ mkdir -p {q(posixpath.dirname(key))} && (umask 077 && "
+            f"od -An -vtx1 -N32 /dev/urandom | tr -d ' \\n' > {q(key)}) && "
+            f"chgrp {q(plan.group)} {q(key)} && chmod 0640 {q(key)}; }}")
+
+
+def key_copy_command(plan: Plan) -> str:
+    """The shell line that installs the router host's control-plane key on an engine host
+    (what install.sh --key-from does for systemd): copied over ssh, root:GROUP 0640."""
+    key, q = plan.paths.router_key, shlex.quote
+    return (f"{key_fetch_command(plan)} && install -D -m 0640 -o root -g {q(plan.group)} "
+            f"router.key {q(key)} && rm router.key")
 
 
 def _union_cpus(engines: list[EnginePlan]) -> str:

@@ -5,6 +5,10 @@ would have), with the real sglang-router 0.3.2 and the stand-in engines.
 No containers: supervisord runs as root here (supervisord.drop_privileges: false). Every
 process carries a marker in its environment; teardown SIGTERMs each supervisord, then SIGKILLs
 whatever of this test is left, then removes the namespaces.
+
+The control-plane key follows the README ("Several hosts", supervisord): lb runs its header's
+line that makes the key, in lb's own tmpfs; the lab carries it to each engine host as scp
+would; each engine host runs the rest of its header's copy line (install -D -m 0640 …).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -26,6 +29,10 @@ import yaml
 from conftest import REPO, require
 from netlab import NetLab, netlab_available
 from stack import e2e_config, host_topology
+
+from pdsvc.clikit import load_plan
+from pdsvc.render import key_fetch_command
+from pdsvc.render_supervisord import key_copy_command, keygen_command
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +60,24 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
     return value
 
 
+def key_steps(config: Path, topology: Path, host: str, header: str, carried: Path) -> str:
+    """The key lines HOST's supervisord.conf header gives, as the README says to run them: the
+    router's host makes the key (and the lab carries it off), an engine host waits for it to
+    arrive and runs its copy line with the lab's carrier in place of scp."""
+    plan = load_plan(config, None, topology).for_host(host)
+    if plan.key_use == "make":
+        make = keygen_command(plan)
+        assert f";     {make}\n" in header
+        return (f"{{ {make}; }} && cp {plan.paths.router_key} {carried}.tmp && "
+                f"mv {carried}.tmp {carried}")
+    copy = key_copy_command(plan)
+    assert f";     {copy}\n" in header and "/dev/urandom" not in header
+    fetch = key_fetch_command(plan)
+    assert copy.startswith(f"{fetch} && ")
+    return (f"while [ ! -s {carried} ]; do sleep 0.1; done && cp {carried} router.key && "
+            f"{copy[len(fetch) + 4:]}")
+
+
 def test_three_hosts_under_supervisord_serve_and_recouple(serve_python: Path,
                                                           tmp_path: Path) -> None:
     require(netlab_available())
@@ -69,16 +94,17 @@ def test_three_hosts_under_supervisord_serve_and_recouple(serve_python: Path,
                 "hosts": {h: {"address": lab.address(h), "run": r} for h, r in run.items()},
                 "runtime.jit_cache": f"{base}/jit",
                 "runtime.pinning": "off",
+                "runtime.group": "root",  # the key's group: this machine has no sglang
                 f"runtime.env.{MARKER}": stack_id,
                 # SGLang's order: its port is closed while it loads (supervisord restarts at once)
                 "runtime.env.FAKE_SGLANG_HTTP_AFTER_LOAD": 1,
                 f"router.env.{MARKER}": stack_id,
-                # one key for the router and the engines of every host (what an admin copies)
-                "router.control_plane_key": str(tmp_path / "router.key"),
+                # in each host's own tmpfs, as on separate machines: made on lb, copied to
+                # the engine hosts
+                "router.control_plane_key": f"{base}/etc/router.key",
                 "supervisord": {"numactl": None, "logs": "stdout", "run_dir": f"{base}/run",
                                 "drop_privileges": False},
             })
-            (tmp_path / "router.key").write_text(secrets.token_hex(32))
             (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
             (tmp_path / "t.json").write_text(json.dumps(host_topology()))
             render = subprocess.run(
@@ -87,9 +113,13 @@ def test_three_hosts_under_supervisord_serve_and_recouple(serve_python: Path,
                  "-o", str(tmp_path / "sv")], capture_output=True, text=True, cwd=REPO,
                 timeout=60)
             assert render.returncode == 0, render.stderr
+            carried = tmp_path / "carried.key"  # lb's key on its way, as scp carries it
             for host in run:
                 conf = tmp_path / "sv" / host / "supervisord.conf"
+                key_lines = key_steps(tmp_path / "c.yaml", tmp_path / "t.json", host,
+                                      conf.read_text(), carried)
                 script = (f"mount -t tmpfs tmpfs {base} && mkdir -p {base}/run {base}/jit && "
+                          f"cd {base} && {key_lines} && "
                           f"exec {venv}/bin/supervisord -c {conf}")
                 with open(tmp_path / f"{host}.out", "wb") as out:
                     procs[host] = subprocess.Popen(

@@ -106,8 +106,15 @@ def test_next_step_of_several_hosts_names_the_output(tmp_path: Path) -> None:
     r = run(tmp_path, "render", "-c", str(REPO / "etc/examples/three-hosts.yaml"), *SEED,
             "-o", "three")
     assert r.returncode == 0, r.stderr
-    assert next_line(r.stdout).startswith(
-        f"next, on each host: sudo {REPO / 'install.sh'} --bundle three/HOST   ")
+    steps = r.stdout[r.stdout.index("next, "):].splitlines()
+    script = REPO / "install.sh"
+    assert steps == [  # the router's host first: its install makes the one control-plane key
+        f"next, on lb (it makes the router's control-plane key): sudo {script} --bundle three/lb",
+        "then on gpu-a, gpu-b (HOST), with that key: scp root@10.0.0.1:/etc/dsv4/router.key "
+        f"router.key && sudo {script} --bundle three/HOST --key-from router.key && rm router.key",
+        "then: on lb systemctl start --no-block dsv4-pd.target; on each other host pdsvc "
+        "doctor -c CONFIG --host HOST, then systemctl start --no-block dsv4-pd.target; on lb "
+        "systemctl start dsv4-pd.target (returns once the stack serves)"]
 
 
 # --------------------------------------------------------------------------- item 2

@@ -219,9 +219,10 @@ def check_install_list(plan: Plan, path: Path) -> None:
     assert ["dir", plan.paths.jit_cache, "-", "0750", f"{plan.user}:{plan.group}"] in rows
     assert ["secret", plan.paths.router_key, "make" if plan.router else "copy", "0640",
             f"root:{plan.group}"] in rows
+    if not plan.router:  # where an engine host copies the key from
+        assert ["keyhost", *plan.key_origin()] in rows
     assert {r[0] for r in rows} <= {"name", "config", "target", "user", "unit", "file", "dir",
-                                    "envfile",
-                                    "secret"}
+                                    "envfile", "secret", "keyhost"}
     assert len([r for r in rows if r[0] == "dir"]) == 3
 
 

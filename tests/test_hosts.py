@@ -295,12 +295,16 @@ def test_plan_lists_the_connections_between_hosts(runner, tmp_path: Path) -> Non
     assert result.exit_code == 0, result.stderr
     lines = result.output.split("Connections between hosts (open them in host firewalls):\n")[1]
     rows = [line.split(None, 3)[:3] for line in lines.splitlines()]
-    assert rows == [
-        ["lb", "->", "10.0.0.2:30000"], ["lb", "->", "10.0.0.3:30001"],
+    assert rows == [  # by destination host and port (tests/test_connections.py: all of it)
+        ["gpu-a", "->", "10.0.0.1:8000"], ["gpu-b", "->", "10.0.0.1:8000"],  # POST /workers
         ["gpu-b", "->", "10.0.0.2:8998"],  # the host part the router hands decode, verbatim
-        ["gpu-c", "->", "10.0.0.2:30335"],  # rank 1 -> rank 0's dist-init
-        ["gpu-c", "->", "10.0.0.2:30000"],  # rank 1's readiness is rank 0's /health
+        ["lb", "->", "10.0.0.2:30000"],
+        ["gpu-b", "->", "10.0.0.2:30000"],  # decode's pair canary
         ["gpu-b", "->", "10.0.0.2:30000"],  # decode's watch of its prefill
+        ["gpu-c", "->", "10.0.0.2:30000"],  # rank 1's readiness is rank 0's /health
+        ["gpu-c", "->", "10.0.0.2:30335"],  # rank 1 -> rank 0's dist-init
+        ["lb", "->", "10.0.0.3:30001"],
+        ["gpu-a", "->", "10.0.0.3:30001"],  # prefill's pair canary
     ]
     single = runner.invoke(main, ["plan", "-c", str(REPO / "etc/pdsvc.yaml"), *SEED])
     assert "Connections between hosts" not in single.output
@@ -358,3 +362,90 @@ def test_a_missing_host_topology_file_names_its_key(tmp_path: Path) -> None:
     with pytest.raises(TopologyError, match=r"hosts.gpu-b.topology: .*nope.json: topology "
                        "file not found"):
         load_plan(path, None, SEED_TOPOLOGY)
+
+
+# ---------------------------------------------------------------- one router key per deployment
+
+def _four_hosts(tmp_path: Path) -> Path:
+    """three-hosts.yaml plus gpu-c, which runs only the prefill's rank 1 (no key read there)."""
+    cfg = three_hosts()
+    cfg["hosts"]["gpu-c"] = {"address": "10.0.0.4", "run": ["prefill"]}
+    path = tmp_path / "four.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_the_key_is_made_on_the_router_host_only_in_every_format(runner, tmp_path: Path) -> None:
+    config = _four_hosts(tmp_path)
+    for fmt in ("systemd", "supervisord"):
+        out = tmp_path / fmt
+        result = runner.invoke(main, ["render", "-c", str(config), *SEED, "-o", str(out),
+                                      "--format", fmt])
+        assert result.exit_code == 0, result.output + result.stderr
+    lists = {h: (tmp_path / "systemd" / h / "install.list").read_text()
+             for h in ("lb", "gpu-a", "gpu-b", "gpu-c")}
+    assert "\nsecret\t/etc/dsv4/router.key\tmake\t0640\troot:sglang\n" in lists["lb"]
+    for h in ("gpu-a", "gpu-b"):  # install.sh copies it (--key-from), never makes one
+        assert "\nsecret\t/etc/dsv4/router.key\tcopy\t0640\troot:sglang\n" in lists[h]
+        assert "\nkeyhost\tlb\t10.0.0.1\n" in lists[h]
+    assert "secret\t" not in lists["gpu-c"] and "keyhost" not in lists["gpu-c"]
+    assert "LoadCredential" not in (tmp_path / "systemd/gpu-c/dsv4-prefill.service").read_text()
+    conf = {h: (tmp_path / "supervisord" / h / "supervisord.conf").read_text()
+            for h in ("lb", "gpu-a", "gpu-b", "gpu-c")}
+    assert "/dev/urandom" in conf["lb"]
+    for h in ("gpu-a", "gpu-b"):
+        assert "/dev/urandom" not in conf[h]
+        assert ("scp root@10.0.0.1:/etc/dsv4/router.key router.key && install -D -m 0640 -o "
+                "root -g sglang router.key /etc/dsv4/router.key && rm router.key") in conf[h]
+    assert "router.key" not in conf["gpu-c"]  # its rank 1 registers nowhere
+
+
+def _install(tmp_path: Path, bundle: Path, *args: str):
+    import subprocess
+
+    return subprocess.run(["bash", str(REPO / "install.sh"), "--bundle", str(bundle), *args],
+                          env={"DESTDIR": str(tmp_path / "dest"),
+                               "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_install_sh_key_from_installs_the_router_hosts_key(runner, tmp_path: Path) -> None:
+    config = _four_hosts(tmp_path)
+    out = tmp_path / "units"
+    assert runner.invoke(main, ["render", "-c", str(config), *SEED, "-o", str(out)]).exit_code == 0
+    key = tmp_path / "router.key"
+    dest_key = tmp_path / "dest/etc/dsv4/router.key"
+    # without it: said, with the line that fetches it and the install that takes it
+    first = _install(tmp_path, out / "gpu-a")
+    assert first.returncode == 0, first.stderr
+    assert not dest_key.exists()
+    assert ("scp root@10.0.0.1:/etc/dsv4/router.key router.key && sudo "
+            f"{REPO / 'install.sh'} --bundle {out / 'gpu-a'} --key-from router.key "
+            "&& rm router.key") in " ".join(first.stderr.split())
+    # a malformed key is refused before anything changes
+    for bad in ("", "two words here and more\n", "abc:def0123456789abcdef\n", "0123456789abcdef\n"
+                "0123456789abcdef\n", "short\n"):
+        key.write_text(bad)
+        r = _install(tmp_path, out / "gpu-b", "--key-from", str(key))
+        assert r.returncode == 1 and "is not a control-plane key" in r.stderr, (bad, r.stderr)
+        assert bad not in r.stderr or not bad.strip()  # never echoed
+    assert not (tmp_path / "dest/etc/systemd/system/dsv4-decode.service").exists()
+    token = "0123456789abcdef" * 4
+    key.write_text(token + "\n")
+    r = _install(tmp_path, out / "gpu-a", "--key-from", str(key))
+    assert r.returncode == 0, r.stderr
+    assert dest_key.read_text() == token + "\n" and dest_key.stat().st_mode & 0o777 == 0o640
+    assert f"created       {dest_key} (the router host's key, from {key})" in r.stdout
+    assert token not in r.stdout + r.stderr
+    again = _install(tmp_path, out / "gpu-a", "--key-from", str(key))
+    assert f"unchanged     {dest_key} (the router host's key)" in again.stdout
+    manifest = (tmp_path / "dest/var/lib/pdsvc/dsv4.manifest").read_text()
+    assert "secret\t/etc/dsv4/router.key\tcopied\n" in manifest  # --uninstall removes it
+    # the router's host makes its own; a host whose units read none takes none
+    lb = _install(tmp_path, out / "lb", "--key-from", str(key))
+    assert lb.returncode == 1 and "the router runs on this host" in lb.stderr
+    c = _install(tmp_path, out / "gpu-c", "--key-from", str(key))
+    assert c.returncode == 1 and "no unit of this host reads" in c.stderr
+    plain = _install(tmp_path, out / "gpu-c")
+    said = plain.stdout + plain.stderr
+    assert plain.returncode == 0 and "router.key" not in said and "control-plane" not in said

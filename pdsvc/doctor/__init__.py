@@ -14,6 +14,7 @@ one-line detail and, for ✗ and !, a one-line fix. One finding per fact, a fix 
   placement    topology, numa: the GPUs are where the plan put them
   ports        every planned port binds here (and SGLang's dist-init span is free)
   network      one host of several: its address and its UCX_NET_DEVICES links
+  routerkey    one host of several: the router takes this host's control-plane key
   venv         runtime.python has the packages, and their parsers accept the units' flags
   probes/      the scripts run under runtime.python for that (linted, stdlib only)
   limits       memlock, /dev/shm, JIT cache disk

@@ -21,6 +21,7 @@ from .limits import check_jit_cache, check_memlock, check_shm
 from .network import check_network
 from .placement import check_numa, check_topology
 from .ports import check_ports
+from .routerkey import check_router_key
 from .rows import Row, guarded
 from .systemd import check_systemd
 from .venv import check_flags, check_python
@@ -44,6 +45,11 @@ def _gpu_host(f: Facts) -> bool:
     return f.plan is None or bool(f.plan.engines)
 
 
+def _key_reader(f: Facts) -> bool:
+    """One host of several whose units read the router's control-plane key."""
+    return f.plan is not None and bool(f.plan.hosts) and f.plan.key_use != "none"
+
+
 @dataclass(frozen=True)
 class Check:
     name: str  # the row name a crash of the check is reported under
@@ -63,6 +69,7 @@ CHECKS: tuple[Check, ...] = (
     Check("numa", lambda f: check_numa(f.plan, f.topology), _engines),
     Check("network", lambda f: check_network(f.plan, f.host.sysfs_root), _planned),
     Check("ports", lambda f: check_ports(f.plan, f.host.proc_root), _planned),
+    Check("router key", lambda f: check_router_key(f.plan), _key_reader),
     Check("python", lambda f: check_python(f.plan, f.installed), _planned),
     Check("flags", lambda f: check_flags(f.plan, f.installed), _planned),
     Check("jit cache", lambda f: check_jit_cache(f.plan), _engines),

@@ -3,8 +3,14 @@ the per-host bundles `pdsvc render` writes for a config with `hosts:`.
 
 `Fleet.up(work, venv, {"lb": ["router"], "gpu-a": ["prefill"], ...})` renders the e2e config
 (tests/support/stack.py) with an inventory whose addresses are the lab's, boots one container
-per host, and installs units/HOST/ on each with the real install.sh. Nothing leaves the lab's
-namespaces: the engines bind the lab addresses, the router dials them.
+per host, and installs units/HOST/ on each with the real install.sh; `Fleet.start()` starts
+them. Both follow the README's procedure for several hosts step by step ("Several hosts":
+install on the router's host, which makes the control-plane key; copy that key to each host
+whose install.list reads it and install there with --key-from; start the router without
+waiting; on each other host `pdsvc doctor --host`, then start; on the router's host wait until
+it serves, and `pdsvc status`). The lab does the copies (the bundle directory is bind-mounted,
+the key goes as `scp` would take it). Nothing leaves the lab's namespaces: the engines bind the
+lab addresses, the router dials them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class Fleet:
     work: Path
     hosts: dict[str, SystemdContainer] = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
+    venv: Path = Path()
 
     @classmethod
     def up(cls, work: Path, venv: Path, run: dict[str, list[str]], **overrides: Any) -> Fleet:
@@ -49,6 +56,7 @@ class Fleet:
             render = subprocess.run([*base, "render", *where, "-o", str(work / "units")],
                                     capture_output=True, text=True, cwd=REPO, timeout=60)
             assert render.returncode == 0, render.stderr
+            fleet.venv = venv
             fleet.plan = json.loads(subprocess.run(
                 [*base, "plan", *where, "--json"], capture_output=True, text=True, cwd=REPO,
                 timeout=60, check=True).stdout)
@@ -59,22 +67,29 @@ class Fleet:
                                      netns=lab.netns(host), max_lifetime=1500)
                 fleet.hosts[host] = c
                 c.start()
-                fleet.install(host)
-            fleet.share_key()
+            # README step 3: the router's host first; its install.sh makes the key
+            fleet.install(fleet.router_host)
+            for host in run:  # step 4: the other hosts, with that key where a unit reads it
+                if host != fleet.router_host:
+                    fleet.install_with_key(host)
         except BaseException:
             fleet.down()
             raise
         return fleet
 
-    def share_key(self) -> None:
-        """What install.sh tells the admin of an engine host: copy the router host's
-        control-plane key (the engines register with it), root:GROUP 0640."""
-        path = f"/etc/{self.name}/router.key"
-        key = self.hosts[self.router_host].read_file(path)
-        for host, c in self.hosts.items():
-            if host != self.router_host:
-                c.write_file(path, key, mode=0o640)
-                c.run(["chgrp", "sglang", path])
+    def install_with_key(self, host: str) -> subprocess.CompletedProcess[str]:
+        """README step 4 on one host: `scp root@ROUTER:/etc/NAME/router.key router.key &&
+        install.sh --bundle HOST --key-from router.key && rm router.key` where the host's
+        install.list has a `secret … copy` line; a plain install where it has none."""
+        listing = (self.work / "units" / host / "install.list").read_text()
+        if f"\nsecret\t/etc/{self.name}/router.key\tcopy\t" not in listing:
+            return self.install(host)
+        c = self.hosts[host]
+        key = self.hosts[self.router_host].read_file(f"/etc/{self.name}/router.key")
+        c.write_file("/root/router.key", key, mode=0o600)  # what scp brings
+        done = self.install(host, "--key-from", "/root/router.key")
+        c.run(["rm", "/root/router.key"])
+        return done
 
     def install(self, host: str, *args: str) -> subprocess.CompletedProcess[str]:
         return self.hosts[host].run(
@@ -82,15 +97,49 @@ class Fleet:
             timeout=120)
 
     def start(self, timeout: float = 180) -> float:
-        """What the README says: engines' hosts first (not waiting), then the router's host,
-        whose `systemctl start` returns once the router served one generation across hosts."""
+        """README steps 5-7: the router's host without waiting; on each other host `pdsvc
+        doctor --host` (its router key row must be ✓: the router takes the key copied there),
+        then its target without waiting; on the router's host `systemctl start` again, which
+        returns once the router served one generation across hosts, and `pdsvc status`."""
         t0 = time.monotonic()
-        router_host = self.router_host
+        router = self.hosts[self.router_host]
+        router.run(["systemctl", "start", "--no-block", self.target])
         for host, c in self.hosts.items():
-            if host != router_host:
+            if host != self.router_host:
+                rows = self.router_key_rows(host)
+                wants_key = any(e["router_url"] for e in self.plan["engines"]
+                                if e["machine"] == host)
+                assert [r["status"] for r in rows] == (["ok"] if wants_key else []), (host, rows)
                 c.run(["systemctl", "start", "--no-block", self.target])
-        self.hosts[router_host].run(["systemctl", "start", self.target], timeout=timeout)
+        router.run(["systemctl", "start", self.target], timeout=timeout)
+        status = self.pdsvc(self.router_host, "status")
+        assert status.returncode == 0, status.stdout + status.stderr
         return time.monotonic() - t0
+
+    def pdsvc(self, host: str, *args: str, timeout: float = 120
+              ) -> subprocess.CompletedProcess[str]:
+        """`pdsvc COMMAND -c CONFIG --topology FILE --host HOST ...` on one host, as root."""
+        return self.hosts[host].run(
+            ["env", f"PYTHONPATH={REPO}", str(self.venv / "bin" / "python"), "-m",
+             "pdsvc.cli", *args, "-c", "/srv/e2e/config.yaml", "--topology",
+             "/srv/e2e/topology.json", "--host", host], check=False, timeout=timeout)
+
+    def router_key_rows(self, host: str, timeout: float = 60) -> list[dict]:
+        """doctor's router key rows on HOST; while the router is still starting (the row's
+        fix: start it, then run pdsvc doctor again) doctor is run again, as the README says."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = [r for r in self.doctor(host)["checks"] if r["check"] == "router key"]
+            starting = [r for r in rows if r["status"] == "warning"
+                        and r["detail"].startswith("cannot reach the router")]
+            if not starting or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.5)
+
+    def doctor(self, host: str) -> dict:
+        """`pdsvc doctor --host HOST --json` there (it exits 3 in the lab: no GPU driver)."""
+        proc = self.pdsvc(host, "doctor", "--json")
+        return json.loads(proc.stdout)
 
     def down(self) -> None:
         try:
