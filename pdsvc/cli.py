@@ -34,7 +34,7 @@ from .clikit import (
     warn_plan,
 )
 from .connections import connections
-from .errors import OutputError, TopologyError
+from .errors import TopologyError
 from .plan import Plan
 from .render import File, key_fetch_command, render_systemd
 from .topology import format_cpulist, read_sysfs
