@@ -286,7 +286,7 @@ def gate_command(plan: Plan) -> list[str]:
     return ["/bin/sh", "-c", GATE_SCRIPT, "gate", plan.target, *plan.units]
 
 
-def render_systemd(plan: Plan, command: str) -> list[File]:
+def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list[File]:
     """The systemd bundle: target, one service per engine, the router, and their support files."""
     env = _environment()
     ctx = {"plan": plan, "header": header_lines(plan, command),
@@ -313,6 +313,8 @@ def render_systemd(plan: Plan, command: str) -> list[File]:
                 command=router_command(plan, plan.router, "systemd"), **ctx)))
     files += runtime_files(plan)
     files.append(File("install.list", env.get_template("systemd/install.list.j2").render(**ctx)))
+    if not monitoring:  # the units alone (doctor --kv, on a host that may lack the dashboard's
+        return files    # builder library)
     from .monitoring import MONITORING_CUSTOMISE, monitoring_files
 
     files += monitoring_files(plan, header_lines(plan, command, MONITORING_CUSTOMISE))

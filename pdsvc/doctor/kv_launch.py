@@ -139,7 +139,8 @@ def unit_exec_settings(plan: Plan, e: EnginePlan, dropin_roots: Iterable[str] = 
     """The settings ``e``'s unit runs its process with: its rendered [Service] lines, then the
     installed drop-ins' (later lines of a list setting add to it, as in the unit), less the
     service's own lifecycle; values as `systemd-run -p` takes them."""
-    text = next(f.content for f in render_systemd(plan, "pdsvc doctor --kv") if f.path == e.unit)
+    text = next(f.content for f in render_systemd(plan, "pdsvc doctor --kv", monitoring=False)
+                if f.path == e.unit)
     sources = [(e.unit, service_settings(text))]
     sources += [(str(f), service_settings(f.read_text(errors="replace")))
                 for f in dropins(e.unit, dropin_roots)]

@@ -34,6 +34,8 @@ What was found on this machine (Debian 12, systemd 252, run as root, PID 1 is no
   service with ``User=`` of such a user starts and runs as that user.
   Note: the host's enabled-by-preset units get enabled at first boot (Debian's preset is
   "enable *"): e.g. postgresql.service (a no-op /bin/true unit) and a few timers; harmless.
+  Prometheus and node_exporter, which CI installs for other tests, are not: a preset file
+  (``e2e-containers.preset``, bound into ``/etc/systemd/system-preset/``) disables them.
   ``/etc`` holds almost nothing else (no /etc/hosts, /etc/ssl, nsswitch.conf): use
   ``127.0.0.1`` rather than ``localhost`` inside.
   ``/tmp`` inside is the container's own tmpfs; ``/root`` is empty (the pyenv Python of
@@ -148,6 +150,7 @@ DEFAULT_BOOT_TIMEOUT = 60.0
 #: Hard upper bound of a container's life (seconds); env PDSVC_NSPAWN_MAX_LIFETIME overrides.
 DEFAULT_MAX_LIFETIME = float(os.environ.get("PDSVC_NSPAWN_MAX_LIFETIME", "1200"))
 NSPAWN = "systemd-nspawn"
+PRESET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e-containers.preset")
 HOST_SYSTEMD = "/usr/lib/systemd/systemd"
 REQUIRE_ENV = "PDSVC_REQUIRE_E2E"
 
@@ -472,6 +475,9 @@ class SystemdContainer:
             "--console=read-only",
             "--setenv=SYSTEMD_COLORS=0",
         ]
+        # presets: the host's services that are not the tests' (Prometheus, node_exporter) stay
+        # off at the container's first boot (e2e-containers.preset says why)
+        cmd.append(f"--bind-ro={PRESET}:/etc/systemd/system-preset/00-pdsvc-e2e.preset")
         cmd += [f"--bind-ro={_norm_bind(b)}" for b in self._bind_ro]
         cmd += [f"--bind={_norm_bind(b)}" for b in self._bind]
         if self._netns:
