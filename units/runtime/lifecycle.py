@@ -152,10 +152,12 @@ class Unit:
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
         self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
+        self.entered: list[tuple[str, float]] = []  # (state, monotonic) as each was entered
         self.state = "PREFLIGHT"
 
     def enter(self, state: str, status: str | None = None) -> None:
         self.state = state
+        self.entered.append((state, time.monotonic()))
         if status:
             self.notifier.status(status)
 
@@ -357,6 +359,14 @@ class Unit:
             outcome = self.serve(outcome, liveness_url)
         return self.finish(outcome, served)
 
+    def start_phases(self) -> dict[str, float]:
+        """Seconds this start spent in each state before SERVING (the last entered)."""
+        out: dict[str, float] = {}
+        for (state, t0), (_, t1) in zip(self.entered, self.entered[1:], strict=False):
+            key = state.lower()
+            out[key] = round(out.get(key, 0.0) + (t1 - t0), 3)
+        return out
+
     def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
                                ) -> Callable[[], ProbeResult]:
         """Router: the start probe waits for a generation through a prefill and a decode,
@@ -380,7 +390,7 @@ class Unit:
         """SERVING: join the router, READY=1, then liveness, membership and the canary."""
         a, log = self.args, self.log
         self.enter("SERVING")
-        self.policy.on_healthy()
+        self.policy.on_healthy(self.start_phases())
         if self.jit is not None and self.jit.held:
             self.jit.mark_warm()
             log(f"JIT cache for {a.jit_key} marked warm; compile lock released")
