@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from .canary import Canary, CanaryThread, Pair
+from .canary import Canary, CanaryThread, Pair, own_failures
 from .child import Child, exit_status, supervisor_exit_code
 from .codes import (
     EXIT_GAVE_UP,
@@ -299,7 +299,10 @@ class Unit:
         pairs = [Pair(p, int(b) if b not in ("", "none") else None, d) for p, b, d in a.pair]
         canary = Canary(me, pairs, failures_to_act=a.canary_failures, log=self.log,
                         path=self.canary_path, followers=a.follower)
-        self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout)
+        # real traffic that failed through a pair shows in this engine's own counters
+        failures = own_failures(f"{base_url(a.health_url)}/metrics")
+        self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout,
+                                   failures=failures)
         self.canary.start()
 
     # ---------------------------------------------------------------- the run
