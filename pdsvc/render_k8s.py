@@ -33,6 +33,7 @@ are expanded.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import urllib.parse
 from collections.abc import Iterable
@@ -267,6 +268,27 @@ def _engine_pod(plan: Plan, e: EnginePlan, *, serves_http: bool) -> dict[str, An
     return spec
 
 
+def _scrape(port: int) -> dict[str, Any]:
+    """Pod annotations the Prometheus Kubernetes service-discovery recipes key on
+    (prometheus/documentation/examples/prometheus-kubernetes.yml: prometheus.io/scrape,
+    /port, /path): a cluster's Prometheus finds each engine's and the router's metrics."""
+    return {"annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                            "prometheus.io/path": "/metrics"}}
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a DNS name
+        return host == "localhost"
+
+
+def _engine_meta(e: EnginePlan, labels: dict[str, str], serves_http: bool) -> dict[str, Any]:
+    """A pod template's metadata: its labels, and the scrape annotations where the pod serves
+    SGLang's /metrics (--enable-metrics, on the HTTP port of rank 0)."""
+    return {"labels": labels, **(_scrape(e.port) if e.metrics and serves_http else {})}
+
+
 def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
     labels = _labels(plan, e.role, e.name)
     if e.nnodes == 1:
@@ -281,7 +303,7 @@ def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
                 # `kubectl rollout status` gives up after the start budget, not 10 minutes
                 "progressDeadlineSeconds": plan.lifecycle.start_timeout_secs,
                 "selector": {"matchLabels": _engine_selector(plan, e)},
-                "template": {"metadata": {"labels": labels},
+                "template": {"metadata": _engine_meta(e, labels, serves_http=True),
                              "spec": _engine_pod(plan, e, serves_http=True)},
             },
         }
@@ -300,9 +322,9 @@ def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
                 "size": e.nnodes,
                 # one rank lost is the whole TP group lost: restart them together
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": {"metadata": {"labels": labels},
+                "leaderTemplate": {"metadata": _engine_meta(e, labels, serves_http=True),
                                    "spec": _engine_pod(plan, e, serves_http=True)},
-                "workerTemplate": {"metadata": {"labels": labels},
+                "workerTemplate": {"metadata": _engine_meta(e, labels, serves_http=False),
                                    "spec": _engine_pod(plan, e, serves_http=False)},
             },
         },
@@ -378,7 +400,10 @@ def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[d
             "progressDeadlineSeconds": lc.start_timeout_secs,  # it waits for the engines
             "selector": {"matchLabels": _router_selector(plan)},
             "template": {
-                "metadata": {"labels": labels},
+                # its metrics listener is scrapeable only when it binds beyond the pod's
+                # loopback (router.prometheus_host)
+                "metadata": {"labels": labels, **(
+                    {} if _loopback(r.prometheus_host) else _scrape(r.prometheus_port))},
                 "spec": {
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": lc.stop_timeout_secs,

@@ -4,6 +4,7 @@ that Prometheus' own parser accepts (`promtool check metrics`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -95,3 +96,24 @@ def test_status_metrics_are_the_runtimes_series_for_every_unit(tmp_path) -> None
         done = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
                               capture_output=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_start_that_served_reports_the_seconds_of_each_phase(tmp_path) -> None:
+    """The runtime records each state it entered; SERVING writes the durations before it."""
+    from pdsvc.runtime.cli import parse_args
+    from pdsvc.runtime.lifecycle import Unit
+    from pdsvc.runtime.metrics import unit_samples
+
+    args, command = parse_args(["engine", "--name", "dsv4-prefill", "--health-url",
+                                "http://127.0.0.1:9/health", "--state-dir", str(tmp_path),
+                                "--", "true"])
+    unit = Unit(args, command)
+    unit.entered = [("WAIT_GPUS", 10.0), ("JIT_LOCK", 12.5), ("STARTING", 20.0),
+                    ("SERVING", 95.25)]
+    unit.policy.on_healthy(unit.start_phases())
+    run = json.loads((tmp_path / "dsv4-prefill.restart.json").read_text())
+    assert run["start_phases"] == {"wait_gpus": 2.5, "jit_lock": 7.5, "starting": 75.25}
+    samples = unit_samples(dict(LABELS), run, None, None, up=True, heal_budget=None, now=1.0)
+    got = {dict(s.labels)["phase"]: s.value for s in samples
+           if s.family == "pdsvc_unit_start_phase_seconds"}
+    assert got == {"wait_gpus": 2.5, "jit_lock": 7.5, "starting": 75.25}

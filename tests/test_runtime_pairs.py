@@ -425,6 +425,40 @@ def test_a_replaced_peer_gets_a_round_at_once_even_mid_interval() -> None:
     assert len(t.results) == 2
 
 
+def test_failure_counters_are_read_from_the_engines_own_metrics() -> None:
+    text = ("# TYPE sglang:num_transfer_failed_reqs_total counter\n"
+            'sglang:num_transfer_failed_reqs_total{model_name="m",engine_type="decode"} 3.0\n'
+            "sglang:num_bootstrap_failed_reqs_total 2\n"
+            'sglang:num_requests_total{model_name="m"} 99.0\n')
+    assert canary.failure_count(text) == 5.0
+    assert canary.failure_count("sglang:num_requests_total 9\n") is None  # metrics off
+
+
+def test_real_traffic_failing_gets_a_round_at_once_even_mid_interval(monkeypatch) -> None:
+    monkeypatch.setattr(canary, "COUNTERS_S", 0.05)
+    counts = iter([0.0, 0.0, 0.0] + [4.0] * 1000)  # requests through a pair began to fail
+    t = _thread(interval=30.0, probe=lambda pair, peer, timeout: Round(pair, True),
+                reachable=lambda url: True, watch=0.05, failures=lambda: next(counts))
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(t.results) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        t.stop()
+    assert len(t.results) == 2  # the round at ready, then one for the failures, not 30 s on
+
+
+def test_rising_counters_do_not_reset_the_pace_of_failing_rounds() -> None:
+    counts = iter([1.0, 2.0, 3.0])
+    t = _thread(failures=lambda: next(counts))
+    last: list[float | None] = [None]
+    assert t.failures_rose(last) is None  # the first look only learns the count
+    assert "rose (1 -> 2)" in t.failures_rose(last)
+    t.bad_rounds = 4  # rounds are failing (and raising the counters): no reset of the pace
+    assert t.failures_rose(last) is None and last == [3.0]
+
+
 # --------------------------------------------------------------------------- pdsvc status
 
 

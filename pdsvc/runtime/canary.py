@@ -15,7 +15,10 @@ a fresh random ``bootstrap_room`` below 2^63, which is what the router adds (sgl
 When a round runs. Detection must not wait for the steady interval (the canary is real
 traffic, so that interval may be long): a round runs as soon as this engine is ready, as soon
 as a peer comes back after its port was closed (it was replaced: the moment a stale pair is
-born), and every second after a round that failed or could not be judged, until one is good.
+born), as soon as this engine's own KV failure counters rise (real traffic failed: SGLang's
+``sglang:num_transfer_failed_reqs_total`` / ``sglang:num_bootstrap_failed_reqs_total`` with
+--enable-metrics, srt/observability/metrics_collector.py), and every second after a round that
+failed or could not be judged, until one is good.
 
 Which side heals. Each side runs the canary for its own pairs and acts only on itself: no unit
 gets the right to restart another. A heal must leave *both* sides fresh: a side that restarts
@@ -69,6 +72,10 @@ RETRY_S = 1.0
 #: seconds between looks at each peer's port: a port that closed and opened again is a peer
 #: that was replaced (a connect is all it costs: SGLang's /health runs a generation)
 WATCH_S = 0.5
+#: seconds between looks at this engine's own failure counters (its /metrics)
+COUNTERS_S = 2.0
+FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
+                    "sglang:num_bootstrap_failed_reqs_total")
 
 
 @dataclass(frozen=True)
@@ -264,6 +271,32 @@ def port_open(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
+def failure_count(text: str) -> float | None:
+    """The sum of FAILURE_COUNTERS in a Prometheus text exposition, or None without them."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in FAILURE_COUNTERS:
+            continue
+        rest = line[line.index("}") + 1:] if "{" in line else line[len(name):]
+        try:
+            total += float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        found = True
+    return total if found else None
+
+
+def own_failures(metrics_url: str) -> Callable[[], float | None]:
+    """A look at this engine's failure counters (None: no /metrics, or not those)."""
+    def look() -> float | None:
+        reply = http_call(metrics_url, START_PROBE_TIMEOUT_S)
+        if reply.status != 200:
+            return None
+        return failure_count(reply.body.decode("utf-8", errors="replace"))
+    return look
+
+
 class CanaryThread:
     """Runs the rounds off the main loop (a generation may take seconds; the main loop must
     keep feeding the watchdog), all pairs at once; each finished round is handed over through
@@ -272,12 +305,14 @@ class CanaryThread:
     A round runs at once (this engine just became ready), then every ``interval`` s while
     rounds are good; after a round that failed or could not be judged, every ``retry`` s
     (doubling once 2 x failures such rounds came, up to ``interval``); and at once whenever a
-    peer's port opens again after it was seen closed (the peer was replaced)."""
+    peer's port opens again after it was seen closed (the peer was replaced) or this engine's
+    own failure counters rose (``failures``: real traffic through a pair failed)."""
 
     def __init__(self, canary: Canary, interval: float, timeout: float,
                  probe: Callable[[Pair, str, float], Round] = probe_pair, *,
                  retry: float = RETRY_S, watch: float = WATCH_S,
                  reachable: Callable[[str], bool] = port_open,
+                 failures: Callable[[], float | None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.canary = canary
         self.interval = interval
@@ -286,6 +321,7 @@ class CanaryThread:
         self.retry = min(retry, interval)
         self.watch = watch
         self.reachable = reachable
+        self.failures = failures
         self.clock = clock
         self.results: list[list[Round]] = []
         self.bad_rounds = 0  # rounds in a row that were not all good
@@ -338,8 +374,22 @@ class CanaryThread:
             seen[peer] = up
         return back
 
+    def failures_rose(self, last: list[float | None]) -> str | None:
+        """Look at this engine's failure counters once (``last``: the previous look,
+        updated); why a round is due now, or None. Only while rounds are good: failing
+        rounds (each second) raise the counters themselves, and are as frequent as they get."""
+        if self.failures is None:
+            return None
+        now = self.failures()
+        before, last[0] = last[0], now
+        if now is not None and before is not None and now > before and not self.bad_rounds:
+            return f"this engine's KV transfer/bootstrap failures rose ({before:g} -> {now:g})"
+        return None
+
     def _run(self) -> None:
         seen: dict[str, bool] = {}
+        last: list[float | None] = [None]
+        counters_due = self.clock()
         due = self.clock()  # a round as soon as this engine is ready
         while not self._stop.is_set():
             back = self.replaced_peers(seen)
@@ -347,6 +397,12 @@ class CanaryThread:
                 self.canary.log(f"pair canary: {', '.join(back)} opened its port again "
                                 "(started or replaced): a round now")
                 due, self.bad_rounds = self.clock(), 0
+            if self.clock() >= counters_due:
+                counters_due = self.clock() + COUNTERS_S
+                rose = self.failures_rose(last)
+                if rose and due > self.clock():
+                    self.canary.log(f"pair canary: {rose}: a round now")
+                    due, self.bad_rounds = self.clock(), 0
             if self.clock() >= due:
                 rounds = self.round()
                 if self._stop.is_set():

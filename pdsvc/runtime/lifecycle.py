@@ -18,7 +18,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from .canary import Canary, CanaryThread, Pair
+from .canary import Canary, CanaryThread, Pair, own_failures
 from .child import Child, exit_status, supervisor_exit_code
 from .codes import (
     EXIT_GAVE_UP,
@@ -150,10 +150,12 @@ class Unit:
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
         self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
+        self.entered: list[tuple[str, float]] = []  # (state, monotonic) as each was entered
         self.state = "PREFLIGHT"
 
     def enter(self, state: str, status: str | None = None) -> None:
         self.state = state
+        self.entered.append((state, time.monotonic()))
         if status:
             self.notifier.status(status)
 
@@ -295,7 +297,10 @@ class Unit:
         pairs = [Pair(p, int(b) if b not in ("", "none") else None, d) for p, b, d in a.pair]
         canary = Canary(me, pairs, failures_to_act=a.canary_failures, log=self.log,
                         path=self.canary_path, followers=a.follower)
-        self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout)
+        # real traffic that failed through a pair shows in this engine's own counters
+        failures = own_failures(f"{base_url(a.health_url)}/metrics")
+        self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout,
+                                   failures=failures)
         self.canary.start()
 
     # ---------------------------------------------------------------- the run
@@ -355,6 +360,14 @@ class Unit:
             outcome = self.serve(outcome, liveness_url)
         return self.finish(outcome, served)
 
+    def start_phases(self) -> dict[str, float]:
+        """Seconds this start spent in each state before SERVING (the last entered)."""
+        out: dict[str, float] = {}
+        for (state, t0), (_, t1) in zip(self.entered, self.entered[1:], strict=False):
+            key = state.lower()
+            out[key] = round(out.get(key, 0.0) + (t1 - t0), 3)
+        return out
+
     def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
                                ) -> Callable[[], ProbeResult]:
         """Router: the start probe waits for a generation through a prefill and a decode,
@@ -378,7 +391,7 @@ class Unit:
         """SERVING: join the router, READY=1, then liveness, membership and the canary."""
         a, log = self.args, self.log
         self.enter("SERVING")
-        self.policy.on_healthy()
+        self.policy.on_healthy(self.start_phases())
         if self.jit is not None and self.jit.held:
             self.jit.mark_warm()
             log(f"JIT cache for {a.jit_key} marked warm; compile lock released")

@@ -49,6 +49,11 @@ FAMILIES: dict[str, tuple[str, str]] = {
                                           "healthy (at lifecycle.start_attempts it gives up)."),
     "pdsvc_unit_serving_since_timestamp_seconds": ("gauge", "When the current run became "
                                                    "healthy (Unix time)."),
+    "pdsvc_unit_start_phase_seconds": ("gauge", "Seconds the last start that served spent in "
+                                       "each phase: backoff (crashes in a row), wait_gpus "
+                                       "(busy GPUs), jit_lock (another engine compiling into "
+                                       "a cold cache), starting (load, compile, warm-up until "
+                                       "/health is 200)."),
     "pdsvc_unit_starts_total": ("counter", "Starts of the unit's runtime, by how the run "
                                 "before ended: first, crash, failed-start, killed (ended "
                                 "without a word), stop (operator, PartOf=, a pair heal), "
@@ -141,6 +146,10 @@ def unit_samples(labels: Mapping[str, str], run: dict | None, canary: dict | Non
     since = _number(run.get("serving_since"))
     if phase == "serving" and since is not None:
         add("pdsvc_unit_serving_since_timestamp_seconds", since)
+    phases = run.get("start_phases")
+    for name, seconds in (phases.items() if isinstance(phases, dict) else ()):
+        if isinstance(name, str) and _number(seconds) is not None:
+            add("pdsvc_unit_start_phase_seconds", float(seconds), ("phase", name))
     counters = counters or {}
     starts = counters.get("starts") if isinstance(counters.get("starts"), dict) else {}
     for cause in dict.fromkeys(START_CAUSES.values()):

@@ -47,6 +47,9 @@ class RunState:
     ended_at: float | None = None  # wall clock of the last run's end
     reason: str = ""  # the last run's end in one line (shown by `pdsvc status`)
     heals: list[float] = field(default_factory=list)  # wall clock of each pair heal (canary)
+    # the last start that served: seconds in each phase before it did (backoff, wait_gpus,
+    # jit_lock, starting), for `pdsvc status --metrics` and the textfile
+    start_phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,11 @@ class RestartPolicy:
         s.failed_starts = 0
         s.phase, s.reason, s.ended_at, s.serving_since = CRASHED, reason, now, None
 
-    def on_healthy(self) -> None:
+    def on_healthy(self, phases: dict[str, float] | None = None) -> None:
         s = self.state
         s.phase, s.serving_since, s.failed_starts = SERVING, self.clock(), 0
+        if phases is not None:
+            s.start_phases = dict(phases)
         self._save()
 
     def on_crash(self, reason: str) -> None:
