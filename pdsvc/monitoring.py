@@ -91,7 +91,12 @@ def scrape_config(plan: Plan, header: list[str], rules: str) -> str:
     for job, target, labels in scrape_targets(plan):
         jobs.setdefault(job, []).append((target, labels))
     for job, targets in jobs.items():
-        lines += [f"  - job_name: {_q(job)}", "    metrics_path: /metrics", "    static_configs:"]
+        lines += [f"  - job_name: {_q(job)}", "    metrics_path: /metrics"]
+        if job == "pdsvc-node":
+            # the textfile's series carry their own deployment/role/unit labels: keep them,
+            # not exported_* copies (prometheus.io docs, scrape_config: honor_labels)
+            lines += ["    honor_labels: true"]
+        lines += ["    static_configs:"]
         for target, labels in targets:
             lines += [f"      - targets: [{_q(target)}]", "        labels:"]
             lines += [f"          {k}: {_q(v)}" for k, v in labels.items()]

@@ -142,6 +142,8 @@ def scenario(s: Stack) -> None:
     series = s.c.wait_for(lambda: query(s, q), 30, interval=0.5,
                           what="the prefill's textfile series in Prometheus")
     assert [(r["metric"]["job"], r["value"][1]) for r in series] == [("pdsvc-node", "1")]
+    # the textfile's own labels are kept (honor_labels), not renamed to exported_*
+    assert not [k for k in series[0]["metric"] if k.startswith("exported_")], series
     errors = query(s, "node_textfile_scrape_error")
     assert [r["value"][1] for r in errors] == ["0"], errors
     assert gave_up_alerts(s) == {} and rule_state(s, "PdsvcEngineGaveUp") == "inactive"
