@@ -15,6 +15,7 @@ from typing import Any
 
 from .plan import Plan
 from .runtime.metrics import exposition, unit_samples
+from .runtime.policy import SLOW_HEAL_S, recent_heals
 from .runtime.statefile import read_json
 
 
@@ -52,9 +53,7 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
     names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
     for name in dict.fromkeys(names):
         doc = _read(directory / f"{name}.restart.json") or {}
-        heals = doc.get("heals")
-        recent = [t for t in heals if isinstance(t, (int, float)) and time.time() - t < 3600] \
-            if isinstance(heals, list) else []
+        recent = recent_heals(doc.get("heals"), time.time())
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
                             str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
                             len(recent)))
@@ -83,7 +82,8 @@ def pair_views(plan: Plan, directory: Path) -> list[PairView]:
 def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -> list[str]:
     out = [f"{r.unit} gave up: {r.reason}" for r in runs if r.phase == "gave-up"]
     out += [f"{r.unit}: {r.heals} pair heals within the hour brought no pair back: it heals "
-            f"again only every 5 minutes (`systemctl restart {r.unit}` starts afresh)"
+            f"again only every {SLOW_HEAL_S / 60:g} minutes (`systemctl restart {r.unit}` "
+            "starts afresh)"
             for r in runs if heal_budget and r.heals >= heal_budget]
     out += [f"pair {p.prefill} -> {p.decode} failing ({p.by}): {p.last_error}"
             for p in pairs if p.state == "failing"]

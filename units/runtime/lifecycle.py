@@ -47,10 +47,6 @@ from .probe import (
 from .proctree import become_subreaper
 from .statefile import read_json
 
-HOUR_S = 3600.0
-#: past the heal budget, one more heal every this many seconds (policy.may_heal)
-SLOW_HEAL_S = 300.0
-
 
 def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
     """Warn when the liveness cadence cannot keep the unit's watchdog fed."""
@@ -279,7 +275,7 @@ class Unit:
                         self.policy.on_pair_good()
                 why = self.canary.canary.verdict() if rounds and alive else None
                 if why:
-                    heal, wait = self.policy.may_heal(a.canary_heals, HOUR_S, SLOW_HEAL_S)
+                    heal, wait = self.policy.may_heal(a.canary_heals)
                     if heal:
                         self.policy.record_heal()
                         return Outcome("heal", detail=why)

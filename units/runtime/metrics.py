@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from .policy import SLOW_HEAL_S, recent_heals
 from .statefile import read_json, write_atomic, write_json
 
 #: family -> (type, help). The order is the order of the text.
@@ -63,7 +64,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pdsvc_unit_heals_in_a_row": ("gauge", "Heals within the hour that have not brought a "
                                   "pair back yet (cleared by a good canary round)."),
     "pdsvc_unit_heal_budget": ("gauge", "Heals in a row before the engine heals only every "
-                               "5 minutes (lifecycle.canary_heal_attempts; 0: report only)."),
+                               f"{SLOW_HEAL_S / 60:g} minutes (lifecycle.canary_heal_attempts; "
+                               "0: report only)."),
     "pdsvc_pair_state": ("gauge", "1 for this side's canary state of the pair: ok, failing, "
                          "peer-down, unknown."),
     "pdsvc_pair_failures_in_a_row": ("gauge", "Canary rounds in a row that failed while "
@@ -155,9 +157,8 @@ def unit_samples(labels: Mapping[str, str], run: dict | None, canary: dict | Non
     for cause in dict.fromkeys(START_CAUSES.values()):
         add("pdsvc_unit_starts_total", _number(starts.get(cause)) or 0.0, ("cause", cause))
     if heal_budget is not None:
-        heals = run.get("heals") if isinstance(run.get("heals"), list) else []
         add("pdsvc_unit_heals_total", _number(counters.get("heals")) or 0.0)
-        add("pdsvc_unit_heals_in_a_row", float(len(heals)))
+        add("pdsvc_unit_heals_in_a_row", float(len(recent_heals(run.get("heals"), now))))
         add("pdsvc_unit_heal_budget", float(heal_budget))
     for p in (canary or {}).get("pairs", []) if isinstance((canary or {}).get("pairs"),
                                                              list) else []:

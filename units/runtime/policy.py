@@ -31,6 +31,11 @@ from dataclasses import asdict, dataclass, field
 
 from .statefile import read_json, write_json
 
+#: The heal budget's window: heals within it that brought no pair back count against it.
+HEAL_WINDOW_S = 3600.0
+#: Past the budget, one more heal every this many seconds (never none).
+SLOW_HEAL_S = 300.0
+
 #: How a run ended, as the next run reads it.
 STARTING, SERVING, STOPPED, CRASHED, FAILED_START, GAVE_UP = (
     "starting", "serving", "stopped", "crashed", "failed-start", "gave-up")
@@ -161,10 +166,11 @@ class RestartPolicy:
     # budget bounds is heals in a row that did not bring the pair back: a restart storm. Past
     # the budget, heals go on, slower (one per ``slow`` s): nothing ends in a state only an
     # operator can clear, and an operator's stop or restart clears the count (on_stop).
-    def may_heal(self, budget: int, window: float, slow: float) -> tuple[bool, str]:
+    def may_heal(self, budget: int, window: float = HEAL_WINDOW_S,
+                 slow: float = SLOW_HEAL_S) -> tuple[bool, str]:
         """(heal now?, why not) for a pair the canary found to need this engine's restart."""
         now = self.clock()
-        self.state.heals = [t for t in self.state.heals if now - t < window]
+        self.state.heals = recent_heals(self.state.heals, now, window)
         if budget <= 0:
             return False, "--canary-heals 0: the canary only reports"
         if len(self.state.heals) < budget:
@@ -185,3 +191,12 @@ class RestartPolicy:
         if self.state.heals:
             self.state.heals = []
             self._save()
+
+
+def recent_heals(heals: object, now: float, window: float = HEAL_WINDOW_S) -> list[float]:
+    """The heals (wall clock) within ``window`` of ``now`` that count against the budget; a
+    state file's value read leniently (anything but a list of numbers counts none)."""
+    if not isinstance(heals, list):
+        return []
+    return [float(t) for t in heals
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and now - t < window]
