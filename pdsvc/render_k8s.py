@@ -33,7 +33,6 @@ are expanded.
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import urllib.parse
 from collections.abc import Iterable
@@ -41,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from .config_checks import is_loopback
 from .errors import ConfigError
 from .plan import EnginePlan, Plan, RouterPlan, engine_argv, router_argv
 from .render import File, header_lines
@@ -276,13 +276,6 @@ def _scrape(port: int) -> dict[str, Any]:
                             "prometheus.io/path": "/metrics"}}
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a DNS name
-        return host == "localhost"
-
-
 def _engine_meta(e: EnginePlan, labels: dict[str, str], serves_http: bool) -> dict[str, Any]:
     """A pod template's metadata: its labels, and the scrape annotations where the pod serves
     SGLang's /metrics (--enable-metrics, on the HTTP port of rank 0)."""
@@ -403,7 +396,7 @@ def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[d
                 # its metrics listener is scrapeable only when it binds beyond the pod's
                 # loopback (router.prometheus_host)
                 "metadata": {"labels": labels, **(
-                    {} if _loopback(r.prometheus_host) else _scrape(r.prometheus_port))},
+                    {} if is_loopback(r.prometheus_host) else _scrape(r.prometheus_port))},
                 "spec": {
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": lc.stop_timeout_secs,
