@@ -16,7 +16,7 @@ from typing import Any
 from .plan import Plan
 from .runtime.metrics import exposition, unit_samples
 from .runtime.policy import SLOW_HEAL_S, recent_heals
-from .runtime.statefile import read_json
+from .runtime.statefile import read_json, state_path
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ class PairView:
     by: str  # the engine whose canary said so
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    return read_json(str(path))
+def _state(directory: Path, name: str, kind: str) -> dict[str, Any] | None:
+    return read_json(state_path(str(directory), name, kind))
 
 
 def state_dir(plan: Plan, backend: str) -> Path:
@@ -52,7 +52,7 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
     runs = []
     names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
     for name in dict.fromkeys(names):
-        doc = _read(directory / f"{name}.restart.json") or {}
+        doc = _state(directory, name, "restart") or {}
         recent = recent_heals(doc.get("heals"), time.time())
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
                             str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
@@ -67,7 +67,7 @@ def pair_views(plan: Plan, directory: Path) -> list[PairView]:
     for e in plan.engines:
         for prefill, _, decode in e.pairs:
             views.setdefault((prefill, decode), PairView(prefill, decode, "unknown", None, "", ""))
-        doc = _read(directory / f"{e.name}.canary.json") or {}
+        doc = _state(directory, e.name, "canary") or {}
         for p in doc.get("pairs", []):
             prefill, _, decode = str(p.get("pair", "")).partition(" -> ")
             key, state = (prefill, decode), str(p.get("state", "unknown"))
@@ -134,8 +134,8 @@ def metrics_text(plan: Plan, directory: Path, up: dict[str, bool], now: float) -
     for name, role, paired in dict.fromkeys(units):
         labels = {"deployment": plan.name, "role": role, "unit": f"{name}.service"}
         samples += unit_samples(
-            labels, _read(directory / f"{name}.restart.json"),
-            _read(directory / f"{name}.canary.json"), _read(directory / f"{name}.metrics.json"),
+            labels, _state(directory, name, "restart"),
+            _state(directory, name, "canary"), _state(directory, name, "metrics"),
             up=up.get(f"{name}.service"),
             heal_budget=plan.lifecycle.canary_heal_attempts if paired else None, now=now)
     return exposition(samples)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from .policy import SLOW_HEAL_S, recent_heals
-from .statefile import read_json, write_atomic, write_json
+from .statefile import read_json, state_path, write_atomic, write_json
 
 #: family -> (type, help). The order is the order of the text.
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -226,15 +226,15 @@ class Textfile:
     _written: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def _path(self, suffix: str) -> str:
-        return os.path.join(self.state_dir, f"{self.name}.{suffix}")
+    def _path(self, kind: str) -> str:
+        return state_path(self.state_dir, self.name, kind)
 
     def refresh(self, *, up: bool, starting: bool = False) -> None:
         """Read the state files, count what happened, and write the textfile when a value
         changed or it is REFRESH_S old."""
-        run, canary = read_json(self._path("restart.json")), read_json(self._path("canary.json"))
+        run, canary = read_json(self._path("restart")), read_json(self._path("canary"))
         if count(self._counters, run, starting=starting):
-            write_json(self._path("metrics.json"), self._counters)
+            write_json(self._path("metrics"), self._counters)
         now = self.clock()
         samples = unit_samples(self.labels, run, canary, self._counters, up=up,
                                heal_budget=self.heal_budget, now=now)
@@ -252,7 +252,7 @@ class Textfile:
     def running(self) -> Iterator[None]:
         """Around one run: a start counted before the restart policy reads how the last run
         ended, a look every POLL_S, and the run's end written once it returned."""
-        self._counters = read_json(self._path("metrics.json")) or {}
+        self._counters = read_json(self._path("metrics")) or {}
         self.refresh(up=True, starting=True)
         thread = threading.Thread(target=self._run, name="metrics-textfile", daemon=True)
         thread.start()

@@ -10,6 +10,12 @@ import os
 import tempfile
 
 
+def state_path(directory: str, name: str, kind: str) -> str:
+    """The one name of a unit's state file: NAME.KIND.json (KIND: restart, the restart
+    policy's; canary, the pair canary's; metrics, the textfile's counters)."""
+    return os.path.join(directory, f"{name}.{kind}.json")
+
+
 def read_json(path: str) -> dict | None:
     """The object in ``path``; None when it is missing, unreadable or not a JSON object."""
     try:

@@ -45,7 +45,7 @@ from .probe import (
     router_start_probe,
 )
 from .proctree import become_subreaper
-from .statefile import read_json
+from .statefile import read_json, state_path
 
 
 def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
@@ -93,7 +93,7 @@ def gave_up_engines(state_dir: str | None, names: Sequence[str], since: float,
         return []
     out = []
     for name in names:
-        doc = read_json(os.path.join(state_dir, f"{name}.restart.json")) or {}
+        doc = read_json(state_path(state_dir, name, "restart")) or {}
         ended = doc.get("ended_at")
         if doc.get("phase") != GAVE_UP or not isinstance(ended, (int, float)):
             continue
@@ -138,12 +138,13 @@ class Unit:
         self.notifier = Notifier(self.log)
         self.child = Child(self.log, self.notifier, self.role, kill_tree=args.kill_tree,
                            prefix_output=args.prefix_output)
-        state = os.path.join(args.state_dir, args.name) if args.state_dir else None
+        state = args.state_dir
         self.policy = RestartPolicy(
-            f"{state}.restart.json" if state else None, restart_delay=args.restart_delay,
+            state_path(state, args.name, "restart") if state else None,
+            restart_delay=args.restart_delay,
             max_delay=args.restart_max_delay, reset_after=args.restart_reset,
             attempts=args.start_attempts)
-        self.canary_path = f"{state}.canary.json" if state else None
+        self.canary_path = state_path(state, args.name, "canary") if state else None
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
