@@ -26,11 +26,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pdsvc.clikit import load_plan  # noqa: E402
-from pdsvc.doctor.command import format_rows  # noqa: E402
+from pdsvc.cli.doctor import format_rows  # noqa: E402
+from pdsvc.cli.kit import load_plan  # noqa: E402
 from pdsvc.doctor.host import Host  # noqa: E402
 from pdsvc.doctor.kv import check_kv  # noqa: E402
-from pdsvc.plan import KvCheck, Plan  # noqa: E402
+from pdsvc.plan.build import KvCheck, Plan  # noqa: E402
 
 SIZES = ((256 << 20, 64), (1 << 30, 256))
 

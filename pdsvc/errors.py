@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .encode import one_line
+from pdsvc.encode import one_line
 
 
 class PdsvcError(Exception):

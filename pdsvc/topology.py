@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import TopologyError
+from pdsvc.errors import TopologyError
 
 NVIDIA_VENDOR = "0x10de"
 #: PCI base class 0x03 (display): 0x0300 VGA controller, 0x0302 3D controller (datacenter GPUs).

@@ -18,8 +18,8 @@ from conftest import REPO
 from pdsvc.bench.gates import canary_gate, kv_gate, parse_counters, token_gate
 from pdsvc.bench.search import bisect_rate
 from pdsvc.bench.target import Load, bench_argv, target_from_plan
-from pdsvc.clikit import load_plan
-from pdsvc.runstate import PairView
+from pdsvc.cli.kit import load_plan
+from pdsvc.status.runstate import PairView
 
 SEED = REPO / "etc/seed-host.topology.json"
 

@@ -67,7 +67,7 @@ from click.testing import CliRunner, Result
 from k8sdocs import command_of, container_env
 from svconf import SupervisordConf
 
-from pdsvc.cli import main
+from pdsvc.cli.commands import main
 from units import env_of, exec_words, parse_unit
 
 CASES = sorted((Path(__file__).parent / "cases").glob("*.yaml"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from pdsvc.cli import main
-from pdsvc.render import runtime_modules
+from pdsvc.cli.commands import main
+from pdsvc.render.systemd import runtime_modules
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 CONFIG = ["--config", str(REPO / "etc/pdsvc.yaml")]

@@ -18,15 +18,15 @@ from conftest import REPO
 from test_hostile_values import refused
 
 from pdsvc import routers
-from pdsvc.cli import main
-from pdsvc.config import LifecycleConfig, parse_config
-from pdsvc.config_checks import is_loopback
+from pdsvc.cli.commands import main
+from pdsvc.config.checks import is_loopback
+from pdsvc.config.owned import OWNED_ROUTER_FLAGS
+from pdsvc.config.schema import LifecycleConfig, parse_config
 from pdsvc.errors import ConfigError
-from pdsvc.owned import OWNED_ROUTER_FLAGS
-from pdsvc.plan import Plan, build_plan
-from pdsvc.render import render_systemd, runtime_modules
-from pdsvc.render_supervisord import render_supervisord
-from pdsvc.runtime.cli import parse_args
+from pdsvc.plan.build import Plan, build_plan
+from pdsvc.render.supervisord import render_supervisord
+from pdsvc.render.systemd import render_systemd, runtime_modules
+from pdsvc.ship.runtime.cli import parse_args
 from pdsvc.topology import load_topology_file
 
 SEED_FILE = REPO / "etc/seed-host.topology.json"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from pdsvc.cli import main
+from pdsvc.cli.commands import main
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 BASE = "model: {path: /srv/m}\n"

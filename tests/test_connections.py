@@ -19,7 +19,7 @@ from conftest import REPO
 from sdsyntax import exec_argv, sections
 from svconf import SupervisordConf
 
-from pdsvc.cli import main
+from pdsvc.cli.commands import main
 
 THREE = REPO / "etc/examples/three-hosts.yaml"
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]

@@ -17,7 +17,7 @@ from conftest import REPO
 from sysfs import H200X2_VM, LAPTOP, N0, SEED, Dev, Host, build_sysfs
 
 from pdsvc import doctor as dr
-from pdsvc.doctor import doctor
+from pdsvc.cli.doctor import doctor
 from pdsvc.doctor import limits as dr_limits
 from pdsvc.doctor.ports import describe_use
 
@@ -645,7 +645,7 @@ def test_memlock(tmp_path: Path, hard: str, cap_eff: str, status: str) -> None:
 
 
 def test_shm_and_jit_cache_thresholds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from pdsvc.clikit import load_plan
+    from pdsvc.cli.kit import load_plan
 
     plan = load_plan(REPO / "etc/pdsvc.yaml", None, SEED_TOPOLOGY)
     for free_gib, status in ((100, "ok"), (10, "warning"), (2, "failed")):
@@ -769,9 +769,9 @@ def test_only_this_hosts_engines_are_laid_on_its_topology(runner, box: Box) -> N
 ])
 def test_doctor_names_the_router_package_and_its_version(package, versions, status,
                                                           said) -> None:
-    from pdsvc.config import parse_config
+    from pdsvc.config.schema import parse_config
     from pdsvc.doctor.venv import Installed, check_router_package, requirements
-    from pdsvc.plan import build_plan
+    from pdsvc.plan.build import build_plan
     from pdsvc.topology import load_topology_file
 
     repo = Path(__file__).resolve().parent.parent

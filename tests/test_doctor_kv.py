@@ -17,8 +17,8 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pdsvc.clikit import load_plan
-from pdsvc.doctor import doctor
+from pdsvc.cli.doctor import doctor
+from pdsvc.cli.kit import load_plan
 from pdsvc.doctor.host import Host
 from pdsvc.doctor.kv import (
     Half,
@@ -42,8 +42,8 @@ from pdsvc.doctor.kv_launch import (
     unit_exec_settings,
 )
 from pdsvc.doctor.probes import probe_source
-from pdsvc.plan import KvCheck, Plan
-from pdsvc.render import render_systemd
+from pdsvc.plan.build import KvCheck, Plan
+from pdsvc.render.systemd import render_systemd
 
 UCX = REPO / "tests" / "fixtures" / "ucx"
 SEED_TOPOLOGY = REPO / "etc" / "seed-host.topology.json"

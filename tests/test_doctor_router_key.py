@@ -13,9 +13,9 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pdsvc.config import parse_config
+from pdsvc.config.schema import parse_config
 from pdsvc.doctor.routerkey import check_router_key
-from pdsvc.plan import build_plan
+from pdsvc.plan.build import build_plan
 from pdsvc.topology import load_topology_file
 
 SEED = REPO / "etc/seed-host.topology.json"

@@ -35,12 +35,12 @@ def stack(serve_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 def pdsvc_status(stack: Stack, serve_python: Path):
-    """Run `pdsvc status ARGS` inside the container (via `-m pdsvc.status` until the CLI
-    registers the command); the CompletedProcess, whatever its exit code."""
+    """Run `pdsvc status ARGS` inside the container (via `-m pdsvc.cli.status`, the command
+    alone); the CompletedProcess, whatever its exit code."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return stack.c.run(
-            ["env", f"PYTHONPATH={REPO}", str(serve_python), "-m", "pdsvc.status",
+            ["env", f"PYTHONPATH={REPO}", str(serve_python), "-m", "pdsvc.cli.status",
              "-c", "/srv/e2e/config.yaml", "--topology", "/srv/e2e/topology.json", *args],
             check=False, timeout=STATUS_TIMEOUT)
 

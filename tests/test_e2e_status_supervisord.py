@@ -1,7 +1,7 @@
 """`pdsvc status` against a stack run by the REAL supervisord of the serve venv (the bundle of
 `pdsvc render --format supervisord`, the stand-in engines and the real sglang-router 0.3.2),
 asked over supervisord's own control socket. pdsvc runs as a user runs it: `python -m
-pdsvc.cli status`, with this (the host's) python.
+pdsvc.cli.commands status`, with this (the host's) python.
 
 The stack is test_e2e_supervisord's SupervisordStack on free 127.0.0.1 ports, with `format:
 supervisord` in its config (so `--backend auto` picks supervisord). The tests share it and run

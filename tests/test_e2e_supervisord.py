@@ -34,13 +34,13 @@ import yaml
 from ports import free_ports
 from stack import e2e_config, host_topology
 
-from pdsvc.bundle import write_bundle
-from pdsvc.clikit import read_config_text
-from pdsvc.config import parse_config
-from pdsvc.plan import Plan, build_plan
-from pdsvc.render_supervisord import keygen_command, program_names, render_supervisord
-from pdsvc.runtime.listener import supervisor_rpc
-from pdsvc.runtime.proctree import process_table
+from pdsvc.cli.kit import read_config_text
+from pdsvc.config.schema import parse_config
+from pdsvc.plan.build import Plan, build_plan
+from pdsvc.render.bundle import write_bundle
+from pdsvc.render.supervisord import keygen_command, program_names, render_supervisord
+from pdsvc.ship.runtime.listener import supervisor_rpc
+from pdsvc.ship.runtime.proctree import process_table
 from pdsvc.topology import load_topology_file
 
 pytestmark = pytest.mark.e2e

@@ -13,11 +13,11 @@ from conftest import REPO, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdsvc.bundle import write_bundle
-from pdsvc.config import parse_config
+from pdsvc.config.schema import parse_config
 from pdsvc.errors import PdsvcError
-from pdsvc.plan import build_plan
-from pdsvc.render import render_systemd, sd_env, sd_exec
+from pdsvc.plan.build import build_plan
+from pdsvc.render.bundle import write_bundle
+from pdsvc.render.systemd import render_systemd, sd_env, sd_exec
 from pdsvc.topology import load_topology_file
 from units import exec_words
 
@@ -130,7 +130,7 @@ def test_random_broken_configs_fail_cleanly(cfg: dict, data) -> None:
 
 
 def test_random_broken_cli_message_is_one_line(runner, tmp_path: Path) -> None:
-    from pdsvc.cli import main
+    from pdsvc.cli.commands import main
     (tmp_path / "c.yaml").write_text("model: {path: /m}\nprefill: {gpus: [0, 9]}\n")
     res = runner.invoke(main, ["validate", "-c", str(tmp_path / "c.yaml"), "--topology",
                                str(REPO / "etc/seed-host.topology.json")])

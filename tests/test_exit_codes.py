@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from pdsvc.cli import main
+from pdsvc.cli.commands import main
 
 CONFIG = str(REPO / "etc/pdsvc.yaml")
 SEED = str(REPO / "etc/seed-host.topology.json")

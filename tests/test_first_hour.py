@@ -22,9 +22,9 @@ from click.testing import CliRunner
 from conftest import REPO
 from test_status import SEED_TOPOLOGY, Deployment, dep, hosts_dep  # noqa: F401 (fixtures)
 
-from pdsvc.bundle import RECORD, write_bundle
-from pdsvc.cli import main
-from pdsvc.status import status
+from pdsvc.cli.commands import main
+from pdsvc.cli.status import status
+from pdsvc.render.bundle import RECORD, write_bundle
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 SEED_HERE = ["--topology", "etc/seed-host.topology.json"]  # as units/ was rendered
@@ -91,8 +91,8 @@ def test_render_with_output_names_that_bundle_in_the_next_step(tmp_path: Path) -
 
 
 def test_the_default_render_in_the_checkout_needs_no_bundle_flag(monkeypatch) -> None:
-    from pdsvc.cli import next_step
-    from pdsvc.clikit import load_plan
+    from pdsvc.cli.commands import next_step
+    from pdsvc.cli.kit import load_plan
 
     monkeypatch.chdir(REPO)
     plan = load_plan(Path("etc/pdsvc.yaml"), None, Path("etc/seed-host.topology.json"))
@@ -270,8 +270,8 @@ def test_concurrent_renders_into_one_directory_end_consistent(tmp_path: Path) ->
 
 
 def test_concurrent_renders_in_threads_never_crash(tmp_path: Path) -> None:
-    from pdsvc.clikit import load_plan
-    from pdsvc.render import render_systemd
+    from pdsvc.cli.kit import load_plan
+    from pdsvc.render.systemd import render_systemd
 
     plan = load_plan(REPO / "etc/pdsvc.yaml", None, REPO / "etc/seed-host.topology.json")
     files = render_systemd(plan, "test")

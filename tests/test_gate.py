@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdsvc.render import GATE_SCRIPT, gate_command
+from pdsvc.render.systemd import GATE_SCRIPT, gate_command
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 # is-active --quiet UNIT | show --property=... UNIT, answered from $STATES (UNIT=STATE lines)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pdsvc.bundle import RECORD, Origin, bundle_record
-from pdsvc.clikit import load_plan
-from pdsvc.render import render_systemd
+from pdsvc.cli.kit import load_plan
+from pdsvc.render.bundle import RECORD, Origin, bundle_record
+from pdsvc.render.systemd import render_systemd
 
 REPO = Path(__file__).resolve().parent.parent
 COMMAND = "pdsvc render --config etc/pdsvc.yaml --topology etc/seed-host.topology.json"

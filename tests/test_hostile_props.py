@@ -22,22 +22,22 @@ from consumers import install_list_rows, k8s_unescape, supervisord_reader
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pdsvc.config import LifecycleConfig, parse_config
-from pdsvc.config_sections import MetricsConfig
+from pdsvc.config.reference import reference_markdown
+from pdsvc.config.schema import LifecycleConfig, parse_config
+from pdsvc.config.sections import MetricsConfig
 from pdsvc.encode import printable
 from pdsvc.errors import ConfigError, OutputError, TopologyError
-from pdsvc.plan import Plan, build_plan
-from pdsvc.reference import reference_markdown
-from pdsvc.render import (
+from pdsvc.plan.build import Plan, build_plan
+from pdsvc.render.k8s import pod_argv, render_k8s
+from pdsvc.render.supervisord import check_bundle_dir, render_supervisord
+from pdsvc.render.systemd import (
     KEY_CREDENTIAL,
     RUNTIME_DIR,
     render_systemd,
     router_command,
     runtime_modules,
 )
-from pdsvc.render_k8s import pod_argv, render_k8s
-from pdsvc.render_supervisord import check_bundle_dir, render_supervisord
-from pdsvc.runtime.cli import parse_args as runtime_parse_args
+from pdsvc.ship.runtime.cli import parse_args as runtime_parse_args
 from pdsvc.topology import load_topology_file
 
 SEED = load_topology_file(REPO / "etc/seed-host.topology.json")
@@ -366,7 +366,7 @@ def test_a_supervisord_bundle_directory_is_refused_or_read_back_as_here(
 # --------------------------------------------------------------- every other field (issue 26)
 
 #: The schema's non-string fields (numbers, booleans, choices, lists) as the reference names
-#: them (pdsvc.reference): each drawn from values in and out of range, of the right and the
+#: them (pdsvc.config.reference): each drawn from values in and out of range, of the right and the
 #: wrong type; the config is refused with one line, or every output carries the plan (above),
 #: the runtime's own parser included.
 OTHER_FIELDS = [

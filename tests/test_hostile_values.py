@@ -14,11 +14,11 @@ import yaml
 from conftest import REPO
 from consumers import install_list_rows
 
-from pdsvc.cli import main
-from pdsvc.config import parse_config
+from pdsvc.cli.commands import main
+from pdsvc.config.schema import parse_config
 from pdsvc.errors import ConfigError
-from pdsvc.plan import build_plan
-from pdsvc.render import render_systemd
+from pdsvc.plan.build import build_plan
+from pdsvc.render.systemd import render_systemd
 from pdsvc.topology import load_topology_file
 
 SEED_FILE = REPO / "etc/seed-host.topology.json"

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pdsvc.cli import main
-from pdsvc.config import parse_config
+from pdsvc.cli.commands import main
+from pdsvc.config.schema import parse_config
 from pdsvc.errors import ConfigError, TopologyError
-from pdsvc.plan import build_plan
+from pdsvc.plan.build import build_plan
 from pdsvc.topology import load_topology_file
 
 SEED_TOPOLOGY = REPO / "etc/seed-host.topology.json"
@@ -209,7 +209,7 @@ def test_a_hosts_own_topology_file_is_used_and_named(tmp_path: Path) -> None:
     cfg["hosts"]["gpu-b"]["topology"] = "gpu-b.json"
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    from pdsvc.clikit import load_plan
+    from pdsvc.cli.kit import load_plan
 
     with pytest.raises(TopologyError, match="decode.gpus: GPU 2 does not exist on host gpu-b"):
         load_plan(path, None, SEED_TOPOLOGY)
@@ -353,7 +353,7 @@ def test_an_engine_spans_hosts_only_when_named_alike() -> None:
 
 
 def test_a_missing_host_topology_file_names_its_key(tmp_path: Path) -> None:
-    from pdsvc.clikit import load_plan
+    from pdsvc.cli.kit import load_plan
 
     cfg = three_hosts()
     cfg["hosts"]["gpu-b"]["topology"] = "nope.json"

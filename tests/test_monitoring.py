@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, require
 
-from pdsvc.clikit import load_plan
-from pdsvc.monitoring import alert_rules
-from pdsvc.render import render_systemd
-from pdsvc.render_supervisord import render_supervisord
+from pdsvc.cli.kit import load_plan
+from pdsvc.render.monitoring import alert_rules
+from pdsvc.render.supervisord import render_supervisord
+from pdsvc.render.systemd import render_systemd
 
 SEED = REPO / "etc/seed-host.topology.json"
 

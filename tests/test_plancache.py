@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from pdsvc import plancache
-from pdsvc.clikit import load_plan
-from pdsvc.config import parse_config
-from pdsvc.plan import Plan, build_plan, plan_from_dict
+from pdsvc.cli.kit import load_plan
+from pdsvc.config.schema import parse_config
+from pdsvc.plan import cache as plancache
+from pdsvc.plan.build import Plan, build_plan, plan_from_dict
 from pdsvc.topology import load_topology_file
 
 SEED = REPO / "etc/seed-host.topology.json"

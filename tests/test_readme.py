@@ -6,7 +6,7 @@ import re
 
 from conftest import REPO
 
-from pdsvc.reference import reference_markdown
+from pdsvc.config.reference import reference_markdown
 
 
 def test_config_reference_is_generated_from_the_schema() -> None:
@@ -14,8 +14,8 @@ def test_config_reference_is_generated_from_the_schema() -> None:
     block = re.search(r"<!-- reference:start -->\n(.*)<!-- reference:end -->", text, re.S)
     assert block, "README.md lost its reference markers"
     assert block.group(1) == reference_markdown(), (
-        "README config reference is stale: run python -m pdsvc.reference and paste it between "
-        "the markers"
+        "README config reference is stale: run python -m pdsvc.config.reference and paste it "
+        "between the markers"
     )
 
 
@@ -40,7 +40,7 @@ def _within(part: object, whole: object) -> bool:
 def test_the_three_configs_side_by_side_are_the_example_files_and_render(runner) -> None:
     import yaml
 
-    from pdsvc.cli import main
+    from pdsvc.cli.commands import main
 
     text = (REPO / "README.md").read_text()
     table = text[text.index("<th>1P1D on one host"):text.index("</table>")]

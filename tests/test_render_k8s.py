@@ -17,16 +17,16 @@ from conftest import REPO
 from k8s_schema import validate
 from k8sdocs import command_of, container_env
 
-from pdsvc.bundle import write_bundle
-from pdsvc.clikit import load_plan
+from pdsvc.cli.kit import load_plan
 from pdsvc.errors import ConfigError
-from pdsvc.plan import EnginePlan, Plan, engine_argv, plan_from_dict, router_argv
-from pdsvc.render import MARKER
-from pdsvc.render_k8s import (
+from pdsvc.plan.build import EnginePlan, Plan, engine_argv, plan_from_dict, router_argv
+from pdsvc.render.bundle import write_bundle
+from pdsvc.render.k8s import (
     CUSTOMISE,
     KUSTOMIZATION,
     render_k8s,
 )
+from pdsvc.render.systemd import MARKER
 
 TOPOLOGY = REPO / "etc/seed-host.topology.json"
 SEED = REPO / "etc/pdsvc.yaml"
@@ -255,7 +255,7 @@ def test_a_loopback_router_is_refused(tmp_path: Path) -> None:
 def test_cli_renders_the_manifests_and_says_how_to_apply_them(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from pdsvc.cli import main
+    from pdsvc.cli.commands import main
 
     out = tmp_path / "k8s"
     result = CliRunner().invoke(main, [
@@ -277,13 +277,13 @@ def test_k8s_reads_no_host_and_uses_no_hosts_settings(tmp_path: Path, monkeypatc
     (ucx_net_devices, env, address) reach a pod."""
     from click.testing import CliRunner
 
-    import pdsvc.clikit
-    from pdsvc.cli import main
+    import pdsvc.cli.kit
+    from pdsvc.cli.commands import main
 
     def no_sysfs(*a, **k):
         raise AssertionError("read /sys for a k8s render")
 
-    monkeypatch.setattr(pdsvc.clikit, "read_sysfs", no_sysfs)
+    monkeypatch.setattr(pdsvc.cli.kit, "read_sysfs", no_sysfs)
     config = str(REPO / "etc/examples/three-hosts.yaml")
     bare = CliRunner().invoke(main, ["render", "-c", config, "--format", "k8s",
                                      "-o", str(tmp_path / "b")])
@@ -303,7 +303,7 @@ def test_k8s_reads_no_host_and_uses_no_hosts_settings(tmp_path: Path, monkeypatc
 def test_a_config_whose_format_is_k8s_renders_without_gpus(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from pdsvc.cli import main
+    from pdsvc.cli.commands import main
 
     cfg = yaml.safe_load((REPO / "etc/examples/2p1d.yaml").read_text())
     cfg["format"] = "k8s"

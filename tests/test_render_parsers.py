@@ -11,8 +11,8 @@ import argv_check
 import pytest
 from conftest import REPO
 
-from pdsvc.clikit import load_plan
-from pdsvc.render import render_systemd
+from pdsvc.cli.kit import load_plan
+from pdsvc.render.systemd import render_systemd
 from units import exec_words, launched_argv, parse_unit
 
 #: each router.package's module -> the argv_check kind that runs that package's own parser
@@ -107,7 +107,7 @@ def test_several_hosts_and_k8s_command_lines_parse(serve_python: Path, tmp_path:
     (as Kubernetes expands them), through the same parsers."""
     import yaml
 
-    from pdsvc.render_k8s import render_k8s
+    from pdsvc.render.k8s import render_k8s
 
     cfg = yaml.safe_load((REPO / "etc/examples/three-hosts.yaml").read_text())
     cfg["hosts"]["gpu-c"] = {"address": "10.0.0.4", "run": ["prefill"]}  # prefill: TP8 on 2

@@ -10,8 +10,8 @@ import shutil
 import stat
 import subprocess
 
-from pdsvc.runtime.metrics import Textfile, write_textfile
-from pdsvc.runtime.statefile import write_json
+from pdsvc.ship.runtime.metrics import Textfile, write_textfile
+from pdsvc.ship.runtime.statefile import write_json
 
 U = 'deployment="dsv4",role="prefill",unit="dsv4-prefill.service"'
 LABELS = {"deployment": "dsv4", "role": "prefill", "unit": "dsv4-prefill.service"}
@@ -76,8 +76,8 @@ def test_status_metrics_are_the_runtimes_series_for_every_unit(tmp_path) -> None
     of the plan, with up from the service manager."""
     from pathlib import Path
 
-    from pdsvc.clikit import load_plan
-    from pdsvc.runstate import metrics_text
+    from pdsvc.cli.kit import load_plan
+    from pdsvc.status.runstate import metrics_text
 
     repo = Path(__file__).resolve().parent.parent
     plan = load_plan(repo / "etc/pdsvc.yaml", None, repo / "etc/seed-host.topology.json")
@@ -100,9 +100,9 @@ def test_status_metrics_are_the_runtimes_series_for_every_unit(tmp_path) -> None
 
 def test_a_start_that_served_reports_the_seconds_of_each_phase(tmp_path) -> None:
     """The runtime records each state it entered; SERVING writes the durations before it."""
-    from pdsvc.runtime.cli import parse_args
-    from pdsvc.runtime.lifecycle import Unit
-    from pdsvc.runtime.metrics import unit_samples
+    from pdsvc.ship.runtime.cli import parse_args
+    from pdsvc.ship.runtime.lifecycle import Unit
+    from pdsvc.ship.runtime.metrics import unit_samples
 
     args, command = parse_args(["engine", "--name", "dsv4-prefill", "--health-url",
                                 "http://127.0.0.1:9/health", "--state-dir", str(tmp_path),

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pdsvc.runtime import canary, membership, probe
-from pdsvc.runtime.canary import Canary, Pair, Round
-from pdsvc.runtime.membership import Membership, Worker
-from pdsvc.runtime.policy import RestartPolicy
-from pdsvc.runtime.probe import HttpReply
+from pdsvc.ship.runtime import canary, membership, probe
+from pdsvc.ship.runtime.canary import Canary, Pair, Round
+from pdsvc.ship.runtime.membership import Membership, Worker
+from pdsvc.ship.runtime.policy import RestartPolicy
+from pdsvc.ship.runtime.probe import HttpReply
 
 # --------------------------------------------------------------------------- restart policy
 
@@ -465,9 +465,9 @@ def test_rising_counters_do_not_reset_the_pace_of_failing_rounds() -> None:
 def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from pdsvc import runstate
-    from pdsvc.config import parse_config
-    from pdsvc.plan import build_plan
+    from pdsvc.config.schema import parse_config
+    from pdsvc.plan.build import build_plan
+    from pdsvc.status import runstate
     from pdsvc.topology import load_topology_file
 
     repo = Path(__file__).resolve().parent.parent
@@ -511,7 +511,7 @@ def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> 
 
 
 def test_the_router_stops_waiting_for_an_engine_that_gave_up(tmp_path: Path) -> None:
-    from pdsvc.runtime.lifecycle import GAVE_UP_GRACE_S, gave_up_engines
+    from pdsvc.ship.runtime.lifecycle import GAVE_UP_GRACE_S, gave_up_engines
 
     clock = Clock()
     clock.now = 1000.0
@@ -532,9 +532,9 @@ def test_the_router_stops_waiting_for_an_engine_that_gave_up(tmp_path: Path) -> 
 def test_a_give_up_under_supervisord_waits_out_startsecs() -> None:
     """supervisord honours exitcodes= only for a process that ran startsecs: a give-up
     (78) sooner would be retried as a failed spawn (supervisord's process.py)."""
-    from pdsvc.runtime.cli import parse_args
-    from pdsvc.runtime.codes import EXIT_GAVE_UP
-    from pdsvc.runtime.lifecycle import run
+    from pdsvc.ship.runtime.cli import parse_args
+    from pdsvc.ship.runtime.codes import EXIT_GAVE_UP
+    from pdsvc.ship.runtime.lifecycle import run
 
     args, command = parse_args(["engine", "--name", "x", "--health-url",
                                 "http://127.0.0.1:9/health", "--start-attempts", "1",

@@ -30,9 +30,10 @@ from click.testing import CliRunner
 from conftest import REPO
 from ports import free_port
 
-import pdsvc.status as status_mod
-from pdsvc.plan import RouterPlan
-from pdsvc.service_managers import (
+import pdsvc.cli.status as status_mod
+from pdsvc.cli.status import status, watch
+from pdsvc.plan.build import RouterPlan
+from pdsvc.status.managers import (
     UNIT_PROPERTIES,
     ServiceState,
     SupervisordBackend,
@@ -40,14 +41,12 @@ from pdsvc.service_managers import (
     state_from_process_info,
     state_from_show,
 )
-from pdsvc.status import (
+from pdsvc.status.report import (
     CLEAR_SCREEN,
     client_url,
     http_get,
     human_age,
     parse_workers,
-    status,
-    watch,
 )
 
 SEED_TOPOLOGY = str(REPO / "etc" / "seed-host.topology.json")

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 from ports import free_port
 
-from pdsvc.runtime import (
+from pdsvc.ship.runtime import (
     child,
     cli,
     codes,

@@ -44,18 +44,18 @@ from test_supervise import (  # noqa: F401  (procs: a fixture, used by name)
     wait_for,
 )
 
-from pdsvc.bundle import write_bundle
-from pdsvc.config import parse_config
+from pdsvc.config.schema import parse_config
 from pdsvc.errors import ConfigError
-from pdsvc.plan import Plan, build_plan
-from pdsvc.render import MARKER, router_command, runtime_modules
-from pdsvc.render_supervisord import (
+from pdsvc.plan.build import Plan, build_plan
+from pdsvc.render.bundle import write_bundle
+from pdsvc.render.supervisord import (
     STARTSECS,
     program_names,
     render_supervisord,
     sv_env,
     sv_word,
 )
+from pdsvc.render.systemd import MARKER, router_command, runtime_modules
 from pdsvc.topology import load_topology_file
 
 SEED = load_topology_file(REPO / "etc/seed-host.topology.json")

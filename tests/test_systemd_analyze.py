@@ -9,9 +9,9 @@ import pytest
 from analyze import missing, scratch_root, security, verify
 from conftest import REPO, require
 
-from pdsvc.bundle import write_bundle
-from pdsvc.clikit import load_plan
-from pdsvc.render import render_systemd
+from pdsvc.cli.kit import load_plan
+from pdsvc.render.bundle import write_bundle
+from pdsvc.render.systemd import render_systemd
 
 OK_CASES = [  # the systemd cases that render (no `## format:`)
     p for p in sorted((REPO / "tests" / "cases").glob("*.yaml"))

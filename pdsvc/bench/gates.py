@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import runstate
-from ..plan import Plan
-from ..status import http_get
+from pdsvc.plan.build import Plan
+from pdsvc.status import runstate
+from pdsvc.status.report import http_get
 
 FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
                     "sglang:num_bootstrap_failed_reqs_total")

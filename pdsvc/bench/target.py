@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..plan import Plan
+from pdsvc.plan.build import Plan
 
 BENCH_MODULE = "sglang.bench_serving"
 

@@ -4,12 +4,12 @@ Every check reads the host, compares it with the plan and yields rows: ✓ ok, �
 host does not fit the plan; exit 3) or ! warning (it may run, but read the line), each with a
 one-line detail and, for ✗ and !, a one-line fix. One finding per fact, a fix said once.
 
-  command      the click command and the report (text, JSON, exit status)
+  (the click command and its report are pdsvc/cli/doctor.py)
   checks       the table of checks, run in report order by one guarded loop
   rows         Row, the one result type, and the guard that turns a crash into a row
   facts        what is known of the host, each fact looked up once
   host         where the host is read from (Host: every path and tool injectable)
-  gpus         the driver's view of the GPUs: NVML, or nvidia-smi via pdsvc.runtime.gpu
+  gpus         the driver's view of the GPUs: NVML, or nvidia-smi via pdsvc.ship.runtime.gpu
   gpu_checks   driver, gpus, gpus idle, gpu memory
   placement    topology, numa: the GPUs are where the plan put them
   ports        every planned port binds here (and SGLang's dist-init span is free)
@@ -25,7 +25,6 @@ never a traceback.
 """
 
 from .checks import run_checks
-from .command import doctor
 from .gpu_checks import mem_fraction
 from .gpus import (
     QUERY_APPS,
@@ -44,6 +43,6 @@ from .rows import Row
 __all__ = [
     "GIB", "PARSE_MARKER", "QUERY_APPS", "QUERY_DRIVER", "QUERY_GPU", "RESULT_PREFIX",
     "VERSIONS_MARKER", "GpuQueryError", "Host", "Row", "check_jit_cache", "check_memlock",
-    "check_shm", "doctor", "fs_space", "mem_fraction", "parse_query_gpu", "port_use",
+    "check_shm", "fs_space", "mem_fraction", "parse_query_gpu", "port_use",
     "proc_driver_version", "run_checks",
 ]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..plan import Plan
+from pdsvc.plan.build import Plan
+
 from .facts import Facts
 from .gpu_checks import (
     check_driver,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from ..errors import TopologyError
-from ..plan import Plan
-from ..topology import Topology, read_sysfs
+from pdsvc.errors import TopologyError
+from pdsvc.plan.build import Plan
+from pdsvc.topology import Topology, read_sysfs
+
 from .gpus import GpuFacts, gpu_facts, proc_driver_version
 from .host import Host
 from .venv import Installed, ProbeFailed, probe_versions

@@ -8,8 +8,9 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..plan import EnginePlan, Plan
-from ..topology import format_cpulist
+from pdsvc.plan.build import EnginePlan, Plan
+from pdsvc.topology import format_cpulist
+
 from .gpus import GpuFacts, GpuMemory, normalize_bus_id
 from .rows import Row, fail, ok, warn
 
@@ -165,5 +166,5 @@ def check_idle_guard(gpus: GpuFacts) -> list[Row]:
     if gpus.source != "NVML" or shutil.which("nvidia-smi"):
         return []
     return [warn("gpus idle", "nvidia-smi is not on PATH: the units' GPU idle guard "
-                              "(pdsvc.runtime.gpu) will skip its check",
+                              "(pdsvc.ship.runtime.gpu) will skip its check",
                  "install the driver's utilities (nvidia-utils) so nvidia-smi is on PATH")]

@@ -1,5 +1,5 @@
 """What the driver says about the GPUs: NVML (pynvml) when importable and --nvidia-smi was not
-given, else nvidia-smi through the runtime's client (pdsvc.runtime.gpu, the one the units' idle
+given, else nvidia-smi through the runtime's client (pdsvc.ship.runtime.gpu, the one the units' idle
 guard uses: its runner, errors and compute-process parser; doctor adds the memory and driver
 queries, kept here because units/ ships pdsvc/runtime as it is), and the loaded kernel module's
 version from /proc."""
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..runtime.gpu import (
+from pdsvc.ship.runtime.gpu import (
     NVIDIA_SMI_TIMEOUT_S,
     GpuCheckError,
     _run_nvidia_smi,
@@ -22,6 +22,7 @@ from ..runtime.gpu import (
     parse_compute_apps,
     query_gpu_rows,
 )
+
 from .host import Host, comm
 
 QUERY_GPU = ("--query-gpu=index,pci.bus_id,memory.total,memory.used", "--format=csv,noheader")

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..plan import EnginePlan, Plan
+from pdsvc.plan.build import EnginePlan, Plan
+
 from .host import Host
 from .kv_launch import Launch, UnitSettingError, direct_launch, systemd_launch
 from .probes import probe_source, result_line

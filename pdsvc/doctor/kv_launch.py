@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..plan import EnginePlan, Plan
-from ..render import render_systemd
+from pdsvc.plan.build import EnginePlan, Plan
+from pdsvc.render.systemd import render_systemd
 
 #: [Service] settings that are the service's own lifecycle, not how its process sees the host
 #: (systemd.service(5), systemd.kill(5)): a transient unit running the probe keeps its own.

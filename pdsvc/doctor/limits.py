@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..plan import Plan
+from pdsvc.plan.build import Plan
+
 from .host import Host, human
 from .rows import Row, fail, ok, warn
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..plan import Plan
+from pdsvc.plan.build import Plan
+
 from .ports import try_bind
 from .rows import Row, fail, ok
 

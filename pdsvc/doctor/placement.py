@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import TopologyError
-from ..plan import EnginePlan, Plan
-from ..topology import Topology, format_cpulist
+from pdsvc.errors import TopologyError
+from pdsvc.plan.build import EnginePlan, Plan
+from pdsvc.topology import Topology, format_cpulist
+
 from .rows import Row, fail, ok, warn
 
 RERENDER = "re-render on this host (`pdsvc render` reads /sys) and reinstall"

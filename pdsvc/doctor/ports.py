@@ -10,8 +10,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..plan import DIST_INIT_SPAN, EnginePlan, Plan
-from ..topology import format_cpulist
+from pdsvc.plan.build import DIST_INIT_SPAN, EnginePlan, Plan
+from pdsvc.topology import format_cpulist
+
 from .host import comm
 from .rows import Row, fail, ok, warn
 

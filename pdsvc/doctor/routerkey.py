@@ -12,11 +12,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 
-from ..plan import Plan
-from ..render import key_fetch_command
-from ..render_supervisord import key_copy_command, keygen_command
-from ..runtime.membership import read_key
-from ..runtime.probe import HttpReply, http_call
+from pdsvc.plan.build import Plan
+from pdsvc.render.supervisord import key_copy_command, keygen_command
+from pdsvc.render.systemd import key_fetch_command
+from pdsvc.ship.runtime.membership import read_key
+from pdsvc.ship.runtime.probe import HttpReply, http_call
+
 from .rows import Row, fail, ok, warn
 
 CHECK = "router key"

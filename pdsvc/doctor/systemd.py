@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 import subprocess
 
-from ..plan import SYSTEMD_MIN, Plan
+from pdsvc.plan.build import SYSTEMD_MIN, Plan
+
 from .host import Host, find_tool, run, said
 from .rows import Row, fail, ok, warn
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import routers
-from ..plan import JIT_CACHE_ENV, Plan
+from pdsvc import routers
+from pdsvc.plan.build import JIT_CACHE_ENV, Plan
+
 from .host import said
 from .probes import result_line, run_probe
 from .rows import Row, fail, ok, warn

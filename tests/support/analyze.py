@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from pdsvc.plan import Plan
+from pdsvc.plan.build import Plan
 
 SYSTEM_UNITS = Path("/usr/lib/systemd/system")
 

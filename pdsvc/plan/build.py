@@ -1,0 +1,412 @@
+"""Config + Topology -> Plan: every port, GPU, CPU, flag, path and env var, decided once.
+
+Renderers (systemd, supervisord, …) and install.sh only *read* the plan; nothing downstream
+derives a value of its own. The plan holds a tuple of engines — N prefill + M decode on one host
+(one of each by default); several hosts would be a generalisation of the same shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from pdsvc import __version__, routers
+from pdsvc.errors import TopologyError
+from pdsvc.plan.pinning import resolve_pinning
+from pdsvc.plan.types import (  # noqa: F401  (re-exported: the plan's types are importable from here)
+    UNPLACED,
+    EnginePlan,
+    HostPlan,
+    K8sPlan,
+    KvCheck,
+    LifecyclePlan,
+    MetricsPlan,
+    Paths,
+    Pinning,
+    Plan,
+    Role,
+    RouterPlan,
+    SupervisordPlan,
+    plan_from_dict,
+)
+from pdsvc.sglang import CUDA_CACHE_MAXSIZE, DIST_INIT_SPAN, JIT_CACHE_ENV  # noqa: F401
+from pdsvc.topology import Topology
+
+if TYPE_CHECKING:  # the plan only reads the validated config; importing it costs pydantic
+    from pdsvc.config.schema import Config, DecodeConfig, Instance, PrefillConfig
+
+#: The oldest systemd that knows every directive the units use: ProtectClock= (245).
+SYSTEMD_MIN = 245
+
+
+def build_plan(
+    config: Config, topology: Topology | None, *, config_source: str, config_text: str,
+    host_topologies: dict[str, tuple[Topology, str]] | None = None,
+    only_host: str | None = None,
+) -> Plan:
+    """Resolve every concrete value; raise TopologyError when a host cannot run the config.
+
+    ``topology`` is the layout pdsvc read where it runs; ``host_topologies`` maps an inventory
+    host to (its layout, the sha256 of its file) when the config names one for it. None: no
+    host at all — a scheduler (Kubernetes) places the engines, so nothing is pinned and GPU
+    numbers are only counts.
+    """
+    warnings: list[str] = []
+    name = config.name
+    host_topologies = host_topologies or {}
+    jit = config.runtime.jit_cache
+    paths = Paths(
+        supervisor=f"{config.runtime.libexec_dir}/{name}/runtime",
+        env_dir=f"/etc/{name}",
+        router_key=config.router.control_plane_key or f"/etc/{name}/router.key",
+        run_dir=f"/run/{name}",
+        state_dir=f"/var/lib/{name}",
+        jit_cache=jit,
+        cache_directory=jit.removeprefix("/var/cache/") if jit.startswith("/var/cache/") else None,
+    )
+    placement = config.placement()  # {} on one host: engines listen on loopback only
+
+    def address(machine: str) -> str:
+        return config.hosts[machine].address if config.hosts and machine else "127.0.0.1"
+
+    def layout(machine: str) -> Topology | None:
+        if topology is None or (only_host and machine != only_host):
+            return None  # placed by a scheduler, or another host's to check
+        topo = host_topologies[machine][0] if machine in host_topologies else topology
+        if not topo.gpus:
+            where = f"for host {machine} " if machine else ""
+            raise TopologyError(
+                f"no NVIDIA GPU found {where}({topo.source})",
+                hint=(f"set hosts.{machine}.topology to the file `pdsvc topology --json` "
+                      "writes on that host") if machine else (
+                    "that file lists no GPU: write it on the GPU host with `pdsvc topology "
+                    "--json > host.json`" if topo.source.startswith("file:") else
+                    "on a machine without the GPUs pass --topology FILE, written on the GPU "
+                    "host by `pdsvc topology --json > host.json` (the seed host's is "
+                    "etc/seed-host.topology.json)"),
+            )
+        return topo
+
+    prefills, decodes = config.instances("prefill"), config.instances("decode")
+    machines = {i.key: placement.get(i.key, ("",)) for i in (*prefills, *decodes)}
+    prefill_units = {  # per host: the prefill units there (PartOf= reaches no further)
+        m: tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills
+                 if m in machines[p.key])
+        for m in {m for ms in machines.values() for m in ms}
+    }
+    # a decode that does not find bootstrap_port in a request falls back to its own flag:
+    # prefill[0]'s (the router sends each prefill's port with every request, sglang #5704)
+    bootstrap_port = prefills[0].cfg.bootstrap_port
+    engines = []
+    for count, insts in ((len(prefills), prefills), (len(decodes), decodes)):
+        for inst in insts:
+            couple = inst.role == "decode" and inst.cfg.restart_with_prefill
+            if couple == "auto":
+                couple = config.transfer.backend == "nixl"
+            where = machines[inst.key]
+            for rank, machine in enumerate(where):
+                restarts_with = prefill_units[machine] if couple else ()
+                # PartOf= stops at the host: a prefill elsewhere is watched by supervise.py
+                remote = () if not couple else tuple(
+                    f"http://{address(machines[p.key][0])}:{p.cfg.port}/health"
+                    for p in prefills if machine not in machines[p.key]
+                )
+                engines.append(_engine(
+                    config, layout(machine), inst.role, inst.cfg, key=inst.key,
+                    name=unit_name(name, inst, count), host=address(machine),
+                    leader=address(where[0]), nnodes=len(where), node_rank=rank,
+                    machine=machine, paths=paths,
+                    bootstrap_port=inst.cfg.bootstrap_port if inst.role == "prefill"
+                    else bootstrap_port,
+                    warnings=warnings,
+                    # NIXL: any prefill's (re)start restarts the decode
+                    restarts_with=restarts_with,
+                    peer_health=remote,
+                ))
+    router_machine = placement.get("router", ("",))[0]
+    router = _router(config, tuple(engines), name=f"{name}-router", machine=router_machine)
+    hosts: list[HostPlan] = []
+    for hname, hc in (config.hosts or {}).items():
+        topo, sha = host_topologies.get(hname, (topology, ""))
+        units = [e.unit for e in engines if e.machine == hname]
+        units += [router.unit] if router.machine == hname else []
+        hosts.append(HostPlan(hname, hc.address, topo.source if topo else UNPLACED, sha,
+                              tuple(dict.fromkeys(units))))
+        if config.transfer.backend == "nixl" and hc.ucx_net_devices is None and any(
+            e.machine == hname for e in engines
+        ):
+            warnings.append(
+                f"hosts.{hname}.ucx_net_devices is not set: NIXL's UCX may move KV over the "
+                f"wrong NIC across hosts (sglang #28737); set it (e.g. mlx5_0:1 or eth1)"
+            )
+    under_home = [
+        p for p in (config.runtime.python, config.model.path, jit, *config.runtime.read_write_paths)
+        if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
+    ]
+    sv_run_dir = config.supervisord.run_dir.rstrip("/")
+    return _members(Plan(
+        name=name,
+        target=f"{name}-pd.target",
+        version=__version__,
+        config_source=config_source,
+        config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
+        topology_source=topology.source if topology else UNPLACED,
+        python=config.runtime.python,
+        user=config.runtime.user,
+        group=config.runtime.group,
+        transfer_backend=config.transfer.backend,
+        metrics=MetricsPlan(**config.metrics.model_dump()),
+        kv_check=KvCheck(config.transfer.kv_check_bytes, config.transfer.kv_check_blocks,
+                         config.transfer.kv_check_min_gbps),
+        paths=paths,
+        engines=tuple(engines),
+        router=router,
+        lifecycle=LifecyclePlan(**config.lifecycle.model_dump()),
+        protect_home="read-only" if under_home else "yes",
+        read_write_paths=tuple(
+            ([] if paths.cache_directory else [jit]) + list(config.runtime.read_write_paths)
+        ),
+        warnings=tuple(warnings),
+        format=config.format,
+        supervisord=SupervisordPlan(
+            **config.supervisord.model_dump(),
+            control_socket=f"{sv_run_dir}/{name}-supervisord.sock",
+            state_dir=f"{sv_run_dir}/{name}",
+        ),
+        hosts=tuple(hosts),
+        k8s=K8sPlan(**config.k8s.model_dump()),
+        router_machine=router_machine,
+    ))
+
+
+def _members(plan: Plan) -> Plan:
+    """Each serving engine's router (where it registers itself) and the prefill x decode pairs
+    it is part of (its canary's pairs): every prefill with every decode, as the router pairs
+    them. Ranks > 0 of an engine spanning hosts serve no HTTP: neither."""
+    serving = [e for e in plan.engines if e.node_rank == 0]
+    pairs = [(p.url, p.bootstrap_port, d.url) for p in serving if p.role == "prefill"
+             for d in serving if d.role == "decode"]
+    following = {d.url for d in serving
+                 if d.role == "decode" and (d.restarts_with or d.peer_health)}
+    reach = plan.reachable_router().url
+
+    def mine(e: EnginePlan) -> tuple[tuple[str, int, str], ...]:
+        return tuple(x for x in pairs if e.url in (x[0], x[2]))
+
+    return replace(plan, engines=tuple(
+        e if e.node_rank else replace(
+            e, router_url=reach, pairs=mine(e),
+            followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)))
+        for e in plan.engines))
+
+
+def unit_name(name: str, inst: Instance, count: int) -> str:
+    """NAME-prefill for a role's only engine (a mapping or a one-item list), NAME-prefill-I for
+    item I of several: stable across renders, readable in journalctl."""
+    return f"{name}-{inst.role}" if count == 1 else f"{name}-{inst.role}-{inst.index}"
+
+
+def _env_str(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _engine(
+    config: Config,
+    topology: Topology | None,
+    role: Role,
+    role_cfg: PrefillConfig | DecodeConfig,
+    *,
+    key: str,
+    name: str,
+    host: str,
+    leader: str,
+    nnodes: int,
+    node_rank: int,
+    machine: str,
+    paths: Paths,
+    bootstrap_port: int,
+    warnings: list[str],
+    restarts_with: tuple[str, ...],
+    peer_health: tuple[str, ...] = (),
+) -> EnginePlan:
+    where = f"host {machine}" if machine else "this host"
+    pinning, bus_ids = resolve_pinning(key, role_cfg, topology, config, warnings, where)
+    rt = config.runtime
+    env: dict[str, str] = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, role_cfg.gpus)),
+        "PYTHONUNBUFFERED": "1",
+        "HOME": paths.state_dir,
+    }
+    if config.transfer.backend == "nixl":
+        env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = config.transfer.nixl_backend
+    for var, sub in JIT_CACHE_ENV:
+        env[var] = f"{paths.jit_cache}/{sub}"
+    env["CUDA_CACHE_MAXSIZE"] = CUDA_CACHE_MAXSIZE
+    if config.model.path.startswith("/"):
+        env["HF_HUB_OFFLINE"] = "1"  # a local model: never reach for the hub at start
+    env.update({k: _env_str(v) for k, v in rt.env.items()})
+    env.update({k: _env_str(v) for k, v in role_cfg.env.items()})
+    if machine and topology is not None:  # scheduled (k8s): no host of the inventory is used
+        hc = config.hosts[machine]
+        env["SGLANG_HOST_IP"] = host  # what SGLang advertises to its peers (multi-homed hosts)
+        if hc.ucx_net_devices:
+            env["UCX_NET_DEVICES"] = hc.ucx_net_devices
+        env.update({k: _env_str(v) for k, v in hc.env.items()})
+
+    tp = role_cfg.tp or len(role_cfg.gpus) * nnodes
+    # one role's rank 0 is every rank's rendezvous (SGLang's --dist-init-addr: each engine's
+    # own torch.distributed rendezvous, per role, not shared)
+    dist_init_addr = f"{leader}:{role_cfg.dist_init_port}"
+    model_args = ["--model-path", config.model.path]
+    if config.model.served_name:
+        model_args += ["--served-model-name", config.model.served_name]
+    if config.model.trust_remote_code:
+        model_args.append("--trust-remote-code")
+    # only rank 0 serves HTTP: the others are ready when it is (and it is not before they join)
+    url = f"http://{leader}:{role_cfg.port}"
+    plan = EnginePlan(
+        role=role,
+        name=name,
+        gpus=tuple(role_cfg.gpus),
+        pci_bus_ids=bus_ids,
+        tp=tp,
+        host=host,
+        port=role_cfg.port,
+        bootstrap_port=bootstrap_port,
+        dist_init_addr=dist_init_addr,
+        pinning=pinning,
+        env=tuple(env.items()),
+        argv=(),
+        health_url=f"{url}/health",
+        url=url,
+        restarts_with=restarts_with,
+        peer_health=peer_health,
+        machine=machine,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        launcher=(rt.python, "-m", rt.engine_module),
+        model_args=tuple(model_args),
+        transfer_backend=config.transfer.backend,
+        extra_args=tuple(flag_args(role_cfg.args)),
+        metrics=config.metrics.engines,
+    )
+    return replace(plan, argv=engine_argv(plan))
+
+
+def engine_argv(
+    e: EnginePlan, *, python: str | None = None, host: str | None = None,
+    dist_init_addr: str | None = None, node_rank: str | None = None,
+) -> tuple[str, ...]:
+    """The engine's launch_server command line, composed from the plan's fields; a renderer
+    that runs it elsewhere (a pod) overrides where it listens and meets its peers."""
+    python = python or e.launcher[0]
+    multi = ("--nnodes", str(e.nnodes), "--node-rank", node_rank or str(e.node_rank))
+    return (
+        python, *e.launcher[1:], *e.model_args,
+        "--host", host or e.host,
+        "--port", str(e.port),
+        "--tp-size", str(e.tp),
+        "--dist-init-addr", dist_init_addr or e.dist_init_addr,
+        *(multi if e.nnodes > 1 else ()),
+        "--disaggregation-mode", e.role,
+        "--disaggregation-transfer-backend", e.transfer_backend,
+        # prefill binds it; decode uses it for requests that carry bootstrap_port=null (fact 4)
+        "--disaggregation-bootstrap-port", str(e.bootstrap_port),
+        # /metrics on the engine's own port: sglang:* series, among them the PD failure
+        # counters sglang:num_{bootstrap,transfer}_failed_reqs_total (sglang PR #7317) and the
+        # sglang:kv_transfer_* histograms (PR #19009), python/sglang/srt/observability/
+        # metrics_collector.py in 0.5.23
+        *(("--enable-metrics",) if e.metrics else ()),
+        *e.extra_args,
+    )
+
+
+def flag_args(args: dict) -> list[str]:
+    """`{flag: value}` -> argv: true -> bare flag, false -> omitted, list -> several values."""
+    out: list[str] = []
+    for flag, value in args.items():
+        if value is False:
+            continue
+        out.append(f"--{flag}")
+        if value is True:
+            continue
+        out += [_env_str(v) for v in value] if isinstance(value, list) else [_env_str(value)]
+    return out
+
+
+def _router(
+    config: Config, engines: tuple[EnginePlan, ...], *, name: str, machine: str
+) -> RouterPlan:
+    rc, rt = config.router, config.runtime
+    python = rc.python or rt.python
+    engines = tuple(e for e in engines if e.node_rank == 0)  # the ones serving HTTP
+    hc = rc.health_check
+    options = [
+        "--host", rc.host,
+        "--port", str(rc.port),
+        "--policy", rc.policy,
+        "--prometheus-host", rc.prometheus_host,
+        "--prometheus-port", str(rc.prometheus_port),
+        "--health-check-interval-secs", str(hc.interval_secs),
+        "--health-check-timeout-secs", str(hc.timeout_secs),
+        "--health-failure-threshold", str(hc.failure_threshold),
+        "--health-success-threshold", str(hc.success_threshold),
+        # engines register themselves once healthy (POST /workers), so this only bounds the
+        # router's own add-worker workflow; a worker listed at start (the k8s manifests) that is
+        # not up within it is dropped for good by router 0.3.2
+        "--worker-startup-timeout-secs", str(config.lifecycle.start_timeout_secs),
+    ]
+    pkg = routers.package(rc.package)
+    options += [*pkg.options, *flag_args(rc.args)]
+    # an explicit runtime.router_module (a wrapper, say) wins over the package's module
+    module = rt.router_module if "router_module" in rt.model_fields_set else pkg.module
+    local = "127.0.0.1" if rc.host in ("0.0.0.0", "::") else rc.host
+    base = f"http://{local}:{rc.port}"
+    env = {"PYTHONUNBUFFERED": "1", **{k: _env_str(v) for k, v in rc.env.items()}}
+    router = RouterPlan(
+        name=name,
+        python=python,
+        host=rc.host,
+        port=rc.port,
+        prometheus_host=rc.prometheus_host,
+        prometheus_port=rc.prometheus_port,
+        env=tuple(env.items()),
+        argv=(),
+        url=base,
+        readiness_url=f"{base}/readiness",
+        generate_url=f"{base}/generate",
+        liveness_url=f"{base}/liveness",
+        # systemd orders units of one host only; remote engines are waited for by the router's
+        # own readiness gate (a ready prefill/decode pair, then one generation)
+        after=tuple(e.unit for e in engines if e.machine == machine),
+        machine=machine,
+        launcher=(python, "-m", module),
+        # always with its port: a bare URL sends bootstrap_port=null (sglang-router's PD
+        # request takes bootstrap_port from the CLI, src/routers/http/pd_router.rs)
+        prefills=tuple((e.url, e.bootstrap_port) for e in engines if e.role == "prefill"),
+        decodes=tuple(e.url for e in engines if e.role == "decode"),
+        options=tuple(options),
+        package=pkg.name,
+    )
+    # the router as units run it has no workers on its command line: the engines register
+    # themselves once healthy (POST /workers); the k8s manifests list them (router_pod_argv)
+    return replace(router, argv=router_argv(router, prefills=(), decodes=()))
+
+
+def router_argv(
+    r: RouterPlan, *, python: str | None = None,
+    prefills: tuple[tuple[str, int], ...] | None = None, decodes: tuple[str, ...] | None = None,
+) -> tuple[str, ...]:
+    """The router's command line from the plan's fields; a renderer that places the workers
+    elsewhere (Services) gives their URLs."""
+    argv = [python or r.launcher[0], *r.launcher[1:], "--pd-disaggregation"]
+    for url, port in r.prefills if prefills is None else prefills:
+        argv += ["--prefill", url, str(port)]
+    for url in r.decodes if decodes is None else decodes:
+        argv += ["--decode", url]
+    return (*argv, *r.options)
+

@@ -1,0 +1,487 @@
+"""Plan -> Kubernetes manifests (pure): the SAME deployment as the systemd units, as a
+kustomize bundle (``kubectl apply -k DIR``).
+
+Layout, one file per workload, each beginning with the provenance header:
+
+* ``ENGINE.yaml`` for every engine (``dsv4-prefill``, ``dsv4-decode-1``, … as its unit is
+  named): an ``apps/v1`` Deployment (replicas 1, Recreate: two pods cannot share the GPUs) or,
+  for an engine that spans hosts, a ``LeaderWorkerSet`` of ``nnodes`` pods; and the engine's
+  ClusterIP Service;
+* ``ROUTER.yaml``: the router's Deployment and Service;
+* ``kustomization.yaml`` listing them.
+
+Names. An engine's Service is named exactly as the engine (and its systemd unit), whether one
+pod or a group runs it, so the URL the router and decode dial,
+``http://ENGINE.NAMESPACE.svc:PORT``, does not change when an engine grows onto a second host.
+A Deployment shares that name; a LeaderWorkerSet is ``ENGINE-lws``, because the LWS controller
+creates a headless Service named after the LWS itself (for ``$(LWS_LEADER_ADDRESS)``).
+
+Translated from the units: readiness (``Type=notify`` + supervise.py's /health gate) becomes a
+startupProbe with the start budget and a readinessProbe; the watchdog a livenessProbe with the
+same hang bound; ``TimeoutStopSec=`` terminationGracePeriodSeconds; ``LimitMEMLOCK=`` the
+IPC_LOCK capability (Kubernetes has no rlimit setting); the router's ``After=`` on the engines
+an init container that waits for their Services' health. Left to Kubernetes: GPU assignment
+(the device plugin, hence no CUDA_VISIBLE_DEVICES), CPU/NUMA pinning (the kubelet's topology
+manager), restart back-off (restart_secs and start_limit_* have no counterpart). Not
+expressible: restarting decode with prefill (``restarts_with``, NIXL) and supervise.py's
+serialised cold JIT compiles (it is not in the image).
+
+Escaping: Kubernetes expands ``$(VAR)`` in ``command`` words and ``env`` values and reduces
+``$$`` to ``$``; every ``$`` from the plan is doubled, so only the LWS references placed here
+are expanded.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+
+from pdsvc.config.checks import is_loopback
+from pdsvc.errors import ConfigError
+from pdsvc.plan.build import EnginePlan, Plan, RouterPlan, engine_argv, router_argv
+from pdsvc.render.systemd import File, header_lines
+
+KUSTOMIZATION = "kustomization.yaml"
+CUSTOMISE = (
+    "Customise with a kustomize overlay (resources: [this directory]); do not edit. "
+    "Set k8s.namespace in the config, not in the overlay: the Service URLs contain it."
+)
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+#: Set by the LWS controller on every group's leader pod ("0") and by its webhook on workers.
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+#: Injected by the LWS pod webhook into every container of the group (lws pod_utils.go).
+LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+#: Period of the startupProbe: its failureThreshold is the start budget over this.
+STARTUP_PERIOD_SECS = 10
+#: Where a pod listens: every address (its own IP, or the node's under hostNetwork).
+POD_HOST = "0.0.0.0"
+
+_LOOPBACK = ("127.", "localhost", "::1")
+
+#: The router's init container: start it only once every engine Service answers its health URL
+#: (a Service routes to ready pods only). The units' After= on Type=notify engines, for the
+#: same reason: router 0.3.2 drops for good a worker not up within --worker-startup-timeout-secs
+#: and keeps /liveness 200, so nothing would ever restart it (measured with sglang-router
+#: 0.3.2; its --worker-startup-timeout-secs help).
+WAIT_FOR_ENGINES = """\
+import sys, time, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+interval, timeout, urls = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+for url in urls:
+    while True:
+        try:
+            opener.open(url, timeout=timeout).close()
+            print(f"{url}: healthy", flush=True)
+            break
+        except Exception as e:
+            print(f"waiting for {url}: {e}", flush=True)
+            time.sleep(interval)
+"""
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+def k8s_escape(value: str) -> str:
+    """A literal command word or env value: ``$`` -> ``$$`` (no ``$(VAR)`` expansion)."""
+    return value.replace("$", "$$")
+
+
+def service_url(plan: Plan, e: EnginePlan) -> str:
+    """Where the router (and, through it, decode for the bootstrap host) reaches an engine."""
+    return f"http://{e.name}.{plan.k8s.namespace}.svc:{e.port}"
+
+
+def workload_name(e: EnginePlan) -> str:
+    """The Deployment's name (the engine's), or ``ENGINE-lws`` for a LeaderWorkerSet, whose
+    controller-made headless Service takes the LWS's name."""
+    return f"{e.name}-lws" if e.nnodes > 1 else e.name
+
+
+def pod_argv(plan: Plan, e: EnginePlan) -> tuple[str, ...]:
+    """The engine's command line in its pod (before $-escaping): listening on every address,
+    meeting its peers at the group leader (LWS) or itself, its rank from LWS."""
+    port = e.dist_init_port
+    if e.nnodes > 1:
+        return engine_argv(e, python=plan.k8s.python, host=POD_HOST,
+                           dist_init_addr=f"{LWS_LEADER_ADDRESS}:{port}",
+                           node_rank=LWS_WORKER_INDEX)
+    return engine_argv(e, python=plan.k8s.python, host=POD_HOST,
+                       dist_init_addr=f"127.0.0.1:{port}")
+
+
+def _command(argv: Iterable[str], references: Iterable[str] = ()) -> list[str]:
+    """Every word escaped, except the ones that are meant to be expanded."""
+    keep = set(references)
+    return [w if w in keep else k8s_escape(w) for w in argv]
+
+
+def _engine_command(plan: Plan, e: EnginePlan) -> list[str]:
+    """pod_argv as the container's command: the LWS references alone left to expand."""
+    refs = (f"{LWS_LEADER_ADDRESS}:{e.dist_init_port}", LWS_WORKER_INDEX) if e.nnodes > 1 else ()
+    return _command(pod_argv(plan, e), refs)
+
+
+def _path(url: str) -> str:
+    return urllib.parse.urlsplit(url).path
+
+
+def _labels(plan: Plan, component: str, engine: str | None = None) -> dict[str, str]:
+    labels = {
+        "app.kubernetes.io/name": "pdsvc",
+        "app.kubernetes.io/instance": plan.name,
+        "app.kubernetes.io/component": component,
+    }
+    if engine:
+        labels["pdsvc/engine"] = engine
+    return labels
+
+
+def _engine_selector(plan: Plan, e: EnginePlan) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": plan.name, "pdsvc/engine": e.name}
+
+
+def _router_selector(plan: Plan) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": plan.name, "app.kubernetes.io/component": "router"}
+
+
+def _metadata(plan: Plan, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": plan.k8s.namespace, "labels": labels}
+
+
+def _http_get(path: str) -> dict[str, Any]:
+    return {"path": path, "port": "http"}
+
+
+def _probes(plan: Plan, *, startup: str | None, ready: str, live: str) -> dict[str, Any]:
+    """startupProbe: the start budget (TimeoutStartSec=); readinessProbe: in or out of the
+    Service; livenessProbe: the watchdog's bound (interval × failures + timeout)."""
+    lc = plan.lifecycle
+    probes: dict[str, Any] = {}
+    if startup:
+        probes["startupProbe"] = {
+            "httpGet": _http_get(startup),
+            "periodSeconds": STARTUP_PERIOD_SECS,
+            "timeoutSeconds": lc.liveness_timeout_secs,
+            "failureThreshold": math.ceil(lc.start_timeout_secs / STARTUP_PERIOD_SECS),
+        }
+    probes["readinessProbe"] = {
+        "httpGet": _http_get(ready),
+        "periodSeconds": lc.liveness_interval_secs,
+        "timeoutSeconds": lc.liveness_timeout_secs,
+    }
+    probes["livenessProbe"] = {
+        "httpGet": _http_get(live),
+        "periodSeconds": lc.liveness_interval_secs,
+        "timeoutSeconds": lc.liveness_timeout_secs,
+        "failureThreshold": lc.liveness_failures,
+    }
+    return probes
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def _engine_env(e: EnginePlan) -> list[dict[str, Any]]:
+    """The plan's env without CUDA_VISIBLE_DEVICES (the device plugin picks the GPUs), and
+    SGLANG_HOST_IP, the address advertised for KV transfer, always the pod's IP."""
+    env: list[dict[str, Any]] = [
+        {"name": k, "value": k8s_escape(v)} for k, v in e.env
+        if k not in ("CUDA_VISIBLE_DEVICES", "SGLANG_HOST_IP")
+    ]
+    env.append({"name": "SGLANG_HOST_IP",
+                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    return env
+
+
+def model_path(e: EnginePlan) -> str:
+    """The --model-path the plan gives the engine."""
+    args = list(e.model_args)
+    return args[args.index("--model-path") + 1]
+
+
+def _volumes(plan: Plan, e: EnginePlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): every path the plan's env or command names, at the same path."""
+    jit, claim = plan.paths.jit_cache, plan.k8s.jit_cache_claim
+    # the JIT cache outlives pods (cold compiles take minutes): a shared claim, or the node's
+    cache = ({"persistentVolumeClaim": {"claimName": claim}} if claim
+             else {"hostPath": {"path": jit, "type": "DirectoryOrCreate"}})
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # NCCL/torch IPC; 64 MiB default
+        {"name": "home", "emptyDir": {}},  # HOME (the units' StateDirectory=)
+        {"name": "jit-cache", **cache},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "home", "mountPath": plan.paths.state_dir},
+        {"name": "jit-cache", "mountPath": jit},
+    ]
+    model = model_path(e)
+    if model.startswith("/"):  # a local model (else a hub id, fetched into HOME)
+        volumes.append({"name": "model", "hostPath": {"path": model, "type": "Directory"}})
+        mounts.append({"name": "model", "mountPath": model, "readOnly": True})
+    return volumes, mounts
+
+
+def _engine_pod(plan: Plan, e: EnginePlan, *, serves_http: bool) -> dict[str, Any]:
+    """One engine pod's spec; ``serves_http``: rank 0 (the Deployment's pod, the LWS leader)
+    has the ports and the probes, an LWS worker has neither."""
+    k = plan.k8s
+    volumes, mounts = _volumes(plan, e)
+    container: dict[str, Any] = {
+        "name": e.role,
+        "image": k.image,
+        "command": _engine_command(plan, e),
+        "env": _engine_env(e),
+    }
+    if serves_http:
+        ports = [{"name": "http", "containerPort": e.port, "protocol": "TCP"}]
+        if e.role == "prefill":  # decode dials it at the Service (the bootstrap host)
+            ports.append({"name": "bootstrap", "containerPort": e.bootstrap_port,
+                          "protocol": "TCP"})
+        container["ports"] = ports
+    container["resources"] = {"limits": {k.gpu_resource: str(len(e.gpus))}}
+    # RDMA registers (pins) GPU and host memory: the units' LimitMEMLOCK=infinity
+    container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    if serves_http:
+        health = _path(e.health_url)
+        container.update(_probes(plan, startup=health, ready=health, live=health))
+    container["volumeMounts"] = mounts
+    spec: dict[str, Any] = {
+        # no FOO_SERVICE_HOST/FOO_PORT variables: a Service named sglang-… would inject
+        # SGLANG_* variables, which SGLang reads as its own settings
+        "enableServiceLinks": False,
+    }
+    if k.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # still resolve the Service names
+    if k.node_selector:
+        spec["nodeSelector"] = dict(k.node_selector)
+    spec["terminationGracePeriodSeconds"] = plan.lifecycle.stop_timeout_secs
+    spec["containers"] = [container]
+    spec["volumes"] = volumes
+    return spec
+
+
+def _scrape(port: int) -> dict[str, Any]:
+    """Pod annotations the Prometheus Kubernetes service-discovery recipes key on
+    (prometheus/documentation/examples/prometheus-kubernetes.yml: prometheus.io/scrape,
+    /port, /path): a cluster's Prometheus finds each engine's and the router's metrics."""
+    return {"annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                            "prometheus.io/path": "/metrics"}}
+
+
+def _engine_meta(e: EnginePlan, labels: dict[str, str], serves_http: bool) -> dict[str, Any]:
+    """A pod template's metadata: its labels, and the scrape annotations where the pod serves
+    SGLang's /metrics (--enable-metrics, on the HTTP port of rank 0)."""
+    return {"labels": labels, **(_scrape(e.port) if e.metrics and serves_http else {})}
+
+
+def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
+    labels = _labels(plan, e.role, e.name)
+    if e.nnodes == 1:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _metadata(plan, workload_name(e), labels),
+            "spec": {
+                "replicas": 1,
+                # the old pod must free the GPUs before the new one can be scheduled
+                "strategy": {"type": "Recreate"},
+                # `kubectl rollout status` gives up after the start budget, not 10 minutes
+                "progressDeadlineSeconds": plan.lifecycle.start_timeout_secs,
+                "selector": {"matchLabels": _engine_selector(plan, e)},
+                "template": {"metadata": _engine_meta(e, labels, serves_http=True),
+                             "spec": _engine_pod(plan, e, serves_http=True)},
+            },
+        }
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": _metadata(plan, workload_name(e), labels),
+        "spec": {
+            "replicas": 1,
+            # the leader is not ready before its workers joined: never wait for it (LeaderReady)
+            "startupPolicy": "LeaderCreated",
+            # as Recreate: a new group only once the old one freed its GPUs
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
+                "maxUnavailable": 1, "maxSurge": 0}},
+            "leaderWorkerTemplate": {
+                "size": e.nnodes,
+                # one rank lost is the whole TP group lost: restart them together
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {"metadata": _engine_meta(e, labels, serves_http=True),
+                                   "spec": _engine_pod(plan, e, serves_http=True)},
+                "workerTemplate": {"metadata": _engine_meta(e, labels, serves_http=False),
+                                   "spec": _engine_pod(plan, e, serves_http=False)},
+            },
+        },
+    }
+
+
+def _engine_service(plan: Plan, e: EnginePlan) -> dict[str, Any]:
+    selector = _engine_selector(plan, e)
+    if e.nnodes > 1:
+        selector[LWS_WORKER_INDEX_LABEL] = "0"  # the leader alone serves HTTP
+    ports = [{"name": "http", "port": e.port, "targetPort": "http", "protocol": "TCP"}]
+    if e.role == "prefill":
+        ports.append({"name": "bootstrap", "port": e.bootstrap_port, "targetPort": "bootstrap",
+                      "protocol": "TCP"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(plan, e.name, _labels(plan, e.role, e.name)),
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
+    }
+
+
+# --------------------------------------------------------------------------- router
+
+
+def router_pod_argv(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> tuple[str, ...]:
+    """The router's command line with the engines' Service URLs (prefills with their
+    bootstrap ports)."""
+    return router_argv(
+        r, python=plan.k8s.python,
+        prefills=tuple((service_url(plan, e), e.bootstrap_port) for e in engines
+                       if e.role == "prefill"),
+        decodes=tuple(service_url(plan, e) for e in engines if e.role == "decode"),
+    )
+
+
+def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[dict[str, Any]]:
+    k, lc = plan.k8s, plan.lifecycle
+    if r.host.startswith(_LOOPBACK):
+        raise ConfigError(
+            f"{plan.config_source}: router.host is {r.host}: in a pod the router's Service "
+            "could not reach it",
+            hint="set router.host: 0.0.0.0",
+        )
+    labels = _labels(plan, "router")
+    image = k.router_image or k.image
+    waits = [service_url(plan, e) + _path(e.health_url) for e in engines]
+    wait = {
+        "name": "wait-for-engines",
+        "image": image,
+        "command": _command([k.python, "-c", WAIT_FOR_ENGINES,
+                             str(lc.liveness_interval_secs),
+                             str(lc.liveness_timeout_secs), *waits]),
+    }
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": image,
+        "command": _command(router_pod_argv(plan, r, engines)),
+        "env": [{"name": key, "value": k8s_escape(v)} for key, v in r.env],
+        # only the client port: the metrics listener binds router.prometheus_host (loopback
+        # by default) and is for a scraper next to it, not for clients
+        "ports": [{"name": "http", "containerPort": r.port, "protocol": "TCP"}],
+        # readiness: a prefill/decode pair is registered; liveness: the router itself, so an
+        # engine restart does not restart it
+        **_probes(plan, startup=None, ready=_path(r.readiness_url), live=_path(r.liveness_url)),
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(plan, r.name, labels),
+        "spec": {
+            "replicas": 1,
+            "progressDeadlineSeconds": lc.start_timeout_secs,  # it waits for the engines
+            "selector": {"matchLabels": _router_selector(plan)},
+            "template": {
+                # its metrics listener is scrapeable only when it binds beyond the pod's
+                # loopback (router.prometheus_host)
+                "metadata": {"labels": labels, **(
+                    {} if is_loopback(r.prometheus_host) else _scrape(r.prometheus_port))},
+                "spec": {
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": lc.stop_timeout_secs,
+                    "initContainers": [wait],
+                    "containers": [container],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(plan, r.name, labels),
+        "spec": {
+            "type": k.router_service_type,
+            "selector": _router_selector(plan),
+            "ports": [{"name": "http", "port": r.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return [deployment, service]
+
+
+# --------------------------------------------------------------------------- the bundle
+
+
+class _Dumper(yaml.SafeDumper):
+    """kubectl's layout: list items indented under their key, multi-line strings as blocks."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        return super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data: Any) -> bool:  # a shared dict is written out each time
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value,
+                                   style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _yaml_file(path: str, header: list[str], docs: list[dict[str, Any]]) -> File:
+    body = yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                         allow_unicode=True, width=4096)
+    return File(path, "".join(f"# {line}\n" for line in header) + body)
+
+
+def engine_groups(plan: Plan) -> list[EnginePlan]:
+    """One EnginePlan per engine, its rank 0 (an engine spanning hosts appears once per rank).
+
+    Where a pod runs is the scheduler's choice, so no host's own settings (hosts.NAME.env,
+    ucx_net_devices) apply: the plan for manifests is built without a host (UNPLACED), and an
+    inventory only says how many nodes an engine spans."""
+    ranks: dict[str, list[EnginePlan]] = {}
+    for e in plan.engines:
+        ranks.setdefault(e.name, []).append(e)
+    leaders = []
+    for name, group in ranks.items():
+        leader = next((e for e in group if e.node_rank == 0), None)
+        if leader is None:
+            raise ConfigError(f"{name}: the plan has no rank 0 of this engine (a host's view?); "
+                              "Kubernetes manifests are rendered from the whole plan")
+        leaders.append(leader)
+    return leaders
+
+
+def render_k8s(plan: Plan, command: str) -> list[File]:
+    """The Kubernetes bundle: ``ENGINE.yaml`` per engine (Deployment or LeaderWorkerSet, and
+    its Service), ``ROUTER.yaml`` (Deployment, Service) and ``kustomization.yaml`` listing them.
+
+    Object names are the unit names, DNS-1035 labels already (the config's `name` is 2-32
+    of [a-z0-9-], starting with a letter). Raises ConfigError for a router bound to loopback,
+    which its Service could not reach."""
+    header = header_lines(plan, command, customise=CUSTOMISE)
+    engines = engine_groups(plan)
+    files = [_yaml_file(f"{e.name}.yaml", header,
+                        [_engine_workload(plan, e), _engine_service(plan, e)]) for e in engines]
+    if plan.router:
+        files.append(_yaml_file(f"{plan.router.name}.yaml", header,
+                                _router_docs(plan, plan.router, engines)))
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [f.path for f in files],
+    }
+    return [*files, _yaml_file(KUSTOMIZATION, header, [kustomization])]

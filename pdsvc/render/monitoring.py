@@ -1,0 +1,248 @@
+"""Plan -> the monitoring files of a bundle (pure): a Prometheus scrape config for this
+bundle's targets, alert rules, and a Grafana dashboard.
+
+What is scraped, and the names the rules use (checked against the pinned versions' code):
+
+* each engine's own port, ``/metrics``, with ``--enable-metrics`` (SGLang 0.5.23,
+  python/sglang/srt/observability/metrics_collector.py): ``sglang:num_transfer_failed_reqs_total``
+  and ``sglang:num_bootstrap_failed_reqs_total`` (counted by disaggregation/prefill.py and
+  decode.py, sglang PR #7317), ``sglang:kv_transfer_latency_ms`` and the other
+  ``sglang:kv_transfer_*`` histograms (PR #19009), ``sglang:time_to_first_token_seconds``
+  (TokenizerMetricsCollector; on a decode it spans prefill, the KV transfer and the first
+  token), ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``.
+  Reports of PD metrics that stay zero or empty: sglang #16832, #21167;
+* the router's ``--prometheus-port``: ``smg_worker_health{worker=URL}`` (1 healthy, 0 not),
+  exported by sglang-router 0.3.2 and smg 1.13 alike (smg ``src/observability/metrics.rs``,
+  ``set_worker_health``), and ``smg_http_requests_total``;
+* each host's node_exporter, whose textfile collector reads the runtimes' ``NAME.prom``
+  (pdsvc/runtime/metrics.py: ``pdsvc_*``).
+
+Every target carries ``deployment`` (and the engines' ``role``/``unit``) as target labels, so
+one Prometheus can watch several deployments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pdsvc.plan.build import Plan
+from pdsvc.render.systemd import File, metrics_dir
+
+DIR = "monitoring"
+MONITORING_CUSTOMISE = ("Customise without editing: copy the jobs and rules into your own "
+                        "Prometheus config, or change the config's `metrics` keys and render.")
+ROLE_FAILURES = {
+    "PdsvcKVTransferFailuresRising": (
+        "sglang:num_transfer_failed_reqs_total", "KV transfers are failing",
+        "requests whose KV cache transfer between prefill and decode failed"),
+    "PdsvcBootstrapFailuresRising": (
+        "sglang:num_bootstrap_failed_reqs_total", "KV bootstrap is failing",
+        "requests whose decode could not bootstrap with the prefill (the bootstrap server)"),
+}
+
+
+def _q(value: str) -> str:
+    """A YAML scalar: JSON's double-quoted string is valid YAML 1.2 (and 1.1 for BMP text)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _address(host: str, fallback: str = "127.0.0.1") -> str:
+    return fallback if host in ("0.0.0.0", "::", "") else host
+
+
+def scrape_targets(plan: Plan) -> list[tuple[str, str, dict[str, str]]]:
+    """(job, host:port, target labels) of every target of this plan (one host's bundle: that
+    host's engines, its router if there, its node_exporter)."""
+    out = []
+    base = {"deployment": plan.name}
+    for e in plan.engines:
+        if e.node_rank != 0 or not e.metrics:  # only rank 0 serves HTTP
+            continue
+        out.append(("pdsvc-engines", f"{_address(e.host)}:{e.port}",
+                    {**base, "role": e.role, "unit": e.unit}))
+    r = plan.router
+    if r is not None:
+        host = _address(r.prometheus_host, plan.hosts[0].address if plan.hosts else "127.0.0.1")
+        out.append(("pdsvc-router", f"{host}:{r.prometheus_port}",
+                    {**base, "role": "router", "unit": r.unit}))
+    if plan.metrics.textfile:
+        hosts = [h.address for h in plan.hosts] or ["127.0.0.1"]
+        for h in hosts:
+            out.append(("pdsvc-node", f"{h}:{plan.metrics.node_exporter_port}", dict(base)))
+    return out
+
+
+def scrape_config(plan: Plan, header: list[str], rules: str) -> str:
+    """prometheus.yml: usable as is (`prometheus --config.file=...`), or its jobs pasted into
+    an existing config's scrape_configs."""
+    m = plan.metrics
+    lines = [f"# {h}" for h in header] + [
+        "# The jobs are the fragment to merge into an existing prometheus.yml; node_exporter must",
+        f"# run with --collector.textfile.directory={metrics_dir('RUN_DIR')} (see README).",
+        "global:",
+        f"  scrape_interval: {m.scrape_interval_secs}s",
+        f"  evaluation_interval: {m.scrape_interval_secs}s",
+        "rule_files:",
+        f"  - {_q(rules)}",
+        "scrape_configs:",
+    ]
+    jobs: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    for job, target, labels in scrape_targets(plan):
+        jobs.setdefault(job, []).append((target, labels))
+    for job, targets in jobs.items():
+        lines += [f"  - job_name: {_q(job)}", "    metrics_path: /metrics"]
+        if job == "pdsvc-node":
+            # the textfile's series carry their own deployment/role/unit labels: keep them,
+            # not exported_* copies (prometheus.io docs, scrape_config: honor_labels)
+            lines += ["    honor_labels: true"]
+        lines += ["    static_configs:"]
+        for target, labels in targets:
+            lines += [f"      - targets: [{_q(target)}]", "        labels:"]
+            lines += [f"          {k}: {_q(v)}" for k, v in labels.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _alternation(urls: list[str]) -> str:
+    """A regex matching exactly these URLs, as a PromQL string's content (Go escapes: a
+    regex backslash is written twice)."""
+    return "|".join(re.escape(u) for u in urls).replace("\\", "\\\\")
+
+
+def alert_rules(plan: Plan) -> list[dict]:
+    """The alerts: each with a summary, what shows more, and what to do."""
+    m, d = plan.metrics, plan.name
+    sel = f'deployment="{d}"'
+    status = f"pdsvc status -c {plan.config_source}"
+    rules: list[dict] = [
+        {
+            "alert": "PdsvcPairFailingBeyondHealBudget",
+            "expr": (f'max by (deployment, role, unit, pair) (pdsvc_pair_state{{{sel}, '
+                     f'state="failing"}} == 1 and on (deployment, unit) '
+                     f'(pdsvc_unit_heals_in_a_row{{{sel}}} >= pdsvc_unit_heal_budget{{{sel}}}))'),
+            "for": "2m",
+            "severity": "page",
+            "summary": "pair {{ $labels.pair }} keeps failing after its heal budget",
+            "description": (
+                "The pair canary of {{ $labels.unit }} finds the pair failing while both "
+                "engines answer /health, and the heals it was allowed did not bring it back; "
+                "it now heals only every 5 minutes. More: `" + status + "` (pair matrix), "
+                "`journalctl -u {{ $labels.unit }} | grep 'pair canary'`. Do: check the KV "
+                "path (`pdsvc doctor --kv`), then restart the pair's units "
+                "(`systemctl restart " + plan.target + "`), which also resets the budget."),
+        },
+        {
+            "alert": "PdsvcEngineGaveUp",
+            "expr": f"pdsvc_unit_gave_up{{{sel}}} == 1",
+            "for": "0m",
+            "severity": "page",
+            "summary": "{{ $labels.unit }} gave up (exit 78) and is not restarted",
+            "description": (
+                "Its starts in a row never became healthy (a missing model, a flag SGLang "
+                "rejects, OOM at load). More: `" + status + "` (the reason), `journalctl -u "
+                "{{ $labels.unit }} -n 100`. Do: fix the cause, then `systemctl start "
+                "{{ $labels.unit }}` (supervisord: `supervisorctl start`)."),
+        },
+        {
+            "alert": "PdsvcRestartsHigh",
+            "expr": (f"sum by (deployment, role, unit) (increase(pdsvc_unit_starts_total"
+                     f'{{{sel}, cause=~"crash|failed-start|killed"}}[1h])) > '
+                     f"{m.restarts_per_hour}"),
+            "for": "0m",
+            "severity": "warn",
+            "summary": "{{ $labels.unit }} restarted more than " + str(m.restarts_per_hour)
+                       + " times in an hour after crashes or failed starts",
+            "description": (
+                "More than metrics.restarts_per_hour (" + str(m.restarts_per_hour) + ") "
+                "restarts after a crash, a failed start or a kill. More: `" + status + "`, "
+                "`journalctl -u {{ $labels.unit }} --since -1h | grep -E 'crash|exited|"
+                "killed'`. Do: find the crash in the journal (OOM, NCCL, a hung probe)."),
+        },
+        {
+            "alert": "PdsvcTTFTAboveSLO",
+            "expr": (f"histogram_quantile(0.99, sum by (deployment, le) (rate("
+                     f'sglang:time_to_first_token_seconds_bucket{{{sel}, role="decode"}}[5m])))'
+                     f" > {m.ttft_p99_slo_secs:g}"),
+            "for": "5m",
+            "severity": "warn",
+            "summary": f"TTFT p99 is above the SLO of {m.ttft_p99_slo_secs:g} s",
+            "description": (
+                "The decodes' p99 time to first token over 5 minutes (prefill + KV transfer "
+                "+ first token). More: `" + status + "`, `journalctl -u "
+                + " -u ".join(e.unit for e in plan.engines if e.node_rank == 0)
+                + " --since -15min`, the dashboard's queue and KV "
+                "transfer panels (sglang:num_queue_reqs, sglang:kv_transfer_latency_ms). Do: "
+                "look for a queue building on the prefill (add a prefill) or slow transfers "
+                "(`pdsvc doctor --kv`)."),
+        },
+    ]
+    for name, (metric, summary, what) in ROLE_FAILURES.items():
+        rules.append({
+            "alert": name,
+            "expr": f"sum by (deployment, role, unit) (rate({metric}{{{sel}}}[5m])) > 0",
+            "for": "5m",
+            "severity": "page",
+            "summary": f"{summary} on {{{{ $labels.unit }}}}",
+            "description": (
+                f"Rising for 5 minutes: {what} ({metric}). More: `"
+                + status + "` (pair canary), `journalctl -u {{ $labels.unit }} | grep -i "
+                "'transfer\\|bootstrap'`. Do: `pdsvc doctor --kv` for the KV path (NIC, "
+                "UCX_NET_DEVICES); a stale pair heals itself, else restart "
+                + plan.target + "."),
+        })
+    r = plan.router
+    if r is not None:
+        for role in ("prefill", "decode"):
+            urls = [e.url for e in plan.engines if e.role == role and e.node_rank == 0]
+            if not urls:
+                continue
+            rules.append({
+                "alert": "PdsvcNoHealthyWorker",
+                "expr": (f'(sum(smg_worker_health{{{sel}, worker=~"{_alternation(urls)}"}}) '
+                         "or vector(0)) < 1"),
+                "for": "1m",
+                "severity": "page",
+                "labels": {"role": role, "deployment": d},
+                "summary": f"the router has no healthy {role} worker",
+                "description": (
+                    f"smg_worker_health is 0 (or absent) for every {role} engine the router "
+                    "knows: no request can be served. More: `" + status + "`, `journalctl -u "
+                    f"{r.unit}` and the engines' journals (`journalctl -u '{plan.name}-{role}*'`)"
+                    ". Do: start or fix those units; they register with the router themselves "
+                    "once healthy."),
+            })
+    rules.append({
+        "alert": "PdsvcEngineUnreachable",
+        "expr": f'up{{job="pdsvc-engines", {sel}}} == 0',
+        "for": "2m",
+        "severity": "warn",
+        "summary": "{{ $labels.unit }} does not answer /metrics",
+        "description": (
+            "Prometheus cannot scrape the engine's port: it is down, starting or hung. More: `"
+            + status + "`, `systemctl status {{ $labels.unit }}`. Do: see why in `journalctl "
+            "-u {{ $labels.unit }}`; a unit that gave up also raises PdsvcEngineGaveUp."),
+    })
+    return rules
+
+
+def rules_file(plan: Plan, header: list[str]) -> str:
+    lines = [f"# {h}" for h in header] + ["groups:", f"  - name: {_q('pdsvc-' + plan.name)}",
+                                          "    rules:"]
+    for rule in alert_rules(plan):
+        labels = {"severity": rule["severity"], **rule.get("labels", {})}
+        lines += [f"      - alert: {rule['alert']}", f"        expr: {_q(rule['expr'])}",
+                  f"        for: {rule['for']}", "        labels:"]
+        lines += [f"          {k}: {_q(v)}" for k, v in labels.items()]
+        lines += ["        annotations:", f"          summary: {_q(rule['summary'])}",
+                  f"          description: {_q(rule['description'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def monitoring_files(plan: Plan, header: list[str]) -> list[File]:
+    """monitoring/prometheus.yml, monitoring/pdsvc-rules.yml, monitoring/pdsvc-dashboard.json."""
+    from pdsvc.render.dashboard import dashboard_json
+
+    rules = f"{plan.name}-rules.yml"
+    return [File(f"{DIR}/{plan.name}-prometheus.yml", scrape_config(plan, header, rules)),
+            File(f"{DIR}/{rules}", rules_file(plan, header)),
+            File(f"{DIR}/{plan.name}-dashboard.json", dashboard_json(plan, header))]

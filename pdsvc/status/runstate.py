@@ -1,0 +1,141 @@
+"""What the units' runtimes left for `pdsvc status` in their state directory: how each unit's
+last run ended (the restart policy's NAME.restart.json: why it gave up, crashes in a row) and
+the pair canary's view of every prefill×decode pair (NAME.canary.json), as a P×D matrix.
+
+The files are the runtime's own (pdsvc/runtime/policy.py, canary.py); this module only reads
+them, leniently: a missing or unreadable file is "unknown", never an error.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdsvc.plan.build import Plan
+from pdsvc.ship.runtime.metrics import exposition, unit_samples
+from pdsvc.ship.runtime.policy import SLOW_HEAL_S, recent_heals
+from pdsvc.ship.runtime.statefile import read_json, state_path
+
+
+@dataclass(frozen=True)
+class UnitRun:
+    unit: str
+    phase: str  # starting | serving | stopped | crashed | failed-start | gave-up | unknown
+    reason: str
+    crashes: int
+    heals: int = 0  # pair heals within the hour that brought no pair back (policy.may_heal)
+
+
+@dataclass(frozen=True)
+class PairView:
+    prefill: str
+    decode: str
+    state: str  # ok | failing | peer-down | unknown (no engine has judged it yet)
+    since: float | None  # wall clock: failing since / ok since
+    last_error: str
+    by: str  # the engine whose canary said so
+
+
+def _state(directory: Path, name: str, kind: str) -> dict[str, Any] | None:
+    return read_json(state_path(str(directory), name, kind))
+
+
+def state_dir(plan: Plan, backend: str) -> Path:
+    """Where the runtimes keep their state: RuntimeDirectory= under systemd, beside
+    supervisord's socket otherwise (both the plan's)."""
+    return Path(plan.supervisord.state_dir if backend == "supervisord" else plan.paths.run_dir)
+
+
+def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
+    runs = []
+    names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
+    for name in dict.fromkeys(names):
+        doc = _state(directory, name, "restart") or {}
+        recent = recent_heals(doc.get("heals"), time.time())
+        runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
+                            str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
+                            len(recent)))
+    return runs
+
+
+def pair_views(plan: Plan, directory: Path) -> list[PairView]:
+    """Every prefill×decode pair, with the worst word any of its two engines has for it."""
+    rank = {"failing": 3, "peer-down": 2, "ok": 1, "unknown": 0}
+    views: dict[tuple[str, str], PairView] = {}
+    for e in plan.engines:
+        for prefill, _, decode in e.pairs:
+            views.setdefault((prefill, decode), PairView(prefill, decode, "unknown", None, "", ""))
+        doc = _state(directory, e.name, "canary") or {}
+        for p in doc.get("pairs", []):
+            prefill, _, decode = str(p.get("pair", "")).partition(" -> ")
+            key, state = (prefill, decode), str(p.get("state", "unknown"))
+            since = p.get("failing_since") if state == "failing" else p.get("last_ok")
+            old = views.get(key)
+            if old is not None and rank.get(state, 0) > rank.get(old.state, 0):
+                views[key] = PairView(prefill, decode, state, since,
+                                      str(p.get("last_error", "")), e.name)
+    return list(views.values())
+
+
+def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -> list[str]:
+    out = [f"{r.unit} gave up: {r.reason}" for r in runs if r.phase == "gave-up"]
+    out += [f"{r.unit}: {r.heals} pair heals within the hour brought no pair back: it heals "
+            f"again only every {SLOW_HEAL_S / 60:g} minutes (`systemctl restart {r.unit}` "
+            "starts afresh)"
+            for r in runs if heal_budget and r.heals >= heal_budget]
+    out += [f"pair {p.prefill} -> {p.decode} failing ({p.by}): {p.last_error}"
+            for p in pairs if p.state == "failing"]
+    return out
+
+
+def format_pairs(pairs: list[PairView], now: float | None = None) -> list[str]:
+    """The P×D matrix: one row per prefill, one column per decode."""
+    if not pairs:
+        return []
+    now = time.time() if now is None else now
+    prefills = list(dict.fromkeys(p.prefill for p in pairs))
+    decodes = list(dict.fromkeys(p.decode for p in pairs))
+    cell = {(p.prefill, p.decode): p for p in pairs}
+
+    def word(p: PairView | None) -> str:
+        if p is None:
+            return "-"
+        if p.state == "failing" and p.since is not None:
+            return f"FAILING {int(now - p.since)}s"
+        return p.state
+
+    rows = [["prefill \\ decode", *decodes]]
+    rows += [[pf, *(word(cell.get((pf, d))) for d in decodes)] for pf in prefills]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["pair canary (prefill x decode):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    lines += [f"  {p.prefill} -> {p.decode}: {p.last_error}" for p in pairs
+              if p.state == "failing" and p.last_error]
+    return lines
+
+
+def to_dict(runs: list[UnitRun], pairs: list[PairView]) -> dict[str, Any]:
+    return {
+        "runs": [r.__dict__ for r in runs],
+        "pairs": [p.__dict__ for p in pairs],
+    }
+
+
+def metrics_text(plan: Plan, directory: Path, up: dict[str, bool], now: float) -> str:
+    """`pdsvc status --metrics`: the pdsvc_* series of every unit of the plan, from the same
+    state files the runtimes derive their textfiles from (runtime/metrics.py); ``up``: each
+    unit's service manager state (unit -> active)."""
+    samples = []
+    units = [(e.name, e.role, bool(e.pairs)) for e in plan.engines]
+    units += [(plan.router.name, "router", False)] if plan.router else []
+    for name, role, paired in dict.fromkeys(units):
+        labels = {"deployment": plan.name, "role": role, "unit": f"{name}.service"}
+        samples += unit_samples(
+            labels, _state(directory, name, "restart"),
+            _state(directory, name, "canary"), _state(directory, name, "metrics"),
+            up=up.get(f"{name}.service"),
+            heal_budget=plan.lifecycle.canary_heal_attempts if paired else None, now=now)
+    return exposition(samples)
