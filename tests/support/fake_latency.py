@@ -13,12 +13,12 @@ is that capacity:
   (by 1 - KNEE/rate of a service time per arrival). So the highest rate at which 99 % of
   requests meet a TTFT bound is the knee, to within what the run can resolve: a bound of A
   service times of queueing (A/KNEE s) is met up to about 1 - 2.3/A of the knee, and broken
-  above it once a run's N requests queue more than A: N (1 - KNEE/rate) > A (A = 32, N = 480
-  resolve it to about ±7 %; 80 requests, or a bound of a few service times, cannot);
+  above it once a run's N requests queue more than A: N (1 - KNEE/rate) > A (A = 25, N = 480
+  resolve it to within 10 %; 80 requests, or a bound of a few service times, cannot);
 * then each request streams ``max_new_tokens`` tokens, one chunk per token, one every
   ``FAKE_SGLANG_ITL_MS`` (10), slower by 1 + the scheduler's queued work in seconds (a decode
   step yields to the queued prefills: 1 s of queue doubles the ITL), so ITL grows past the
-  knee too and stays at its floor below it;
+  knee too and barely moves below it;
 * ``FAKE_SGLANG_EMPTY_EVERY=N``: every Nth generation comes back HTTP 200 with no token
   (srt-slurm #429, sglang #9585);
 * ``FAKE_SGLANG_TRANSFER_FAIL_EVERY=N``: every Nth generation's KV transfer "fails": it is
