@@ -112,7 +112,9 @@ def owns(target: Target) -> str | None:
 @click.option("--output-len", type=click.IntRange(min=1), default=256, show_default=True,
               help="Generated tokens per request (EOS ignored, so exactly this many).")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Requests per run.")
+              help="Requests per run. With --slo, ≥ 99 % of fewer than 100 requests is every "
+              "one of them, and under Poisson arrivals a rate just past the capacity is told "
+              "apart only once a run queues enough requests: a few hundred (README).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run the same load N times and show the spread (mean ± stdev, min, max).")
 @click.option("--slo", metavar="ttft=MS,itl=MS", default=None, callback=parse_slo,
@@ -170,6 +172,10 @@ def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None
             say(f"pdsvc: error: not loading {target.url}: {why}; this is not the deployment "
                 f"of {config_path} (pass --url URL to load another endpoint)")
             sys.exit(EXIT_CANNOT)
+    if slo and num_prompts < 100:
+        say(f"pdsvc bench: note: --num-prompts {num_prompts}: ≥ 99 % of fewer than 100 "
+            "requests is all of them (the search finds where the slowest request meets the "
+            "SLO); use a few hundred to find the capacity")
     say(f"pdsvc bench: warning: this loads {target.url}, the production traffic path "
         "(router → prefill → decode): live requests there will queue behind the benchmark")
     sdir = state_dir

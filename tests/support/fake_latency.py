@@ -1,15 +1,24 @@
 """The stand-in engine's latency model, for `pdsvc bench` (test support, stdlib only).
 
 fake_sglang.py hands a decode's streamed ``/generate`` to ``MODEL.serve()`` when a knob below
-is set; everything else answers as before. The model is a decode batch with a capacity:
+is set; everything else answers as before. The model is a server with a capacity, and the knee
+is that capacity:
 
-* a request, once its first token is out, wants one token every ``FAKE_SGLANG_ITL_MS`` (10)
-  for its ``max_new_tokens``; it streams them one chunk per token, as SGLang streams;
-* the decode serves ``FAKE_SGLANG_KNEE_RATE`` requests/s (the knee): with n requests decoding,
-  each of length L, the demand is Σ 1/(L·itl) requests/s; past the knee every token and every
-  first token is slower by demand/knee (processor sharing), so TTFT (``FAKE_SGLANG_TTFT_MS``,
-  50, at light load) and ITL grow with the rate past the knee, and without bound once the
-  arrivals outrun it;
+* ``FAKE_SGLANG_KNEE_RATE`` (requests/s): the engine's scheduler takes one request at a time,
+  first come first served, and each takes it ``1/KNEE`` s (a prefill that serves KNEE requests/s,
+  whatever the prompt). A request's first token comes ``FAKE_SGLANG_TTFT_MS`` (50) after the
+  scheduler takes it. Below the knee the queue is short and rarely there (its p99 wait is about
+  2.3 / (KNEE - rate) s: 2.3 service times per unit of 1 - load); past the knee the arrivals
+  outrun it and the queue, so TTFT, grows with every request for as long as the load lasts
+  (by 1 - KNEE/rate of a service time per arrival). So the highest rate at which 99 % of
+  requests meet a TTFT bound is the knee, to within what the run can resolve: a bound of A
+  service times of queueing (A/KNEE s) is met up to about 1 - 2.3/A of the knee, and broken
+  above it once a run's N requests queue more than A: N (1 - KNEE/rate) > A (A = 25, N = 480
+  resolve it to within 10 %; 80 requests, or a bound of a few service times, cannot);
+* then each request streams ``max_new_tokens`` tokens, one chunk per token, one every
+  ``FAKE_SGLANG_ITL_MS`` (10), slower by 1 + the scheduler's queued work in seconds (a decode
+  step yields to the queued prefills: 1 s of queue doubles the ITL), so ITL grows past the
+  knee too and barely moves below it;
 * ``FAKE_SGLANG_EMPTY_EVERY=N``: every Nth generation comes back HTTP 200 with no token
   (srt-slurm #429, sglang #9585);
 * ``FAKE_SGLANG_TRANSFER_FAIL_EVERY=N``: every Nth generation's KV transfer "fails": it is
@@ -46,19 +55,28 @@ class LatencyModel:
         self.fail_every = int(_num("FAKE_SGLANG_TRANSFER_FAIL_EVERY", 0) or 0)
         self.counters = {TRANSFER_FAILED: 0, BOOTSTRAP_FAILED: 0}
         self._lock = threading.Lock()
-        self._decoding: dict[int, float] = {}  # request -> its demand (requests/s)
+        self._free_at = 0.0  # monotonic time the scheduler is done with every queued request
         self._ids = itertools.count(1)
 
     @property
     def enabled(self) -> bool:
         return bool(self.knee or self.empty_every or self.fail_every)
 
-    def slowdown(self) -> float:
+    def admit(self) -> float:
+        """Queue for the scheduler (FIFO, 1/knee s a request): the seconds to wait until it
+        takes this request."""
         if not self.knee:
-            return 1.0
+            return 0.0
         with self._lock:
-            demand = sum(self._decoding.values())
-        return max(1.0, demand / self.knee)
+            now = time.monotonic()
+            start = max(now, self._free_at)
+            self._free_at = start + 1.0 / self.knee
+        return start - now
+
+    def backlog(self) -> float:
+        """The scheduler's queued work, in seconds."""
+        with self._lock:
+            return max(0.0, self._free_at - time.monotonic()) if self.knee else 0.0
 
     def serve(self, handler: Any, kind: str, body: dict, role: str) -> bool:
         """Answer a decode's streamed /generate; False: not for this model (fake_sglang
@@ -69,7 +87,7 @@ class LatencyModel:
         length = max(1, int(params.get("max_new_tokens") or 16))
         rid = next(self._ids)
         meta: dict[str, Any] = {"id": uuid.uuid4().hex, "prompt_tokens": 0, "cached_tokens": 0}
-        time.sleep(self.ttft * self.slowdown())
+        time.sleep(self.admit() + self.ttft)
         handler._sse_start()
         if self.fail_every and rid % self.fail_every == 0:
             with self._lock:
@@ -84,18 +102,11 @@ class LatencyModel:
             return True
         if self.empty_every and rid % self.empty_every == 0:
             length = 0
-        with self._lock:
-            self._decoding[rid] = 1.0 / (max(length, 1) * self.itl) if self.itl else 0.0
-        try:
-            for k in range(1, length + 1):
-                if k > 1:
-                    time.sleep(self.itl * self.slowdown())
-                handler._sse({"text": " ".join(["tok"] * k), "output_ids": list(range(k)),
-                              "meta_info": {**meta, "completion_tokens": k,
-                                            "finish_reason": None}})
-        finally:
-            with self._lock:
-                self._decoding.pop(rid, None)
+        for k in range(1, length + 1):
+            if k > 1:
+                time.sleep(self.itl * (1.0 + self.backlog()))
+            handler._sse({"text": " ".join(["tok"] * k), "output_ids": list(range(k)),
+                          "meta_info": {**meta, "completion_tokens": k, "finish_reason": None}})
         done = {"type": "length", "length": length}
         handler._sse({"text": " ".join(["tok"] * length), "output_ids": list(range(length)),
                       "meta_info": {**meta, "completion_tokens": length, "finish_reason": done}})
