@@ -43,7 +43,7 @@ from pdsvc.ship.runtime import (
 )
 
 #: The runtime as the units run it: a directory Python runs (``python DIR MODE ...``).
-SUPERVISE = Path(__file__).resolve().parent.parent / "pdsvc" / "runtime"
+SUPERVISE = Path(__file__).resolve().parent.parent / "pdsvc" / "ship" / "runtime"
 PROC_TIMEOUT = 20.0  # no single supervise run in this file should come near this
 # The runtime runs under the SGLang venv's interpreter (Python >= 3.9), not pdsvc's: point this
 # at another interpreter to check the subprocess tests there too.

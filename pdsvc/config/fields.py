@@ -46,7 +46,7 @@ Module = Annotated[str, StringConstraints(
 
 @functools.cache
 def _runtime_types() -> dict[str, Callable[[str], Any]]:
-    """Each option of the runtime's parser (pdsvc/runtime/cli.py, every mode) -> its type."""
+    """Each option of the runtime's parser (pdsvc/ship/runtime/cli.py, every mode) -> its type."""
     from pdsvc.ship.runtime.cli import build_parser
 
     _, modes = build_parser()
