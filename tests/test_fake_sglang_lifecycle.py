@@ -4,6 +4,7 @@ rendezvous.py): the JIT cache, fault knobs, SIGTERM as SGLang handles it, multi-
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -107,7 +108,14 @@ def test_crash_after_exits_nonzero(engines):
     assert "fake crash" in eng.stderr
 
 
-def test_sigterm_dies_by_sigkill_and_orphan_survives(engines):
+# SIGTERM as SGLang 0.5.23 handles it: python/sglang/srt/managers/tokenizer_manager.py
+# (SignalHandler.sigterm_handler, TokenizerManager.sigterm_watchdog) and
+# python/sglang/srt/entrypoints/http_server.py (health_generate, ready, generate_request).
+
+
+def test_sigterm_exits_0_killing_its_children_but_not_an_orphan(engines):
+    # the watchdog ends with kill_process_tree(os.getpid(), include_parent=False) and hands the
+    # exit to uvicorn (sglang PRs #28779, #39560): status 0; a child that left the tree survives
     eng = engines("decode", env={"FAKE_SGLANG_SPAWN_ORPHAN": "1"})
     eng.wait_healthy()
     assert int((eng.state_dir / "engine.pid").read_text()) == eng.proc.pid
@@ -115,8 +123,9 @@ def test_sigterm_dies_by_sigkill_and_orphan_survives(engines):
     try:
         assert pid_alive(orphan)
         eng.proc.send_signal(signal.SIGTERM)
-        assert eng.wait_exit(timeout=5) == -signal.SIGKILL
+        assert eng.wait_exit(timeout=5) == 0
         assert "SIGTERM received" in eng.stderr
+        assert "include_parent=False" in eng.stderr
         time.sleep(0.3)
         assert pid_alive(orphan), "the orphan should outlive the engine"
         os.kill(orphan, signal.SIGTERM)  # it ignores SIGTERM, as a wedged worker would
@@ -128,22 +137,37 @@ def test_sigterm_dies_by_sigkill_and_orphan_survives(engines):
     wait_until(lambda: not pid_alive(orphan), 3.0, "the orphan to die")
 
 
-def test_sigterm_drains_inflight_request_first(engines):
-    eng = engines("null")
+def test_sigterm_drains_in_flight_and_keeps_accepting_new_requests(engines):
+    eng = engines("null", env={"FAKE_SGLANG_DRAIN_POLL_SECS": "0.2"})
     eng.wait_healthy()
     request(eng.port, "POST", "/_fake/control", {"gen_delay": 1.5})
-    result: list = []
-    t = threading.Thread(
-        target=lambda: result.append(request(eng.port, "POST", "/generate", {"text": "x"}))
-    )
-    t.start()
+    results: list = []
+
+    def send() -> None:
+        results.append(request(eng.port, "POST", "/generate", {"text": "x"}, timeout=10))
+
+    first = threading.Thread(target=send)
+    first.start()
     wait_until(lambda: get_json(eng.port, "/get_load")[0]["num_reqs"] == 1, 2.0, "in-flight")
+    t_term = time.monotonic()
     eng.proc.send_signal(signal.SIGTERM)
+    # gracefully_exit: /health, /health_generate and /ready answer 503 at once
     wait_until(lambda: status_or_none(eng.port) == 503, 1.0, "/health 503 while draining")
-    assert eng.proc.poll() is None
-    t.join(5)
-    assert result and result[0][0] == 200
-    assert eng.wait_exit(timeout=3) == -signal.SIGKILL
+    assert status_or_none(eng.port, "/health_generate") == 503
+    assert status_or_none(eng.port, "/ready") == 503
+    # a NEW request meanwhile is accepted and served (generate_request checks nothing) ...
+    second = threading.Thread(target=send)
+    second.start()
+    wait_until(lambda: get_json(eng.port, "/get_load")[0]["num_reqs"] == 2, 1.0, "2 in flight")
+    first.join(5)
+    assert eng.proc.poll() is None, "the second request keeps the drain going"
+    second.join(5)
+    assert [r[0] for r in results] == [200, 200], results
+    assert json.loads(results[1][1])["text"].startswith("[null@")
+    # ... and the process exits 0 at the watchdog's first tick with nothing left
+    assert eng.wait_exit(timeout=3) == 0
+    assert time.monotonic() - t_term >= 1.5
+    assert "Gracefully exiting... Remaining number of requests 2." in eng.stderr
 
 
 def test_sigterm_on_hung_engine_waits_for_its_stuck_request(engines, tmp_path):
@@ -163,15 +187,55 @@ def test_sigterm_on_hung_engine_waits_for_its_stuck_request(engines, tmp_path):
     eng.proc.send_signal(signal.SIGTERM)
     time.sleep(0.8)
     assert eng.proc.poll() is None, "a stuck request keeps the drain going"
-    assert eng.wait_exit(timeout=4) == -signal.SIGKILL
+    assert eng.wait_exit(timeout=4) == 0
     assert "FAKE_SGLANG_DRAIN_MAX_SECS" in eng.stderr
 
 
-def test_sigterm_clean_exit_knob(engines):
-    eng = engines("prefill", env={"FAKE_SGLANG_CLEAN_EXIT": "1"})
+def test_sigterm_skips_the_drain_when_unhealthy_or_forced(engines):
+    # sigterm_watchdog: ServerStatus.UnHealthy (a failed health check) or SGL_FORCE_SHUTDOWN
+    # exits at once; SGLANG_FORCE_SHUTDOWN alone is not what it reads
+    cases = [({}, {"health": "fail"}, True), ({"SGL_FORCE_SHUTDOWN": "1"}, {}, True),
+             ({"SGLANG_FORCE_SHUTDOWN": "1"}, {}, False)]  # fmt: skip
+    for env, ctl, forced in cases:
+        eng = engines("null", env=env)
+        eng.wait_healthy()
+        request(eng.port, "POST", "/_fake/control", {"gen_delay": 2.0, **ctl})
+        results: list = []
+
+        def send(port: int = eng.port, out: list = results) -> None:
+            try:
+                out.append(request(port, "POST", "/generate", {"text": "x"}, timeout=5)[0])
+            except (OSError, http.client.HTTPException) as e:
+                out.append(type(e).__name__)
+
+        t = threading.Thread(target=send)
+        t.start()
+        wait_until(lambda p=eng.port: get_json(p, "/get_load")[0]["num_reqs"] == 1, 2.0,
+                   "in-flight")  # fmt: skip
+        t0 = time.monotonic()
+        eng.proc.send_signal(signal.SIGTERM)
+        assert eng.wait_exit(timeout=5) == 0
+        t.join(5)
+        took = time.monotonic() - t0
+        if forced:
+            assert took < 1.0, (env, ctl, took)
+            assert results != [200], (env, ctl, results)  # the in-flight request was cut
+            assert "Force exiting." in eng.stderr
+        else:
+            assert took >= 1.0 and results == [200], (env, ctl, took, results)
+
+
+def test_sigterm_exit_137_knob_for_sglang_before_the_graceful_stop(engines):
+    eng = engines("prefill", env={"FAKE_SGLANG_SIGTERM_EXIT": "137"})
     eng.wait_healthy()
     eng.proc.send_signal(signal.SIGTERM)
-    assert eng.wait_exit(timeout=5) == 0
+    assert eng.wait_exit(timeout=5) == -signal.SIGKILL
+    old = engines("prefill", env={"FAKE_SGLANG_CLEAN_EXIT": "1"})  # the former knob for 0
+    old.wait_healthy()
+    old.proc.send_signal(signal.SIGTERM)
+    assert old.wait_exit(timeout=5) == 0
+    bad = engines("prefill", env={"FAKE_SGLANG_SIGTERM_EXIT": "15"})
+    assert bad.wait_exit(timeout=5) == 2 and "FAKE_SGLANG_SIGTERM_EXIT" in bad.stderr
 
 
 def test_max_lifetime_safety_net(engines):

@@ -36,9 +36,15 @@ Behaviour, in the order it happens:
   named in each request (500 "KV transfer failed" if unreachable) and registers there; each
   side remembers its peer's instance and, when ``FAKE_SGLANG_STALE_PAIR`` names its role, goes
   stale once that peer is replaced (sglang #33789 / PR #34289; smg #2382, vllm #49238);
-* SIGTERM (standin/lifecycle.py): /health 503, drain in-flight generations, stop listening,
-  SIGKILL any descendants and then itself (exit by signal 9 / status 137);
-  ``FAKE_SGLANG_CLEAN_EXIT=1``: exit 0 instead.
+* SIGTERM (standin/lifecycle.py), as SGLang 0.5.23's ``sigterm_watchdog`` handles it:
+  /health, /health_generate and /ready answer 503 at once, NEW requests are still accepted and
+  served, in-flight ones finish (no bound; ``FAKE_SGLANG_DRAIN_MAX_SECS`` stands in for
+  systemd's TimeoutStopSec), checked every ``FAKE_SGLANG_DRAIN_POLL_SECS`` (SGLang: 5 s);
+  an unhealthy engine (``health: "fail"``) or ``SGL_FORCE_SHUTDOWN=1`` skips the drain; then
+  it SIGKILLs its descendants (not itself) and exits 0 (``FAKE_SGLANG_SIGTERM_EXIT=137``: the
+  SIGKILL-itself exit of SGLang before its graceful stop);
+* kill -9 (or ``crash``): the sockets close with the process; a client in the middle of a
+  reply sees the connection drop (a stream's chunked body ends incomplete).
 
 Knobs: every ``FAKE_SGLANG_*`` environment variable is read in standin/config.py (``Knobs``,
 one field per knob, with its default), except the latency model's own

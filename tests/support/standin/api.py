@@ -22,6 +22,7 @@ _POST = frozenset({"POST"})
 ROUTES: dict[str, tuple[frozenset[str], str]] = {
     "/health": (_GET, "h_health"),
     "/health_generate": (_GET, "h_health"),
+    "/ready": (_GET, "h_health"),  # is_ready(): healthy and not paused (never paused here)
     "/server_info": (_GET, "h_server_info"),
     "/get_server_info": (_GET, "h_server_info"),
     "/model_info": (_GET, "h_model_info"),
@@ -56,7 +57,8 @@ class EngineHandler(BaseHandler):
         key = eng.args.api_key
         if (
             key
-            and not path.startswith(("/health", "/metrics"))
+            # srt/utils/auth.py: /health*, /ready* and /metrics* never need the key
+            and not path.startswith(("/health", "/ready", "/metrics"))
             and self.headers.get("Authorization") != f"Bearer {key}"
         ):
             self._json(401, {"error": "Unauthorized"})
@@ -138,10 +140,9 @@ class EngineHandler(BaseHandler):
                 "The server is still starting (loading weights / warming up).", 503,
                 "ServiceUnavailable"))  # fmt: skip
             return
-        if eng.graceful_exit:
-            self._json(503, generate.err("The server is shutting down (graceful exit).", 503,
-                                         "ServiceUnavailable"))  # fmt: skip
-            return
+        # No check of graceful_exit: SGLang 0.5.23 serves new requests during its SIGTERM drain
+        # (http_server.py generate_request -> tokenizer_manager.generate_request checks
+        # nothing; sigterm_watchdog waits for rid_to_state, which they join).
         kind = generate.KINDS[path]
         prompts = generate.prompts_of(kind, body)
         n = len(prompts)

@@ -27,6 +27,23 @@ LATENCY_KNOBS = (
 ORPHAN_MAX_SECS = 900.0
 
 
+def _sigterm_exit(env: Mapping[str, str]) -> int:
+    """How the process ends after a SIGTERM's drain. SGLang 0.5.23 exits 0: the watchdog asks
+    the schedulers to stop (ShutdownReq, sglang PR #28779), kills the children only
+    (kill_process_tree(include_parent=False)) and hands the exit to uvicorn (server stop hook,
+    sglang PR #39560); launch_server.py returns. Before those, it SIGKILLed itself with its tree
+    (include_parent=True: status 137, as sglang PR #16484 describes). FAKE_SGLANG_CLEAN_EXIT=1
+    (the old way to ask for 0) is still honoured."""
+    raw = env.get("FAKE_SGLANG_SIGTERM_EXIT", "").strip().lower()
+    if raw in ("", "0", "clean"):
+        return 0
+    if raw in ("137", "sigkill"):
+        if env.get("FAKE_SGLANG_CLEAN_EXIT", "").strip().lower() in ("1", "true", "yes", "on"):
+            raise KnobError("FAKE_SGLANG_SIGTERM_EXIT=137 contradicts FAKE_SGLANG_CLEAN_EXIT=1")
+        return 137
+    raise KnobError(f"FAKE_SGLANG_SIGTERM_EXIT must be 0 or 137 (sigkill); got {raw!r}")
+
+
 class KnobError(ValueError):
     """A knob whose value cannot be used; the message names the variable."""
 
@@ -48,8 +65,9 @@ class Knobs:
     orphan_secs: float = ORPHAN_MAX_SECS  # FAKE_SGLANG_ORPHAN_SECS (at most 900)
     # ---- shutdown (lifecycle.py)
     drain_max_secs: float | None = None  # FAKE_SGLANG_DRAIN_MAX_SECS
-    clean_exit: bool = False  # FAKE_SGLANG_CLEAN_EXIT
-    force_shutdown: bool = False  # SGL_FORCE_SHUTDOWN / SGLANG_FORCE_SHUTDOWN
+    drain_poll_secs: float = 0.05  # FAKE_SGLANG_DRAIN_POLL_SECS (SGLang's watchdog: 5)
+    sigterm_exit: int = 0  # FAKE_SGLANG_SIGTERM_EXIT: 0 (SGLang 0.5.23) or 137 (before)
+    force_shutdown: bool = False  # SGL_FORCE_SHUTDOWN (SGLang's own name, read as it reads it)
     max_lifetime: float | None = 1800.0  # FAKE_SGLANG_MAX_LIFETIME
     # ---- PD pair state (pair.py, bootstrap.py)
     stale_pair: str = "off"  # FAKE_SGLANG_STALE_PAIR
@@ -99,8 +117,12 @@ class Knobs:
             orphan_secs=min(ORPHAN_MAX_SECS,
                             num("FAKE_SGLANG_ORPHAN_SECS", ORPHAN_MAX_SECS) or 0.0),
             drain_max_secs=num("FAKE_SGLANG_DRAIN_MAX_SECS", None),
-            clean_exit=flag("FAKE_SGLANG_CLEAN_EXIT"),
-            force_shutdown=flag("SGLANG_FORCE_SHUTDOWN") or flag("SGL_FORCE_SHUTDOWN"),
+            drain_poll_secs=max(0.01, num("FAKE_SGLANG_DRAIN_POLL_SECS", 0.05) or 0.0),
+            sigterm_exit=_sigterm_exit(env),
+            # tokenizer_manager.sigterm_watchdog: get_bool_env_var("SGL_FORCE_SHUTDOWN"), which
+            # only "true"/"1" turn on; environ.py copies SGL_* to SGLANG_*, never back, so
+            # SGLANG_FORCE_SHUTDOWN alone does not force anything in 0.5.23
+            force_shutdown=env.get("SGL_FORCE_SHUTDOWN", "").strip().lower() in ("1", "true"),
             max_lifetime=num("FAKE_SGLANG_MAX_LIFETIME", 1800.0),
             stale_pair=stale,
             pair_failure=failure,

@@ -131,39 +131,67 @@ class Lifecycle:
             time.sleep(min(0.05, left))
 
     def terminate(self) -> None:
-        """SGLang's SIGTERM path: drain, then kill the process tree including itself."""
+        """SGLang 0.5.23's SIGTERM path (python/sglang/srt/managers/tokenizer_manager.py):
+
+        * ``SignalHandler.sigterm_handler`` sets ``gracefully_exit``: from then on /health and
+          /health_generate answer 503 (http_server.py ``health_generate``) and so does /ready
+          (``is_ready``), but ``generate_request`` checks nothing: NEW requests are still
+          accepted and served, and they keep the drain going;
+        * ``sigterm_watchdog`` wakes every 5 s (``FAKE_SGLANG_DRAIN_POLL_SECS`` here, 0.05 by
+          default so tests stay fast; its ticks are counted from start-up, as the watchdog's
+          loop runs from then), and at each tick: if the server is UnHealthy (its health check
+          failed: ``health: "fail"`` here) it exits at once without draining; if
+          ``SGL_FORCE_SHUTDOWN`` is set, too; otherwise it logs the requests left and waits for
+          the next tick while any remain (``rid_to_state``). There is no time bound;
+          ``FAKE_SGLANG_DRAIN_MAX_SECS`` stands in for systemd's TimeoutStopSec;
+        * then it kills its children (``kill_process_tree(os.getpid(), include_parent=False)``),
+          stops the HTTP server and the process exits 0 (see config._sigterm_exit for 137).
+        """
         eng, knobs = self.engine, self.engine.knobs
         eng.term_requested = False
         if eng.graceful_exit:
             return  # already draining (nested call from sleep)
         eng.graceful_exit = True
-        log(f"SIGTERM received. signum=15. Draining requests and shutting down... "
+        t0 = time.monotonic()
+        log(f"SIGTERM received. signum=15 frame=None. Draining requests and shutting down... "
             f"(fake_sglang {eng.role})")
-        t0 = last_note = time.monotonic()
-        while not knobs.force_shutdown and eng.inflight > 0:
+        poll = knobs.drain_poll_secs
+        phase = eng.ready_at if eng.ready_at is not None else eng.started
+        last: int | None = None
+        while True:
+            # the watchdog's next tick
+            self.sleep(poll - ((time.monotonic() - phase) % poll))
+            left = eng.inflight
+            if eng.health_override == "fail":
+                log("Signal SIGTERM received while health check failed. Force exiting.")
+                break
+            if knobs.force_shutdown:
+                log("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+                break
+            if left != last or poll >= 1.0:
+                log(f"Gracefully exiting... Remaining number of requests {left}.")
+                last = left
+            if left == 0:
+                break
             if knobs.drain_max_secs is not None and time.monotonic() - t0 >= knobs.drain_max_secs:
                 log(f"fake_sglang: FAKE_SGLANG_DRAIN_MAX_SECS={knobs.drain_max_secs} s reached")
                 break
-            if time.monotonic() - last_note >= 5.0:
-                last_note = time.monotonic()
-                log(f"Gracefully exiting... Remaining number of requests {eng.inflight}.")
-            self.sleep(0.05)
+        victims = descendants(os.getpid())
+        log(f"kill_process_tree called: parent_pid={os.getpid()}, include_parent="
+            f"{knobs.sigterm_exit == 137}, pid={os.getpid()} ({len(victims)} descendant(s))")
+        for pid in victims:
+            kill_quietly(pid)
+        if knobs.sigterm_exit == 137:
+            log(f"Killing process tree of pid {os.getpid()} with SIGKILL, including itself; "
+                "exit status will be 137 (FAKE_SGLANG_SIGTERM_EXIT=137)")
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(5)  # not reached
+            os._exit(137)
         for srv in (eng.http, eng.bootstrap):
             if srv is not None:
                 srv.stop()
-        victims = descendants(os.getpid())
-        if knobs.clean_exit:
-            for pid in victims:
-                kill_quietly(pid)
-            log("fake_sglang: FAKE_SGLANG_CLEAN_EXIT=1, exiting with status 0")
-            os._exit(0)
-        log(f"Killing process tree of pid {os.getpid()} with SIGKILL, including itself "
-            f"({len(victims)} descendant(s)); exit status will be 137")
-        for pid in victims:
-            kill_quietly(pid)
-        os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(5)  # not reached
-        os._exit(137)
+        log(f"fake_sglang: shut down after SIGTERM in {time.monotonic() - t0:.2f} s; exit 0")
+        os._exit(0)
 
     # ---- start-up pieces --------------------------------------------------------------------
 
