@@ -31,7 +31,12 @@ Behaviour, in the order it happens:
   HTTP, and a lost peer is fatal on both sides, like an NCCL error;
 * requests (standin/api.py, generate.py): SGLang's HTTP API, native and OpenAI generation,
   stream and non-stream; PD requests must carry the router's ``bootstrap_*`` fields (400
-  otherwise);
+  otherwise). Requests that take time: with ``FAKE_SGLANG_PACED=1`` (or control ``paced``, or
+  ``fake_ttft_ms``/``fake_itl_ms`` in a request) the first token comes after
+  ``FAKE_SGLANG_TTFT_MS`` and each next one after ``FAKE_SGLANG_ITL_MS`` (the latency model's
+  knobs and knee, tests/support/fake_latency.py), streamed as it comes or returned whole;
+  tokens per request: its ``max_new_tokens`` / ``max_tokens`` (else
+  ``FAKE_SGLANG_PACED_TOKENS``, 16); a prefill pays the TTFT only;
 * PD pairing (standin/bootstrap.py, pair.py): a decode reaches the prefill's bootstrap server
   named in each request (500 "KV transfer failed" if unreachable) and registers there; each
   side remembers its peer's instance and, when ``FAKE_SGLANG_STALE_PAIR`` names its role, goes
@@ -52,9 +57,10 @@ one field per knob, with its default), except the latency model's own
 
 Runtime control (main port, never needs the API key, never hangs): ``POST /_fake/control``
 with a JSON object of ``hang`` (bool), ``hang_bootstrap`` (bool), ``health`` ("ok"|"fail"),
-``gen_delay`` (seconds), ``crash`` (true: exit 1 right after replying), ``stale_pair``
-(off|decode|prefill|both), ``pair_failure`` (abort200|error500), ``new_instance`` (true: a
-fresh instance id and empty peer memory, a replaced process behind the same ports);
+``gen_delay`` (seconds), ``paced`` (bool), ``crash`` (true: exit 1 right after replying),
+``stale_pair`` (off|decode|prefill|both), ``pair_failure`` (abort200|error500),
+``new_instance`` (true: a fresh instance id and empty peer memory, a replaced process behind
+the same ports);
 ``GET /_fake/control`` returns the current state (including ``instance_id``, ``peers``,
 ``stale_peers``).
 """

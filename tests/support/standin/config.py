@@ -61,6 +61,9 @@ class Knobs:
     hang_after: float | None = None  # FAKE_SGLANG_HANG_AFTER
     hang_bootstrap: bool = False  # FAKE_SGLANG_HANG_BOOTSTRAP
     gen_delay: float = 0.0  # FAKE_SGLANG_GEN_DELAY
+    # ---- requests that take time (generate.py; rates from fake_latency's TTFT/ITL knobs)
+    paced: bool = False  # FAKE_SGLANG_PACED
+    paced_tokens: int = 16  # FAKE_SGLANG_PACED_TOKENS: when a request names no max
     spawn_orphan: bool = False  # FAKE_SGLANG_SPAWN_ORPHAN
     orphan_secs: float = ORPHAN_MAX_SECS  # FAKE_SGLANG_ORPHAN_SECS (at most 900)
     # ---- shutdown (lifecycle.py)
@@ -113,6 +116,8 @@ class Knobs:
             hang_after=num("FAKE_SGLANG_HANG_AFTER", None),
             hang_bootstrap=flag("FAKE_SGLANG_HANG_BOOTSTRAP"),
             gen_delay=num("FAKE_SGLANG_GEN_DELAY", 0.0) or 0.0,
+            paced=flag("FAKE_SGLANG_PACED"),
+            paced_tokens=max(1, int(num("FAKE_SGLANG_PACED_TOKENS", 16) or 16)),
             spawn_orphan=flag("FAKE_SGLANG_SPAWN_ORPHAN"),
             orphan_secs=min(ORPHAN_MAX_SECS,
                             num("FAKE_SGLANG_ORPHAN_SECS", ORPHAN_MAX_SECS) or 0.0),

@@ -24,7 +24,7 @@ VERSION = "0.5.23+fake"
 
 #: keys POST /_fake/control accepts
 CONTROL_KEYS = frozenset({"hang", "hang_bootstrap", "health", "gen_delay", "crash", "stale_pair",
-                          "pair_failure", "new_instance"})
+                          "pair_failure", "new_instance", "paced"})
 
 
 class Engine:
@@ -45,6 +45,7 @@ class Engine:
         self.hang_bootstrap = knobs.hang_bootstrap
         self.health_override = "ok"
         self.gen_delay = knobs.gen_delay
+        self.paced = knobs.paced
         self.pair = pair.PairState(self.role, knobs.stale_pair, knobs.pair_failure,
                                    log=lambda msg: log(msg, "TP0"))
         #: how a prefill knows this decode: its own address (SGLang registers it likewise)
@@ -132,6 +133,8 @@ class Engine:
             self.health_override = body["health"]
         if "gen_delay" in body:
             self.gen_delay = float(body["gen_delay"] or 0.0)
+        if "paced" in body:
+            self.paced = bool(body["paced"])
         log(f"fake_sglang: control {json.dumps(body)}")
         return 200, self.control_state()
 
@@ -145,6 +148,7 @@ class Engine:
             "hang_bootstrap": self.hang_bootstrap,
             "health": self.health_override,
             "gen_delay": self.gen_delay,
+            "paced": self.paced,
             "inflight": self.inflight,
             **self.pair.snapshot(),
         }

@@ -9,6 +9,8 @@ import time
 import uuid
 from typing import Any
 
+import fake_latency
+
 from .http_base import BaseHandler
 
 _BOOT_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
@@ -81,6 +83,55 @@ def bootstrap_fields(body: dict, n: int) -> tuple[dict[str, list], tuple[str, st
     return out, None
 
 
+class Pace:
+    """A request that takes time: its first token after TTFT, then one token every ITL, each
+    stretched by the latency model's knee (fake_latency.MODEL: ``FAKE_SGLANG_TTFT_MS``,
+    ``FAKE_SGLANG_ITL_MS``, ``slowdown()``; reused, not copied). On when the engine is paced
+    (``FAKE_SGLANG_PACED=1`` or control ``paced``) or the request names a rate itself
+    (``fake_ttft_ms`` / ``fake_itl_ms`` in its body: stand-in fields, for direct clients).
+    Tokens per item: the request's own limit, as SGLang honours it (``sampling_params.
+    max_new_tokens``; OpenAI ``max_tokens`` / ``max_completion_tokens``), else
+    ``FAKE_SGLANG_PACED_TOKENS``. A prefill pays the TTFT only (it computes no output)."""
+
+    def __init__(self, ttft: float, itl: float, tokens: int) -> None:
+        self.ttft, self.itl, self.tokens = ttft, itl, tokens
+        self.sent = 0
+
+    @classmethod
+    def of(cls, paced: bool, default_tokens: int, kind: str, body: dict) -> Pace | None:
+        own = {k: body.get(k) for k in ("fake_ttft_ms", "fake_itl_ms")
+               if isinstance(body.get(k), int | float)}  # fmt: skip
+        if not (paced or own):
+            return None
+        model = fake_latency.MODEL
+        ttft = own["fake_ttft_ms"] / 1000 if "fake_ttft_ms" in own else model.ttft
+        itl = own["fake_itl_ms"] / 1000 if "fake_itl_ms" in own else model.itl
+        if kind == "generate":
+            sp = body.get("sampling_params")
+            limit = sp.get("max_new_tokens") if isinstance(sp, dict) else None
+        else:
+            limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        ok = isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+        return cls(max(0.0, ttft), max(0.0, itl), limit if ok else default_tokens)
+
+    def words(self, text: str) -> str:
+        """``tokens`` words cycling through ``text``'s (its first word names the engine)."""
+        base = text.split()
+        return " ".join(base[k % len(base)] for k in range(self.tokens)) if base else ""
+
+    def next_token(self) -> None:
+        """Wait until the next token of the reply is due."""
+        self.sent += 1
+        secs = self.ttft if self.sent == 1 else self.itl
+        if secs > 0:
+            time.sleep(secs * fake_latency.MODEL.slowdown())
+
+    def whole(self, n: int) -> None:
+        """Wait until a non-stream reply of ``n`` tokens is done (at least the TTFT)."""
+        for _ in range(max(1, n)):
+            self.next_token()
+
+
 def answer(
     h: BaseHandler,
     kind: str,
@@ -94,6 +145,9 @@ def answer(
     eng = h.server.engine
     port = h.server.server_port
     ok_text = "" if eng.role == "prefill" else f"[{eng.role}@{port}] hello from fake engine"
+    pace = Pace.of(eng.paced, eng.knobs.paced_tokens, kind, body)
+    if pace is not None:
+        ok_text = pace.words(ok_text)
     # an item whose KV transfer failed comes back like SGLang's aborted request: HTTP 200,
     # empty text, finish_reason {"type": "abort", ...} (smg #2382, vllm #49238)
     texts = ["" if i in failures else ok_text for i in range(len(prompts))]
@@ -122,8 +176,10 @@ def answer(
             meta["bootstrap_port_seen"] = boot["bootstrap_port"][i]
         items.append(meta)
     eng.count(items)
+    if pace is not None and not stream:
+        pace.whole(max(len(t.split()) for t in texts))
     eng.metrics.served(items, len(failures), time.monotonic() - t0)
-    out = _Writer(h, kind, model, items, texts, batch)
+    out = _Writer(h, kind, model, items, texts, batch, pace if stream else None)
     if stream:
         out.stream()
     else:
@@ -134,9 +190,9 @@ class _Writer:
     """One reply in the shape of its endpoint."""
 
     def __init__(self, h: BaseHandler, kind: str, model: str, items: list[dict],
-                 texts: list[str], batch: bool) -> None:  # fmt: skip
+                 texts: list[str], batch: bool, pace: Pace | None) -> None:  # fmt: skip
         self.h, self.kind, self.model, self.items, self.texts = h, kind, model, items, texts
-        self.batch = batch
+        self.batch, self.pace = batch, pace
         self.created = int(time.time())
         self.meta_out: Any = items if batch else items[0]
         # OpenAI choices carry the finish_reason's type ("length", or "abort" for a failure)
@@ -177,8 +233,15 @@ class _Writer:
 
     # ---- stream -----------------------------------------------------------------------------
 
+    def token(self) -> None:
+        """Before each streamed token: wait for it when the request is paced."""
+        if self.pace is not None:
+            self.pace.next_token()
+
     def stream(self) -> None:
         h = self.h
+        if self.pace is not None and not any(self.texts):
+            self.pace.next_token()  # a prefill (or all items failed): the TTFT only
         h._sse_start()
         {"generate": self._stream_generate, "chat": self._stream_chat,
          "completions": self._stream_completions}[self.kind]()  # fmt: skip
@@ -189,6 +252,7 @@ class _Writer:
             text = self.texts[i]
             words = text.split()
             for k in range(1, len(words) + 1):
+                self.token()
                 chunk = {"text": " ".join(words[:k]), "output_ids": list(range(k)),
                          "meta_info": {**m, "completion_tokens": k, "finish_reason": None}}
                 if self.batch:
@@ -209,6 +273,7 @@ class _Writer:
 
         self.h._sse(choice({"role": "assistant", "content": ""}))
         for k, w in enumerate(self.texts[0].split()):
+            self.token()
             self.h._sse(choice({"content": w if k == 0 else " " + w}))
         self.h._sse({**choice({}, self.reasons[0], matched_stop=None), "usage": self.usage,
                      "meta_info": self.meta_out})  # fmt: skip
@@ -218,6 +283,7 @@ class _Writer:
                 "model": self.model}  # fmt: skip
         for i in range(len(self.items)):
             for k, w in enumerate(self.texts[i].split()):
+                self.token()
                 self.h._sse({**base, "choices": [{"index": i, "text": w if k == 0 else " " + w,
                                                   "logprobs": None, "finish_reason": None}]})
             self.h._sse({**base, "choices": [{"index": i, "text": "", "logprobs": None,
