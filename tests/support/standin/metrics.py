@@ -1,4 +1,4 @@
-"""fake_metrics: the stand-in engine's ``/metrics`` (TEST SUPPORT, imported by fake_sglang.py).
+"""The stand-in engine's ``/metrics`` (test support; served by api.py).
 
 SGLang 0.5.23's own names and labels (python/sglang/srt/observability/metrics_collector.py),
 with values that move: every generation adds to the request and token counters and observes

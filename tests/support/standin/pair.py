@@ -1,4 +1,4 @@
-"""fake_pair: the NIXL pair state of tests/support/fake_sglang.py (TEST STAND-IN, stdlib only).
+"""The NIXL pair state of the SGLang stand-in (tests/support/fake_sglang.py; stdlib only).
 
 Real SGLang names each NIXL agent with a fresh uuid4 per process. A decode learns a prefill's
 info from the prefill's bootstrap server (``--disaggregation-bootstrap-port``) and registers
@@ -19,10 +19,10 @@ paired with per peer key, and the peers it is stale for. A peer key is the addre
 known by: the decode knows a prefill by its bootstrap ``host:port`` (from the request), the
 prefill knows a decode by the decode's own ``--host:--port`` (sent when it registers).
 
-Knobs: ``FAKE_SGLANG_STALE_PAIR`` = ``decode`` | ``prefill`` | ``both`` | unset/``off`` (each
-process applies it to its own role only), ``FAKE_SGLANG_PAIR_FAILURE`` = ``abort200`` (default)
-| ``error500``, ``FAKE_SGLANG_PAIR_WAIT_SECS`` (2.0: how long a prefill that may go stale waits
-for the decode's registration of a bootstrap_room before it answers).
+Knobs (read by config.py): ``FAKE_SGLANG_STALE_PAIR`` = ``decode`` | ``prefill`` | ``both`` |
+unset/``off`` (each process applies it to its own role only), ``FAKE_SGLANG_PAIR_FAILURE`` =
+``abort200`` (default) | ``error500``, ``FAKE_SGLANG_PAIR_WAIT_SECS`` (2.0: how long a prefill
+that may go stale waits for the decode's registration of a bootstrap_room before it answers).
 """
 
 from __future__ import annotations

@@ -1,0 +1,52 @@
+"""The stand-in's command line: the argv ``sglang.launch_server`` gets, then the lifecycle."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import KnobError, Knobs
+from .engine import Engine
+from .lifecycle import Lifecycle
+from .util import emit, log
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fake_sglang",
+        description="Test stand-in for python -m sglang.launch_server (not SGLang).",
+        allow_abbrev=False,
+    )
+    p.add_argument("--model-path", "--model", dest="model_path", required=True)
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
+    p.add_argument("--disaggregation-transfer-backend", default="mooncake")
+    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int,
+                   default=1)  # fmt: skip
+    p.add_argument("--dp", "--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--enable-metrics", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, ignored = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        knobs = Knobs.from_env()
+    except KnobError as e:
+        emit(f"ValueError: {e}")
+        return 2
+    engine = Engine(args, ignored, knobs)
+    try:
+        return Lifecycle(engine).run()
+    except KeyboardInterrupt:
+        log("fake_sglang: KeyboardInterrupt, exiting")
+        return 130
