@@ -105,7 +105,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -114,11 +113,18 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from nspawn_exec import (
+    CONTAINER_ENV,
+    ContainerCommandError,
+    ContainerCommands,
+    ContainerError,
+)
+from nspawn_host import _WATCHDOG, _alive, _cgroup_dirs, _children, _pidns, _rmdir_tree, wait_for
 
 __all__ = [
     "CONTAINER_ENV",
@@ -133,19 +139,6 @@ __all__ = [
     "wait_for",
 ]
 
-T = TypeVar("T")
-
-#: Environment given to every command run inside (plus the caller's ``env``).
-CONTAINER_ENV: dict[str, str] = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "LANG": "C.UTF-8",
-    "HOME": "/root",
-    "TERM": "dumb",
-    "SYSTEMD_COLORS": "0",
-    "SYSTEMD_PAGER": "",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
-
 DEFAULT_BOOT_TIMEOUT = 60.0
 #: Hard upper bound of a container's life (seconds); env PDSVC_NSPAWN_MAX_LIFETIME overrides.
 DEFAULT_MAX_LIFETIME = float(os.environ.get("PDSVC_NSPAWN_MAX_LIFETIME", "1200"))
@@ -155,22 +148,6 @@ HOST_SYSTEMD = "/usr/lib/systemd/systemd"
 REQUIRE_ENV = "PDSVC_REQUIRE_E2E"
 
 BindSpec = str | tuple[str, str] | os.PathLike
-
-
-class ContainerError(RuntimeError):
-    """The container could not be started / is not running."""
-
-
-class ContainerCommandError(subprocess.CalledProcessError):
-    """A command inside the container failed; str() carries its output."""
-
-    def __str__(self) -> str:
-        cmd = self.cmd if isinstance(self.cmd, str) else shlex.join(map(str, self.cmd))
-        return (
-            f"command in container exited {self.returncode}: {cmd}\n"
-            f"--- stdout ---\n{(self.stdout or '').rstrip()}\n"
-            f"--- stderr ---\n{(self.stderr or '').rstrip()}"
-        )
 
 
 # --------------------------------------------------------------------------- availability
@@ -199,125 +176,6 @@ def require_nspawn() -> None:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{REQUIRE_ENV}=1 but {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-# --------------------------------------------------------------------------- /proc helpers
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(comm, ppid) of a process, or None if gone."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    lpar, rpar = data.find("("), data.rfind(")")
-    fields = data[rpar + 2 :].split()
-    return data[lpar + 1 : rpar], int(fields[1])
-
-
-def _children(ppid: int, comm: str | None = None) -> list[int]:
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        st = _stat(int(entry.name))
-        if st and st[1] == ppid and (comm is None or st[0] == comm):
-            out.append(int(entry.name))
-    return sorted(out)
-
-
-def _pidns(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def _alive(pid: int | None) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    if not pid:
-        return False
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return data.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _cgroup_dirs() -> list[Path]:
-    """Our cgroup in the hierarchies nspawn uses: name=systemd (v1) and the cgroup2 one."""
-    mounts: dict[str, tuple[str, str]] = {}  # key -> (mount point, mount root)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            pre, _, post = line.partition(" - ")
-            f, p = pre.split(), post.split()
-            if len(f) < 5 or len(p) < 3:
-                continue
-            root, mnt, fstype, opts = f[3], f[4], p[0], p[2]
-            if fstype == "cgroup2":
-                mounts.setdefault("", (mnt, root))
-            elif fstype == "cgroup" and "name=systemd" in opts.split(","):
-                mounts.setdefault("name=systemd", (mnt, root))
-    dirs = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            hid, ctrl, path = line.split(":", 2)
-            key = "" if hid == "0" else ctrl
-            if key not in mounts:
-                continue
-            mnt, root = mounts[key]
-            rel = path
-            if root != "/" and (path == root or path.startswith(root + "/")):
-                rel = path[len(root) :]
-            dirs.append(Path(mnt + "/" + rel.lstrip("/")))
-    return dirs
-
-
-def _rmdir_tree(top: Path) -> None:
-    """rmdir a cgroup directory bottom-up (cgroup dirs can only be rmdir'ed, not unlinked)."""
-    if not top.is_dir():
-        return
-    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
-        with contextlib.suppress(OSError):
-            os.rmdir(dirpath)
-
-
-# Runs detached, one per container, for the case where the test process dies without stop():
-# SIGKILLs the container's PID 1 (checked by PID-namespace identity, so a recycled PID is never
-# hit) once max_lifetime + 20 s have passed, and removes the container's cgroups once it is gone.
-_WATCHDOG = """
-import os, signal, sys, time
-pid, ns, delay, name = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
-cgroups = sys.argv[5:]
-def same():
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid") == ns
-    except OSError:
-        return False
-end = time.monotonic() + delay
-while same() and time.monotonic() < end:
-    time.sleep(2)
-if same():
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-for _ in range(50):
-    if not same():
-        break
-    time.sleep(0.2)
-time.sleep(1)
-for top in cgroups:
-    for d, _, _ in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
-try:
-    os.rmdir(f"/run/systemd/nspawn/propagate/{name}")
-except OSError:
-    pass
-"""
 
 
 # --------------------------------------------------------------------------- registry
@@ -357,7 +215,7 @@ def _norm_bind(spec: BindSpec) -> str:
 # --------------------------------------------------------------------------- the container
 
 
-class SystemdContainer:
+class SystemdContainer(ContainerCommands):
     """A booted systemd in a volatile ``systemd-nspawn`` container of the host's /usr.
 
     Construct with defaults, then ``start()`` (arguments given to start() win); or use it as
@@ -679,196 +537,6 @@ class SystemdContainer:
 
     def __repr__(self) -> str:
         return f"<SystemdContainer {self.name} pid={self.pid} state={self.boot_state}>"
-
-    # ---------------------------------------------------------------- commands inside
-
-    def _nsenter(self, cmd: list[str] | str) -> list[str]:
-        if not self.pid or self._stopped:
-            raise ContainerError(f"{self.name}: not running")
-        args = ["sh", "-c", cmd] if isinstance(cmd, str) else [os.fspath(c) for c in cmd]
-        return ["nsenter", "-t", str(self.pid), "-a", *args]
-
-    def _exec(
-        self,
-        argv: list[str],
-        *,
-        input: str | bytes | None,
-        env: Mapping[str, str] | None,
-        timeout: float,
-        text: bool,
-    ) -> subprocess.CompletedProcess:
-        """subprocess.run, but a timeout kills nsenter's whole process group (its child too)."""
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env={**CONTAINER_ENV, **(env or {})},
-            text=text,
-            encoding="utf-8" if text else None,
-            errors="replace" if text else None,
-        )
-        try:
-            out, err = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
-        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-    def run(
-        self,
-        cmd: list[str] | str,
-        check: bool = True,
-        timeout: float = 60.0,
-        input: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> subprocess.CompletedProcess:
-        """Run ``cmd`` inside (a string goes through ``sh -c``); text output captured.
-
-        ``env`` adds to/overrides :data:`CONTAINER_ENV`. Raises ContainerCommandError on a
-        non-zero exit when ``check``; subprocess.TimeoutExpired on timeout.
-        """
-        r = self._exec(self._nsenter(cmd), input=input, env=env, timeout=timeout, text=True)
-        r.args = cmd
-        if check and r.returncode != 0:
-            raise ContainerCommandError(r.returncode, cmd, r.stdout, r.stderr)
-        return r
-
-    def systemctl(
-        self, *args: str, check: bool = True, timeout: float = 120.0
-    ) -> subprocess.CompletedProcess:
-        return self.run(["systemctl", "--no-pager", *args], check=check, timeout=timeout)
-
-    def daemon_reload(self) -> None:
-        self.systemctl("daemon-reload")
-
-    def journal(self, unit: str, lines: int = 200) -> str:
-        """Messages of ``unit`` (journalctl -u UNIT -o cat), the last ``lines`` of them."""
-        r = self.run(
-            ["journalctl", "-u", unit, "--no-pager", "-o", "cat", "-n", str(lines)],
-            check=False,
-        )
-        return r.stdout
-
-    def show(self, unit: str, *props: str) -> dict[str, str]:
-        """``systemctl show UNIT -p P ...`` as a dict (all properties if none given)."""
-        args = ["show", unit]
-        for p in props:
-            args += ["-p", p]
-        out = self.systemctl(*args).stdout
-        res = {}
-        for line in out.splitlines():
-            k, sep, v = line.partition("=")
-            if sep:
-                res[k] = v
-        return res
-
-    def unit_state(self, unit: str) -> str:
-        """ActiveState of ``unit`` (active, inactive, failed, activating, ...)."""
-        return self.show(unit, "ActiveState").get("ActiveState", "")
-
-    def write_file(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
-        """Create/replace ``path`` inside (parent dirs created)."""
-        if not os.path.isabs(path):
-            raise ValueError(f"path must be absolute: {path!r}")
-        data = content.encode() if isinstance(content, str) else content
-        q = shlex.quote(path)
-        script = (
-            f'set -e; mkdir -p -- "$(dirname -- {q})"; tmp={q}.tmp.$$; '
-            f'cat > "$tmp"; chmod {mode:o} "$tmp"; mv -f -- "$tmp" {q}'
-        )
-        r = self._exec(self._nsenter(script), input=data, env=None, timeout=60, text=False)
-        if r.returncode != 0:
-            raise ContainerCommandError(
-                r.returncode,
-                f"write_file {path}",
-                r.stdout.decode(errors="replace"),
-                r.stderr.decode(errors="replace"),
-            )
-
-    def read_file(self, path: str) -> str:
-        return self.run(["cat", "--", path]).stdout
-
-    def exists(self, path: str) -> bool:
-        return self.run(["test", "-e", path], check=False).returncode == 0
-
-    def install_unit(self, name: str, content: str, reload: bool = True) -> str:
-        """Write /etc/systemd/system/NAME and daemon-reload; returns the path."""
-        path = f"/etc/systemd/system/{name}"
-        self.write_file(path, content)
-        if reload:
-            self.daemon_reload()
-        return path
-
-    def useradd(self, user: str, *extra: str) -> None:
-        """A system user with its own group (/etc has no login.defs here: be explicit)."""
-        self.run(
-            [
-                "useradd",
-                "--system",
-                "--user-group",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                *extra,
-                user,
-            ]
-        )
-
-    def wait_for(
-        self,
-        predicate: Callable[[], T],
-        timeout: float = 30.0,
-        interval: float = 0.2,
-        what: str = "condition",
-    ) -> T:
-        return wait_for(predicate, timeout=timeout, interval=interval, what=what)
-
-    def diagnostics(self, lines: int = 300) -> str:
-        """Console tail + journal tail + failed units: for error messages / failed tests."""
-        parts = [self._log_tail(60)]
-        if self.is_running():
-            with contextlib.suppress(Exception):
-                parts.append(
-                    "--- systemctl --failed ---\n"
-                    + self.systemctl("--failed", "--plain", check=False, timeout=10).stdout
-                )
-            with contextlib.suppress(Exception):
-                parts.append(
-                    f"--- journal (last {lines}) ---\n"
-                    + self.run(
-                        ["journalctl", "--no-pager", "-n", str(lines)], check=False, timeout=20
-                    ).stdout
-                )
-        return "\n".join(parts)
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float = 30.0,
-    interval: float = 0.2,
-    what: str = "condition",
-) -> T:
-    """Poll ``predicate`` until it returns something truthy (returned); AssertionError after
-    ``timeout`` seconds naming ``what`` (and the last exception the predicate raised)."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-            last_exc = None
-        except Exception as e:  # reported below
-            last_exc = e
-        if time.monotonic() >= deadline:
-            extra = f" (last error: {last_exc!r})" if last_exc else ""
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{extra}")
-        time.sleep(interval)
-
 
 # --------------------------------------------------------------------------- pytest fixture
 
