@@ -27,3 +27,25 @@ JIT_CACHE_ENV: tuple[tuple[str, str], ...] = (
 )
 #: CUDA's PTX JIT cache defaults to 256 MiB on older drivers; 4 GiB is its documented maximum.
 CUDA_CACHE_MAXSIZE = "4294967296"
+
+#: What a decode checks of a prefill when it first connects to its bootstrap server, and
+#: refuses to pair on when they differ (SGLang 0.5.23 python/sglang/srt/disaggregation/
+#: common/conn.py, `CommonKVReceiver.try_ensure_parallel_info`: "Page size mismatch",
+#: "KV cache dtype mismatch", "KV layout mismatch ... the same --dsv4-attn-backend and
+#: SGLANG_DSV4_KV_LAYOUT"), plus what makes two engines' KV caches different things
+#: altogether: the model and the transfer backend (a NIXL agent and a Mooncake engine never
+#: talk; nixl/conn.py, mooncake/conn.py). Flag -> the value SGLang takes when it is not given
+#: (None: no default pdsvc can name; then only "both absent" is equal).
+PAIR_FLAGS: dict[str, str | None] = {
+    "--page-size": "1",
+    "--kv-cache-dtype": "auto",
+    "--dsv4-attn-backend": None,
+    "--model-path": None,
+    "--disaggregation-transfer-backend": "mooncake",
+}
+#: The same for environment variables (SGLANG_DSV4_KV_LAYOUT: the KV layout check above;
+#: the NIXL plugin: both agents must load the same one, nixl/conn.py).
+PAIR_ENV: dict[str, str | None] = {
+    "SGLANG_DSV4_KV_LAYOUT": "auto",
+    "SGLANG_DISAGGREGATION_NIXL_BACKEND": "UCX",
+}

@@ -55,7 +55,7 @@ class _Commands(click.Group):
     doctor and status are most of pdsvc's code, and a render needs neither."""
 
     LAZY = {"doctor": ("pdsvc.cli.doctor", "doctor"), "status": ("pdsvc.cli.status", "status"),
-            "bench": ("pdsvc.cli.bench", "bench")}
+            "bench": ("pdsvc.cli.bench", "bench"), "apply": ("pdsvc.cli.apply", "apply")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})

@@ -9,6 +9,7 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 from pdsvc.config.fields import dotted
+from pdsvc.config.pairing import pair_problems
 from pdsvc.config.roles import Instance
 from pdsvc.config.sections import RUN_REF, expand_ref
 from pdsvc.sglang import DIST_INIT_SPAN
@@ -43,6 +44,7 @@ def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:
                     f"GPU {shared[0]} is also in {other.key}.gpus; give each {whom} its own GPUs"
                 )))
     problems += _port_problems(config)
+    problems += pair_problems(config)
     return problems
 
 

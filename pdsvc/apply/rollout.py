@@ -1,0 +1,292 @@
+"""The plan of a rollout (pure): compare the running bundle with the new one, say per unit why
+it changes, and order the restarts so that serving goes on.
+
+Rules, each for a reason:
+* Only engines and the router are restarted; the target and the ready gate only need
+  `systemctl daemon-reload` (their next start reads them), and the installer does that.
+* A change after which an old and a new engine cannot pair (pdsvc.sglang.PAIR_FLAGS /
+  PAIR_ENV: a decode refuses a prefill of another page size, KV dtype or layout when they
+  connect) is never rolled one engine at a time: the engines of every pair it touches
+  restart as one step, and serving stops for that step.
+* Any other change rolls one engine at a time, prefills first: a prefill's restart may take
+  decodes along (their PartOf= on it), which then need no step of their own.
+* A unit's restart also restarts the units that are PartOf= it (systemd.unit(5)): a step
+  says which, and the pairs it takes out count them.
+* The router changes last: the engines register themselves again when it is back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from pdsvc.apply.units import Unit, flag_values
+from pdsvc.sglang import PAIR_ENV, PAIR_FLAGS
+
+#: The shipped runtime's files in a bundle; a change there restarts every unit that runs it.
+RUNTIME_PREFIX = "runtime/"
+ROLE_ORDER = {"prefill": 0, "decode": 1, "router": 2}
+
+
+@dataclass(frozen=True)
+class Reason:
+    kind: str  # unit | env | argv | runtime
+    detail: str
+
+
+@dataclass(frozen=True)
+class Change:
+    unit: str
+    role: str  # prefill | decode | router | "" (the target, the gate)
+    action: str  # restart | start | remove | reload
+    reasons: tuple[Reason, ...]
+    pair_breaking: tuple[str, ...] = ()  # the pair settings that change (PAIR_FLAGS/ENV)
+
+
+@dataclass(frozen=True)
+class Step:
+    action: str  # restart | restart together | start | restart router
+    units: tuple[str, ...]  # what apply restarts (or starts)
+    takes: tuple[str, ...]  # restarted along with them (PartOf=)
+    pairs_down: tuple[str, ...]  # "PREFILL -> DECODE" without an engine during the step
+    pairs_left: int  # pairs that still serve during the step
+    serving_stops: bool
+    why: str
+
+    @property
+    def down(self) -> tuple[str, ...]:
+        return (*self.units, *self.takes)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    changes: tuple[Change, ...]
+    steps: tuple[Step, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.changes
+
+    @property
+    def outage(self) -> tuple[Step, ...]:
+        """The steps during which no pair serves."""
+        return tuple(s for s in self.steps if s.serving_stops)
+
+    def to_dict(self) -> dict:
+        return {"changes": [asdict(c) for c in self.changes],
+                "steps": [asdict(s) for s in self.steps],
+                "serving_stops": bool(self.outage), "notes": list(self.notes)}
+
+
+def _shorten(value: str, most: int = 48) -> str:
+    return value if len(value) <= most else value[:most - 1] + "…"
+
+
+def _dict_diff(old: dict[str, tuple[str, ...]] | dict[str, str],
+               new: dict[str, tuple[str, ...]] | dict[str, str]) -> list[str]:
+    """`KEY: old -> new` for each key whose value differs ('unset' where absent)."""
+    out = []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            def say(v: object) -> str:
+                if v is None:
+                    return "unset"
+                return _shorten(" ".join(v) if isinstance(v, tuple) else str(v))
+            out.append(f"{key}: {say(a)} -> {say(b)}")
+    return out
+
+
+def classify(old: Unit, new: Unit) -> tuple[Reason, ...]:
+    """Why a unit present in both bundles changed: the engine's (or router's) argv, the
+    runtime's options, the environment, other directives. () when only comments differ."""
+    reasons: list[Reason] = []
+    for what, a, b in (("", old.engine_argv, new.engine_argv),
+                       ("runtime ", old.runtime_argv, new.runtime_argv)):
+        diff = _dict_diff(flag_values(a), flag_values(b))
+        reasons += [Reason("argv", what + d) for d in diff]
+        if a != b and not diff:
+            reasons.append(Reason("argv", f"{what or 'engine '}command line"))
+    reasons += [Reason("env", d) for d in _dict_diff(old.env, new.env)]
+    if old.values("EnvironmentFile") != new.values("EnvironmentFile"):
+        reasons.append(Reason("env", "EnvironmentFile="))
+    rest = {"ExecStart", "Environment", "EnvironmentFile"}
+    keys = sorted({k for _, k, _ in old.directives + new.directives} - rest)
+    changed = [k for k in keys if old.values(k) != new.values(k)]
+    if changed:
+        reasons.append(Reason("unit", ", ".join(f"{k}=" for k in changed)))
+    return tuple(reasons)
+
+
+def pair_settings(unit: Unit) -> dict[str, str | None]:
+    """The settings a decode checks of a prefill when they connect, as the engine gets them."""
+    flags = flag_values(unit.engine_argv)
+    env = unit.env
+    out: dict[str, str | None] = {}
+    for flag, default in PAIR_FLAGS.items():
+        out[flag] = flags[flag][-1] if flag in flags else default
+    for var, default in PAIR_ENV.items():
+        out[var] = env.get(var, default)
+    return out
+
+
+def _units(bundle: dict[str, str]) -> dict[str, Unit]:
+    return {path: Unit.parse(path, text) for path, text in bundle.items()
+            if "/" not in path and path.endswith((".service", ".target"))}
+
+
+def _changes(old_units: dict[str, Unit], new_units: dict[str, Unit],
+             runtime_changed: int) -> list[Change]:
+    changes: list[Change] = []
+    for name in sorted(old_units.keys() | new_units.keys(),
+                       key=lambda n: (ROLE_ORDER.get((new_units.get(n) or old_units[n]).role, 3),
+                                      n)):
+        old, new = old_units.get(name), new_units.get(name)
+        if new is None:
+            assert old is not None
+            changes.append(Change(name, old.role, "remove", (
+                Reason("unit", "no longer in the bundle: the installer stops and removes it"),)))
+            continue
+        if old is None:
+            action = "start" if new.kind != "other" else "reload"
+            changes.append(Change(name, new.role, action, (Reason("unit", "new unit"),)))
+            continue
+        reasons = list(classify(old, new))
+        if runtime_changed and new.kind != "other":
+            reasons.append(Reason("runtime", f"the runtime's code ({runtime_changed} files)"))
+        if not reasons:
+            continue
+        if new.kind == "other":
+            changes.append(Change(name, new.role, "reload", tuple(reasons)))
+            continue
+        breaking: tuple[str, ...] = ()
+        if new.kind == "engine":
+            a, b = pair_settings(old), pair_settings(new)
+            breaking = tuple(f"{k}: {a[k] or 'unset'} -> {b[k] or 'unset'}"
+                             for k in a if a[k] != b[k])
+        changes.append(Change(name, new.role, "restart", tuple(reasons), breaking))
+    return changes
+
+
+def _coupled(name: str, units: dict[str, Unit]) -> set[str]:
+    """The units a restart of `name` restarts too: PartOf= it, transitively."""
+    out: set[str] = set()
+    todo = [name]
+    while todo:
+        cur = todo.pop()
+        for u in units.values():
+            if cur in u.part_of and u.name not in out and u.name != name:
+                out.add(u.name)
+                todo.append(u.name)
+    return out
+
+
+class _Capacity:
+    """Which pairs serve while a set of units is down."""
+
+    def __init__(self, units: dict[str, Unit]) -> None:
+        engines = [u for u in units.values() if u.kind == "engine"]
+        by_url = {u.url: u.name for u in engines if u.url}
+        self.pairs: list[tuple[str, str, str]] = []  # (label, prefill unit, decode unit)
+        for p, d in dict.fromkeys(pair for u in engines for pair in u.pairs):
+            self.pairs.append((f"{p} -> {d}", by_url.get(p, p), by_url.get(d, d)))
+
+    def during(self, down: set[str]) -> tuple[tuple[str, ...], int]:
+        lost = tuple(label for label, p, d in self.pairs if p in down or d in down)
+        return lost, len(self.pairs) - len(lost)
+
+
+def _pair_group(seeds: set[str], units: dict[str, Unit]) -> set[str]:
+    """Every engine that shares a pair with an engine of the group, until none is added."""
+    by_url = {u.url: u.name for u in units.values() if u.kind == "engine" and u.url}
+    group = set(seeds)
+    grew = True
+    while grew:
+        grew = False
+        for name in list(group):
+            for p, d in units[name].pairs:
+                for peer in (by_url.get(p), by_url.get(d)):
+                    if peer and peer not in group:
+                        group.add(peer)
+                        grew = True
+    return group
+
+
+def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
+    """The rollout from the running bundle `old` to `new` (each: path in the bundle -> text)."""
+    old_units, new_units = _units(old), _units(new)
+    runtime = {p for p in old.keys() | new.keys() if p.startswith(RUNTIME_PREFIX)}
+    runtime_changed = sum(old.get(p) != new.get(p) for p in runtime)
+    changes = _changes(old_units, new_units, runtime_changed)
+    restart = [c for c in changes if c.action == "restart" and c.role != "router"]
+    capacity = _Capacity({n: u for n, u in new_units.items() if n in old_units})
+    steps: list[Step] = []
+    done: set[str] = set()
+    notes: list[str] = []
+
+    def add(action: str, names: list[str], why: str, *, stops: bool = False) -> None:
+        takes = set().union(*(_coupled(n, new_units) for n in names)) - set(names)
+        down = set(names) | takes
+        lost, left = capacity.during(down)
+        if action == "restart router":
+            lost, left, stops = (), 0, True
+        steps.append(Step(action, tuple(names), tuple(sorted(takes)), lost, left,
+                          stops or (bool(capacity.pairs) and left == 0), why))
+        done.update(down)
+
+    breaking = {c.unit for c in restart if c.pair_breaking}
+    group: set[str] = set()
+    if breaking:
+        group = _pair_group(breaking, new_units)
+        keys = sorted({k for c in restart for k in c.pair_breaking})
+        add("restart together", sorted(group, key=lambda n: (ROLE_ORDER[new_units[n].role], n)),
+            "old and new engines cannot pair (" + "; ".join(keys) + "): the engines of every "
+            "pair it touches restart as one step", stops=True)
+    for c in restart:
+        if c.unit in group:
+            continue
+        if c.unit in done:
+            notes.append(f"{c.unit} restarts with an earlier step (PartOf=)")
+            continue
+        add("restart", [c.unit], "; ".join(r.detail for r in c.reasons[:3])
+            + (f"; and {len(c.reasons) - 3} more" if len(c.reasons) > 3 else ""))
+    for c in changes:
+        if c.action == "start" and c.role != "router":
+            add("start", [c.unit], "a new engine")
+    for c in changes:
+        if c.role == "router" and c.action in ("restart", "start"):
+            add("restart router" if c.action == "restart" else "start", [c.unit],
+                "; ".join(r.detail for r in c.reasons[:3])
+                + "; the engines register themselves again once it is back")
+    return Rollout(tuple(changes), tuple(steps), tuple(notes))
+
+
+def format_rollout(r: Rollout) -> str:
+    """The plan as a person reads it: what changes and why, then the steps."""
+    if r.nothing_to_do:
+        return "nothing to do: the running bundle is what this config renders"
+    lines = ["changes:"]
+    for c in r.changes:
+        head = f"  {c.unit} ({c.action}{' only: systemctl daemon-reload' * (c.action == 'reload')})"
+        lines.append(head)
+        lines += [f"      {x.kind}: {x.detail}" for x in c.reasons]
+        if c.pair_breaking:
+            lines.append("      PAIR-INCOMPATIBLE: " + "; ".join(c.pair_breaking))
+    if r.steps:
+        lines.append("steps (each engine: out of the router, drained, restarted, healthy, "
+                     "registered again, its pairs' canary good; then the next):")
+    for i, s in enumerate(r.steps, 1):
+        takes = f" (takes {', '.join(s.takes)} along: PartOf=)" if s.takes else ""
+        lines.append(f"  {i}. {s.action} {', '.join(s.units)}{takes}")
+        lines.append(f"     why: {s.why}")
+        if s.action == "restart router":
+            lines.append("     serving STOPS while the router restarts")
+        elif s.serving_stops:
+            lines.append(f"     serving STOPS: no pair left ({len(s.pairs_down)} pairs down)")
+        elif s.pairs_down:
+            lines.append(f"     capacity: {len(s.pairs_down)} pairs down "
+                         f"({', '.join(s.pairs_down)}), {s.pairs_left} serving")
+    lines += [f"note: {n}" for n in r.notes]
+    lines.append("serving: " + ("STOPS during step " + ", ".join(
+        str(r.steps.index(s) + 1) for s in r.outage) if r.outage else "never stops"))
+    return "\n".join(lines)

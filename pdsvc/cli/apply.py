@@ -1,0 +1,224 @@
+"""The `pdsvc apply` command: render the edited config, show the rollout, install, then restart
+only what changed, one step at a time (pdsvc.apply)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from pdsvc.apply.bundles import (
+    PREVIOUS,
+    as_bundle,
+    install,
+    keep_previous,
+    previous_files,
+    previous_origin_config,
+    read_bundle,
+    running_config,
+    save_applied,
+)
+from pdsvc.apply.execute import Bounds, Executor, Host, StepFailed
+from pdsvc.apply.rollout import Rollout, format_rollout, plan_rollout
+from pdsvc.apply.units import Unit
+from pdsvc.cli.commands import _canonical_command, install_script, shown
+from pdsvc.cli.kit import (
+    DEFAULT_OUTPUT,
+    config_option,
+    handle_errors,
+    json_option,
+    load_plan,
+    sysfs_option,
+    topology_option,
+    warn_plan,
+)
+from pdsvc.errors import ConfigError, OutputError
+from pdsvc.render.bundle import Origin, write_bundle
+from pdsvc.render.systemd import File, render_systemd
+
+APPLY_EPILOG = """\b
+Exit codes: 0 applied, or nothing to do · 1 the install or a step failed (the rollout
+            stopped there; the one command that goes back is printed) · 2 bad config or
+            usage · 3 serving would stop and that was declined (or not confirmed: --yes)
+"""
+
+#: Exit status when the operator declines (or cannot be asked about) an outage.
+DECLINED = 3
+
+
+def _say(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def _rollback_command(output: Path) -> str:
+    return f"sudo pdsvc apply --rollback --output {shown(output)}"
+
+
+@click.command(epilog=APPLY_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_OUTPUT, show_default=True,
+              help="The bundle directory: what was rendered and installed last, compared "
+              "with the new render, which is written there.")
+@sysfs_option
+@topology_option
+@click.option("--dry-run", is_flag=True, help="Print the plan of the rollout; change nothing.")
+@json_option
+@click.option("--yes", "-y", is_flag=True,
+              help="Do not ask before a step during which serving stops (for scripts).")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              metavar="SECS", help="How long to wait for an engine's in-flight requests once "
+              "it is out of the router (SGLang's own drain has no bound).")
+@click.option("--step-timeout", type=click.FloatRange(min=1), default=3600.0,
+              show_default=True, metavar="SECS",
+              help="How long a step may take from restart to serving (load, JIT, warmup).")
+@click.option("--force", is_flag=True, help="Passed to the render and to install.sh: "
+              "replace files edited in place.")
+@click.option("--rollback", is_flag=True,
+              help=f"Go back to the bundle and config kept in OUTPUT/{PREVIOUS}/ by the last "
+              "apply, with the same steps.")
+@handle_errors
+def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_file: Path | None,
+          dry_run: bool, as_json: bool, yes: bool, drain_timeout: float, step_timeout: float,
+          force: bool, rollback: bool) -> None:
+    """Render the edited config, install it, and restart only what changed, in an order that
+    keeps serving.
+
+    \b
+    The flow:
+      1. render the config and compare it with the bundle in --output (the running one);
+         for each unit, why it changes: its unit file, environment, argv, or the runtime
+      2. print the plan: the steps, which pairs lose capacity in each, whether serving
+         stops at any moment (--dry-run stops here; --json prints it as JSON)
+      3. keep the running bundle and config in OUTPUT/.pdsvc-previous/, write the new
+         bundle, install it with install.sh (a daemon-reload; nothing restarts yet)
+      4. each step, one at a time, progress on stderr: the engine leaves the router, its
+         in-flight requests finish (--drain-timeout), systemctl restart, then wait until it
+         is healthy, registered again and its pairs' canary is good; the router goes last
+    \b
+    Changes old and new engines cannot pair across (--page-size, --kv-cache-dtype, the KV
+    layout, the model, the transfer backend) restart every pair they touch in one step:
+    serving stops. So does any step of a deployment with one engine of a role (1P1D), and
+    a router restart; apply then asks first (--yes: do not ask). A failed step stops the
+    rollout, leaves the rest as it was, and prints the one command that goes back.
+    \b
+    Example: raise decode's max running requests on a 2P2D stack
+      $EDITOR etc/pdsvc.yaml          # decode: args: {max-running-requests: 64}
+      pdsvc apply --dry-run           # 2 steps, one decode each; serving never stops
+      sudo pdsvc apply                # and if a step fails:
+      sudo pdsvc apply --rollback     # the previous bundle, the same way
+    """
+    if rollback:
+        files, config_path = previous_files(output)
+        if not files:
+            raise ConfigError(f"{output / PREVIOUS}: no previous bundle kept here",
+                              hint="apply keeps one when it installs a new bundle")
+        if not config_path.is_file():
+            raise ConfigError(f"{config_path}: the previous config was not kept (the bundle "
+                              "came from `pdsvc render` and its config was edited since)",
+                              hint="restore that config and run pdsvc apply -c IT")
+        origin_config = previous_origin_config(output, config_path)
+    else:
+        plan = load_plan(config_path, sysfs_root, topology_file)
+        if plan.format != "systemd":
+            raise ConfigError(f"{config_path}: format is {plan.format}; pdsvc apply rolls out "
+                              "systemd bundles only so far",
+                              hint="render, then restart the programs with supervisorctl")
+        if plan.hosts:
+            raise ConfigError(f"{config_path}: a deployment over several hosts; pdsvc apply "
+                              "rolls out one host's bundle so far",
+                              hint="render, then on each host install.sh and restart one "
+                              "engine at a time")
+        warn_plan(plan)
+        files = render_systemd(plan, _canonical_command(config_path, sysfs_root,
+                                                        topology_file))
+        origin_config = config_path
+    old = read_bundle(output)
+    if not any(p.endswith(".service") for p in old):
+        raise ConfigError(f"{output}: no rendered bundle here to compare with",
+                          hint="the first time: pdsvc render && sudo ./install.sh "
+                          "--start; later: pdsvc apply")
+    new = as_bundle(files)
+    rollout = plan_rollout(old, new)
+    same_files = {p: t for p, t in old.items() if p in new} == new and old.keys() <= new.keys()
+    if as_json:
+        click.echo(json.dumps({"format": "pdsvc-apply/1", "output": str(output),
+                               "dry_run": dry_run, **rollout.to_dict()}, indent=2))
+    else:
+        click.echo(format_rollout(rollout))
+    if dry_run:
+        return
+    if rollout.nothing_to_do and same_files:
+        _say("pdsvc apply: nothing to do")
+        return
+    if rollout.outage and not yes:
+        _confirm_outage(rollout)
+    _install(files, output, config_path, origin_config, old, force, rollback)
+    units = {n: Unit.parse(n, t) for n, t in new.items() if "/" not in n
+             and n.endswith(".service")}
+    executor = Executor(units, Host(), Bounds(drain_timeout, step_timeout), _say)
+    total = len(rollout.steps)
+    for i, step in enumerate(rollout.steps, 1):
+        _say(f"pdsvc apply: step {i}/{total}: {step.action} {', '.join(step.units)}"
+             + (f" (with {', '.join(step.takes)})" if step.takes else ""))
+        try:
+            secs = executor.run_step(step)
+        except StepFailed as e:
+            left = [u for s in rollout.steps[i:] for u in s.units]
+            _say(f"pdsvc apply: step {i}/{total} failed: {e}")
+            if left:
+                _say(f"pdsvc apply: stopped; not restarted (still the previous definition): "
+                     f"{', '.join(left)}")
+            _say(f"pdsvc apply: to go back: {_rollback_command(output)}")
+            sys.exit(1)
+        _say(f"pdsvc apply: step {i}/{total} done in {secs:.1f} s")
+    if not rollback:
+        save_applied(output, Path(config_path).read_bytes())
+    _say(f"pdsvc apply: applied ({total} steps); the previous bundle is in "
+         f"{shown(output / PREVIOUS)} ({_rollback_command(output)})")
+
+
+def _confirm_outage(rollout: Rollout) -> None:
+    steps = ", ".join(f"{rollout.steps.index(s) + 1} ({s.action} {', '.join(s.units)})"
+                      for s in rollout.outage)
+    _say(f"pdsvc apply: serving stops during step {steps}: requests fail until the engines "
+         "are loaded again (their load time) or the router is back")
+    if not sys.stdin.isatty():
+        _say("pdsvc apply: not confirmed (no terminal): pass --yes to accept the outage")
+        sys.exit(DECLINED)
+    if not click.confirm("Go ahead?", default=False, err=True):
+        _say("pdsvc apply: declined; nothing changed")
+        sys.exit(DECLINED)
+
+
+def _install(files: list[File], output: Path, config: Path, origin: Path,
+             old: dict[str, str], force: bool, rollback: bool) -> None:
+    """Keep the running bundle, write the new one (recorded as `origin`'s), install it (no
+    restart)."""
+    script = install_script()
+    if script is None:
+        raise OutputError("install.sh not found beside pdsvc", hint="run from a pdsvc checkout")
+    previous_config = running_config(output, old, config) if not rollback else None
+    if rollback:  # the config the bundle comes back with: becomes the applied one first
+        save_applied(output, config.read_bytes())
+        config = output / ".pdsvc-applied.yaml"
+    else:
+        keep_previous(output, previous_config)
+        if previous_config is None:
+            _say(f"pdsvc apply: note: the config of the running bundle is not kept (edited "
+                 f"since it was rendered): --rollback will need it in "
+                 f"{shown(output / PREVIOUS)}/config.yaml")
+    # a rollback's bundle comes from another config file than the one its record names
+    write_bundle(files, output, origin=Origin("systemd", origin), force=force or rollback)
+    _say(f"pdsvc apply: installing {shown(output)} "
+         f"({shlex.join([str(script), '--bundle', str(output)])})")
+    rc, lines = install(script, output, config, force=force)
+    for line in lines:
+        _say(f"  {line}")
+    if rc != 0:
+        _say(f"pdsvc apply: install.sh failed ({rc}); no unit was restarted. To go back: "
+             f"{_rollback_command(output)}")
+        sys.exit(1)

@@ -1,0 +1,281 @@
+"""`pdsvc apply`'s rollout plan (pure: two rendered bundles in, steps out), its command line,
+and the executor's order of things against a fake host. The e2e under systemd is
+test_e2e_apply.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pdsvc.apply.execute import Bounds, Executor
+from pdsvc.apply.rollout import Rollout, plan_rollout
+from pdsvc.apply.units import Unit
+from pdsvc.cli.commands import main
+from pdsvc.cli.kit import load_plan
+from pdsvc.render.systemd import render_systemd
+
+REPO = Path(__file__).resolve().parent.parent
+TOPO = REPO / "etc" / "seed-host.topology.json"
+
+#: 2P2D, mooncake: no decode is PartOf= a prefill (that coupling is NIXL's)
+TWO_TWO = """\
+name: dsv4
+model: {path: /srv/models/x}
+transfer: {backend: mooncake}
+prefill:
+  - {gpus: [0, 1]%s}
+  - {gpus: [2, 3]%s}
+decode:
+  - {gpus: [4, 5]%s}
+  - {gpus: [6, 7]%s}
+router: {policy: %s}
+"""
+
+
+def two_two(p: str = "", d: str = "", *, policy: str = "cache_aware",
+            backend: str = "mooncake") -> str:
+    return TWO_TWO.replace("mooncake", backend) % (p, p, d, d, policy)
+
+
+ONE_ONE = """\
+name: dsv4
+model: {path: /srv/models/x}
+prefill: {gpus: [0, 1, 2, 3]}
+decode: {gpus: [4, 5, 6, 7]%s}
+"""
+
+
+def bundle(tmp_path: Path, text: str, name: str = "c.yaml") -> dict[str, str]:
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    plan = load_plan(cfg, None, TOPO)
+    return {f.path: f.content for f in render_systemd(plan, "pdsvc render")}
+
+
+def rollout(tmp_path: Path, old: str, new: str) -> Rollout:
+    return plan_rollout(bundle(tmp_path, old, "old.yaml"), bundle(tmp_path, new, "new.yaml"))
+
+
+# ---------------------------------------------------------------------- the plan
+
+
+def test_a_decode_arg_rolls_one_decode_at_a_time_and_serving_never_stops(tmp_path) -> None:
+    r = rollout(tmp_path, two_two(), two_two(d=", args: {max-running-requests: 64}"))
+    assert [(c.unit, c.action) for c in r.changes] == [
+        ("dsv4-decode-0.service", "restart"), ("dsv4-decode-1.service", "restart")]
+    assert r.changes[0].reasons[0].kind == "argv"
+    assert r.changes[0].reasons[0].detail == "--max-running-requests: unset -> 64"
+    assert [(s.action, s.units, s.takes) for s in r.steps] == [
+        ("restart", ("dsv4-decode-0.service",), ()), ("restart", ("dsv4-decode-1.service",), ())]
+    for s in r.steps:  # each decode is in 2 of the 4 pairs; the other 2 serve
+        assert (len(s.pairs_down), s.pairs_left, s.serving_stops) == (2, 2, False)
+    assert r.outage == ()
+
+
+def test_an_env_change_is_classified_as_env_and_prefills_go_first(tmp_path) -> None:
+    r = rollout(tmp_path, two_two(), two_two(p=", env: {SGLANG_LOG_LEVEL: debug}",
+                                             d=", env: {SGLANG_LOG_LEVEL: debug}"))
+    assert [s.units[0] for s in r.steps] == [
+        "dsv4-prefill-0.service", "dsv4-prefill-1.service",
+        "dsv4-decode-0.service", "dsv4-decode-1.service"]
+    assert {x.kind for c in r.changes for x in c.reasons} == {"env"}
+    assert not r.outage
+
+
+def test_pair_incompatible_change_restarts_every_pair_it_touches_as_one_step(tmp_path) -> None:
+    r = rollout(tmp_path, two_two(), two_two(p=", args: {page-size: 64}",
+                                             d=", args: {page-size: 64}"))
+    assert all(c.pair_breaking == ("--page-size: 1 -> 64",) for c in r.changes)
+    [step] = r.steps
+    assert step.action == "restart together"
+    assert set(step.units) == {"dsv4-prefill-0.service", "dsv4-prefill-1.service",
+                               "dsv4-decode-0.service", "dsv4-decode-1.service"}
+    assert step.serving_stops and "cannot pair (--page-size: 1 -> 64)" in step.why
+
+
+def test_a_prefill_restart_takes_its_partof_decodes_along_and_says_serving_stops(
+        tmp_path) -> None:
+    """NIXL: each decode is PartOf= every prefill (sglang #33789), so a prefill's restart
+    restarts both decodes: the plan says so instead of promising capacity."""
+    r = rollout(tmp_path, two_two(backend="nixl"),
+                two_two(p=", args: {chunked-prefill-size: 4096}", backend="nixl"))
+    assert [(s.units, s.takes) for s in r.steps] == [
+        (("dsv4-prefill-0.service",), ("dsv4-decode-0.service", "dsv4-decode-1.service")),
+        (("dsv4-prefill-1.service",), ("dsv4-decode-0.service", "dsv4-decode-1.service"))]
+    assert all(s.serving_stops for s in r.steps)
+
+
+def test_one_prefill_one_decode_warns_of_the_outage(tmp_path) -> None:
+    r = rollout(tmp_path, ONE_ONE % "", ONE_ONE % ", args: {max-running-requests: 64}")
+    [step] = r.steps
+    assert step.serving_stops and step.pairs_left == 0 and r.outage == (step,)
+
+
+def test_the_router_changes_last(tmp_path) -> None:
+    r = rollout(tmp_path, two_two(), two_two(d=", args: {max-running-requests: 64}",
+                                             policy="round_robin"))
+    assert [s.action for s in r.steps] == ["restart", "restart", "restart router"]
+    assert r.steps[-1].units == ("dsv4-router.service",) and r.steps[-1].serving_stops
+    assert "--policy: cache_aware -> round_robin" in r.steps[-1].why
+
+
+def test_a_comment_only_change_restarts_nothing(tmp_path) -> None:
+    r = rollout(tmp_path, two_two(), "# a comment\n" + two_two())
+    assert r.nothing_to_do and r.steps == ()
+
+
+def test_new_runtime_code_restarts_every_engine_and_the_router(tmp_path) -> None:
+    old = bundle(tmp_path, two_two())
+    new = dict(old)
+    new["runtime/canary.py"] += "\n# changed\n"
+    r = plan_rollout(old, new)
+    assert {c.unit for c in r.changes if c.action == "restart"} == {
+        "dsv4-prefill-0.service", "dsv4-prefill-1.service", "dsv4-decode-0.service",
+        "dsv4-decode-1.service", "dsv4-router.service"}
+    assert all(c.reasons == (c.reasons[0],) and c.reasons[0].kind == "runtime"
+               for c in r.changes)
+    assert r.steps[-1].action == "restart router"
+
+
+# ---------------------------------------------------------------------- validate
+
+def test_validate_refuses_a_prefill_and_decode_that_cannot_pair(tmp_path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(two_two(p=", args: {kv-cache-dtype: fp8_e4m3}"))
+    res = CliRunner().invoke(main, ["validate", "-c", str(cfg), "--topology", str(TOPO)])
+    assert res.exit_code == 2
+    [line] = res.output.strip().splitlines()
+    assert "decode[0].args.kv-cache-dtype: is not set (SGLang's default: 'auto') but " \
+        "prefill[0].args.kv-cache-dtype is 'fp8_e4m3'" in line
+    assert "give both the same args value" in line
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+def rendered(tmp_path: Path, text: str) -> tuple[Path, Path]:
+    cfg, out = tmp_path / "c.yaml", tmp_path / "units"
+    cfg.write_text(text)
+    res = CliRunner().invoke(main, ["render", "-c", str(cfg), "--topology", str(TOPO),
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return cfg, out
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path) -> None:
+    cfg, out = rendered(tmp_path, two_two())
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    cfg.write_text(two_two(d=", args: {max-running-requests: 64}"))
+    args = ["apply", "-c", str(cfg), "--topology", str(TOPO), "-o", str(out), "--dry-run"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "1. restart dsv4-decode-0.service" in res.output
+    assert "serving: never stops" in res.output
+    res = CliRunner().invoke(main, [*args, "--json"])
+    doc = json.loads(res.output)
+    assert doc["format"] == "pdsvc-apply/1" and doc["serving_stops"] is False
+    assert [s["units"] for s in doc["steps"]] == [["dsv4-decode-0.service"],
+                                                  ["dsv4-decode-1.service"]]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not (out / ".pdsvc-previous").exists()
+
+
+def test_nothing_to_do_exits_0(tmp_path) -> None:
+    cfg, out = rendered(tmp_path, two_two())
+    res = CliRunner().invoke(main, ["apply", "-c", str(cfg), "--topology", str(TOPO),
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "nothing to do" in res.output
+
+
+def test_an_outage_is_not_taken_without_yes(tmp_path) -> None:
+    cfg, out = rendered(tmp_path, ONE_ONE % "")
+    cfg.write_text(ONE_ONE % ", args: {max-running-requests: 64}")
+    res = CliRunner().invoke(main, ["apply", "-c", str(cfg), "--topology", str(TOPO),
+                                    "-o", str(out)], input="")
+    assert res.exit_code == 3, res.output
+    assert "pass --yes to accept the outage" in res.output
+    assert not (out / ".pdsvc-previous").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-o", "nowhere"], "no rendered bundle here to compare with"),
+    (["-c", "missing.yaml"], "config file not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, says) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(two_two())
+    res = CliRunner().invoke(main, ["apply", "-c", "c.yaml", "--topology", str(TOPO), *args])
+    assert res.exit_code == 2, res.output
+    assert len(res.output.strip().splitlines()) == 1 and says in res.output
+
+
+# ---------------------------------------------------------------------- the executor
+
+
+class FakeHost:
+    """systemd and the router as far as one decode's step needs them; a log of what was done."""
+
+    def __init__(self, unit: Unit) -> None:
+        self.unit = unit
+        self.log: list[str] = []
+        self.t = 0.0
+        self.running = 2  # requests in flight when the step begins
+        self.listed = True
+        self.invocation = "old"
+
+    def run(self, argv: list[str], timeout: float = 0) -> tuple[int, str]:
+        if argv[1] == "show":
+            prop = argv[3]
+            return 0, {"InvocationID": self.invocation, "ActiveState": "active"}[prop]
+        self.log.append(" ".join(argv[1:]))
+        self.invocation = "new"
+        return 0, ""
+
+    def http(self, method: str, url: str, headers=None, timeout: float = 0) -> tuple[int, str]:
+        if url.endswith("/metrics"):
+            self.running = max(0, self.running - 1)
+            return 200, f"sglang:num_running_reqs{{x=\"1\"}} {self.running}.0\n"
+        if url.endswith("/workers") and method == "GET":
+            ws = [{"id": "w1", "url": self.unit.url, "is_healthy": True}] * self.listed
+            return 200, json.dumps({"workers": ws})
+        if method == "DELETE":
+            self.log.append(f"DELETE {url.rsplit('/', 1)[1]}")
+            self.listed = False
+            return 202, ""
+        self.listed = self.invocation == "new"
+        return 200, ""
+
+    def read(self, path: str) -> str | None:
+        if path.endswith(".canary.json"):
+            pairs = [{"pair": f"{p} -> {d}", "state": "ok", "last_ok": self.t}
+                     for p, d in self.unit.pairs]
+            return json.dumps({"at": self.t, "pairs": pairs})
+        return "key"
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.t
+
+    def sleep(self, secs: float) -> None:
+        self.t += secs
+
+
+def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_path) -> None:
+    b = bundle(tmp_path, two_two())
+    new = dict(b)
+    new["dsv4-decode-0.service"] = new["dsv4-decode-0.service"].replace(
+        "--enable-metrics", "--enable-metrics --max-running-requests 64")
+    r = plan_rollout(b, new)
+    units = {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}
+    host = FakeHost(units["dsv4-decode-0.service"])
+    said: list[str] = []
+    Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
+    assert host.log == ["DELETE w1", "restart dsv4-decode-0.service"]
+    assert host.running == 0  # drained before the restart
+    assert said[-1] == "  dsv4-decode-0.service: serving again"
