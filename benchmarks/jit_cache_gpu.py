@@ -1,7 +1,8 @@
 """Shared JIT cache on a real GPU: does decode reuse the kernels prefill compiled?
 
 Each step runs in a fresh Python process whose environment is parsed from the RENDERED unit
-files (units/dsv4-prefill.service, units/dsv4-decode.service), not retyped:
+files (dsv4-prefill.service, dsv4-decode.service of --units: by default the seed bundle
+tests/golden/seed/, or a bundle of your own `pdsvc render`), not retyped:
 
   1. cold   — the prefill unit's env, empty cache: compile a set of Triton kernels
   2. warm   — the decode unit's env: the same kernels, which must come from prefill's cache
@@ -11,7 +12,7 @@ files (units/dsv4-prefill.service, units/dsv4-decode.service), not retyped:
 Goal: warm / cold ≤ 0.15. Needs a GPU with torch + triton (CI skips it). Only
 CUDA_VISIBLE_DEVICES is overridden (to the one GPU the box has): the units name GPUs 0-3 / 4-7.
 
-    python benchmarks/jit_cache_gpu.py [--units units] [--kernels 6]
+    python benchmarks/jit_cache_gpu.py [--units tests/golden/seed] [--kernels 6]
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def run(env_from_unit: dict[str, str], kernels: int, **override: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--units", type=Path, default=REPO / "units")
+    ap.add_argument("--units", type=Path, default=REPO / "tests" / "golden" / "seed")
     ap.add_argument("--kernels", type=int, default=6)
     args = ap.parse_args()
     prefill = unit_env(args.units / "dsv4-prefill.service")

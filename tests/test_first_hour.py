@@ -27,7 +27,8 @@ from pdsvc.cli.status import status
 from pdsvc.render.bundle import RECORD, write_bundle
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
-SEED_HERE = ["--topology", "etc/seed-host.topology.json"]  # as units/ was rendered
+SEED_HERE = ["--topology", "etc/seed-host.topology.json"]  # as the golden bundle is rendered
+GOLDEN = REPO / "tests" / "golden" / "seed"
 
 
 def run(cwd: Path, *args: str, env: dict[str, str] | None = None,
@@ -121,9 +122,11 @@ def test_next_step_of_several_hosts_names_the_output(tmp_path: Path) -> None:
 
 
 def seed_units(tmp: Path) -> Path:
-    """A copy of the repository's etc/ and units/ (with its record), as a checkout has them."""
+    """A copy of the repository's etc/ and the seed bundle rendered into units/ (with its
+    record), as a checkout has them after `pdsvc render --topology etc/seed-host.topology.json`."""
     shutil.copytree(REPO / "etc", tmp / "etc")
-    shutil.copytree(REPO / "units", tmp / "units")
+    r = run(tmp, "render", *SEED_HERE)
+    assert r.returncode == 0, r.stderr
     return tmp
 
 
@@ -174,7 +177,7 @@ def test_a_hand_edit_is_never_overwritten_without_force(tmp_path: Path) -> None:
     forced = run(cwd, "render", *SEED_HERE, "--force")
     assert forced.returncode == 0
     assert "overwritten  units/dsv4-decode.service" in forced.stdout
-    assert unit.read_text() == (REPO / "units" / "dsv4-decode.service").read_text()
+    assert unit.read_text() == (GOLDEN / "dsv4-decode.service").read_text()
 
 
 def test_an_edited_file_that_a_render_would_remove_is_kept(tmp_path: Path) -> None:
