@@ -36,7 +36,7 @@ from pdsvc.errors import TopologyError
 from pdsvc.plan.build import Plan
 from pdsvc.plan.connections import connections
 from pdsvc.render.bundle import Origin, diff_bundle, hosts_index, write_bundle
-from pdsvc.render.systemd import File, key_fetch_command, render_systemd
+from pdsvc.render.systemd import RUNTIME_DIR, File, key_fetch_command, render_systemd
 from pdsvc.topology import format_cpulist, read_sysfs
 
 
@@ -190,9 +190,41 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
         _emit_json("render", output=str(output), bundle=fmt, files=[
             {"path": path, "status": status} for path, status in report], next=step)
         return
-    for path, status in report:
-        click.echo(f"{status:>11}  {output / path}")
+    for line in report_lines(report, output):
+        click.echo(line)
     click.echo(step)
+
+
+def report_lines(report: list[tuple[str, str]], output: Path) -> list[str]:
+    """A line per file written or removed, but one per runtime directory (runtime/,
+    HOST/runtime/): its modules are the package's, copied, so what counts is how many changed,
+    e.g. `unchanged  units/runtime/ (19 files)`, `updated  units/runtime/ (3 of 19 files)`."""
+    entries: list[tuple[str, str] | str] = []  # (path, status), or a runtime directory
+    runtimes: dict[str, list[str]] = {}  # runtime directory -> its files' statuses
+    for path, status in report:
+        parts = Path(path).parts
+        if len(parts) > 1 and parts[-2] == RUNTIME_DIR and path.endswith(".py"):
+            d = str(Path(path).parent)
+            if d not in runtimes:
+                runtimes[d] = []
+                entries.append(d)
+            runtimes[d].append(status)
+        else:
+            entries.append((path, status))
+    lines = []
+    for entry in entries:
+        if isinstance(entry, tuple):
+            lines.append(f"{entry[1]:>11}  {output / entry[0]}")
+            continue
+        statuses = runtimes[entry]
+        kept = [s for s in statuses if s not in ("removed", "discarded")]  # the new bundle's
+        for status in dict.fromkeys(statuses):
+            n = statuses.count(status)
+            if status == "unchanged" and n < len(kept):
+                continue  # said by the other lines' "N of M"
+            of = f"{n} of {len(kept)}" if status in kept and n < len(kept) else str(n)
+            lines.append(f"{status:>11}  {output / entry}/ ({of} file{'s' * (of != '1')})")
+    return lines
 
 
 def _emit_json(command: str, **doc: Any) -> None:
