@@ -6,7 +6,7 @@ No containers: supervisord runs as root here (supervisord.drop_privileges: false
 process carries a marker in its environment; teardown SIGTERMs each supervisord, then SIGKILLs
 whatever of this test is left, then removes the namespaces.
 
-The control-plane key follows the README ("Several hosts", supervisord): lb runs its header's
+The control-plane key follows docs/hosts.md ("Several hosts", supervisord): lb runs its header's
 line that makes the key, in lb's own tmpfs; the lab carries it to each engine host as scp
 would; each engine host runs the rest of its header's copy line (install -D -m 0640 …).
 """
@@ -61,7 +61,7 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
 
 
 def key_steps(config: Path, topology: Path, host: str, header: str, carried: Path) -> str:
-    """The key lines HOST's supervisord.conf header gives, as the README says to run them: the
+    """The key lines HOST's supervisord.conf header gives, as docs/hosts.md says to run them: the
     router's host makes the key (and the lab carries it off), an engine host waits for it to
     arrive and runs its copy line with the lab's carrier in place of scp."""
     plan = load_plan(config, None, topology).for_host(host)

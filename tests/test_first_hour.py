@@ -197,22 +197,22 @@ def test_an_edited_file_that_a_render_would_remove_is_kept(tmp_path: Path) -> No
     assert "  discarded  u/dsv4-prefill-1.service" in r.stdout.splitlines()
 
 
-def test_the_readme_examples_never_render_into_units() -> None:
-    """Every README render of another config names its own output directory."""
-    readme = (REPO / "README.md").read_text()
-    for line in re.findall(r"pdsvc render[^`\n]*", readme):
-        if "-c " in line:
-            assert re.search(r"(-o|--output) (?!units\b)", line), line
+def test_the_documented_examples_never_render_into_units() -> None:
+    """Every render of another config in README.md and docs/ names its own output directory."""
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in re.findall(r"pdsvc render[^`\n]*", doc.read_text()):
+            if "-c " in line:
+                assert re.search(r"(-o|--output) (?!units\b)", line), (doc.name, line)
 
 
 # --------------------------------------------------------------------------- the walk-through
 
 
-def readme_session() -> list[tuple[str, list[str]]]:
-    """The README's first-hour session: (command, the output lines it shows)."""
-    readme = (REPO / "README.md").read_text()
+def first_hour_session() -> list[tuple[str, list[str]]]:
+    """The first-hour session of docs/first-hour.md: (command, the output lines it shows)."""
+    readme = (REPO / "docs" / "first-hour.md").read_text()
     block = re.search(r"<!-- first-hour:start -->\n```console\n(.*?)```", readme, re.S)
-    assert block, "README.md lost its first-hour session"
+    assert block, "docs/first-hour.md lost its first-hour session"
     session: list[tuple[str, list[str]]] = []
     for line in block.group(1).splitlines():
         if line.startswith("$ "):
@@ -229,13 +229,13 @@ def shows(expected: list[str], output: str) -> bool:
     return re.fullmatch(pattern + ("\n" if expected else ""), output, re.S) is not None
 
 
-def test_the_readme_first_hour_runs_as_printed(tmp_path: Path) -> None:
-    """From a directory of one's own, with -o: each command as the README prints it (sudo
+def test_the_documented_first_hour_runs_as_printed(tmp_path: Path) -> None:
+    """From a directory of one's own, with -o: each command as the docs print it (sudo
     aside; install.sh stages under DESTDIR, as no systemd runs here), each output as shown —
     so the printed next steps stay true."""
     cwd = tmp_path
     prelude = f"pdsvc() {{ {shlex.quote(sys.executable)} -m pdsvc.cli \"$@\"; }}\n"
-    for command, expected in readme_session():
+    for command, expected in first_hour_session():
         script = command.replace("~/pdsvc", shlex.quote(str(REPO)))
         script = script.removeprefix("sudo ")
         r = subprocess.run(["bash", "-c", prelude + script], cwd=cwd, text=True,

@@ -1,4 +1,6 @@
-"""README.md stays true: its config reference is the schema's, its set-up commands exist."""
+"""README.md and docs/ stay true: the README's first screen (a config that validates, the path
+from install to serving, the set-up commands), the config reference in docs/config.md is the
+schema's, the configs side by side in docs/hosts.md are the example files, every link resolves."""
 
 from __future__ import annotations
 
@@ -8,14 +10,16 @@ from conftest import REPO
 
 from pdsvc.config.reference import reference_markdown
 
+DOCS = REPO / "docs"
+
 
 def test_config_reference_is_generated_from_the_schema() -> None:
-    text = (REPO / "README.md").read_text()
+    text = (DOCS / "config.md").read_text()
     block = re.search(r"<!-- reference:start -->\n(.*)<!-- reference:end -->", text, re.S)
-    assert block, "README.md lost its reference markers"
+    assert block, "docs/config.md lost its reference markers"
     assert block.group(1) == reference_markdown(), (
-        "README config reference is stale: run python -m pdsvc.config.reference and paste it "
-        "between the markers"
+        "docs/config.md's config reference is stale: run python -m pdsvc.config.reference and "
+        "paste it between the markers"
     )
 
 
@@ -26,8 +30,27 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert "python3 -m pytest -q" in ci and "make_serve_venv.sh" in ci
 
 
+def test_readme_shows_the_path_from_install_to_serving_first() -> None:
+    readme = (REPO / "README.md").read_text()
+    first = readme[:readme.index("\n## ")]  # before the first section: the first screen
+    path = re.findall(r"^(pip install -e \.|pdsvc \w+|sudo \./install\.sh|systemctl start \S+)",
+                      first, re.M)
+    assert path == ["pip install -e .", "pdsvc doctor", "pdsvc render", "sudo ./install.sh",
+                    "systemctl start dsv4-pd.target", "pdsvc status"]
+
+
+def test_every_doc_is_linked_and_every_link_resolves() -> None:
+    readme = (REPO / "README.md").read_text()
+    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)\)", readme))
+    assert linked == {p.name for p in DOCS.glob("*.md")}
+    for doc in [REPO / "README.md", *DOCS.glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target:
+                assert (doc.parent / target).exists(), (doc.name, target)
+
+
 def _within(part: object, whole: object) -> bool:
-    """Whether the README's abbreviated YAML says nothing the config file does not."""
+    """Whether the docs' abbreviated YAML says nothing the config file does not."""
     if isinstance(part, dict):
         return isinstance(whole, dict) and all(
             k in whole and _within(v, whole[k]) for k, v in part.items())
@@ -37,12 +60,26 @@ def _within(part: object, whole: object) -> bool:
     return part == whole
 
 
-def test_the_three_configs_side_by_side_are_the_example_files_and_render(runner) -> None:
+def test_the_readme_config_is_the_default_abridged_and_validates(runner, tmp_path) -> None:
     import yaml
 
     from pdsvc.cli.commands import main
 
     text = (REPO / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    assert _within(yaml.safe_load(block), yaml.safe_load((REPO / "etc/pdsvc.yaml").read_text()))
+    (tmp_path / "short.yaml").write_text(block)
+    result = runner.invoke(main, ["validate", "-c", str(tmp_path / "short.yaml"),
+                                  "--topology", str(REPO / "etc/seed-host.topology.json")])
+    assert result.exit_code == 0, (result.output, result.stderr)
+
+
+def test_the_three_configs_side_by_side_are_the_example_files_and_render(runner) -> None:
+    import yaml
+
+    from pdsvc.cli.commands import main
+
+    text = (DOCS / "hosts.md").read_text()
     table = text[text.index("<th>1P1D on one host"):text.index("</table>")]
     blocks = re.findall(r"```yaml\n(.*?)```", table, re.S)
     files = ["etc/pdsvc.yaml", "etc/examples/2p1d.yaml", "etc/examples/three-hosts.yaml"]

@@ -66,7 +66,7 @@ OWNED_ENV = {
 DERIVED_ENV = {
     "HOME": "the units' StateDirectory= /var/lib/NAME, the service user's home",
 }
-#: Variables pdsvc sets by default that a config may override (documented in the README):
+#: Variables pdsvc sets by default that a config may override (documented in docs/escaping.md):
 #: the default is a choice, not a fact of the plan.
 ENV_OVERRIDES = {
     "CUDA_CACHE_MAXSIZE": "the PTX JIT cache's size (pdsvc: 4 GiB, CUDA's maximum)",

@@ -1,6 +1,6 @@
-"""The config reference table in README.md, generated from the schema (one source of truth).
+"""The config reference table in docs/config.md, generated from the schema (one source of truth).
 
-    python -m pdsvc.config.reference   # prints the table; tests/test_readme.py keeps README in sync
+    python -m pdsvc.config.reference   # prints the table; tests/test_readme.py keeps it in sync
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the per-host bundles `pdsvc render` writes for a config with `hosts:`.
 `Fleet.up(work, venv, {"lb": ["router"], "gpu-a": ["prefill"], ...})` renders the e2e config
 (tests/support/stack.py) with an inventory whose addresses are the lab's, boots one container
 per host, and installs units/HOST/ on each with the real install.sh; `Fleet.start()` starts
-them. Both follow the README's procedure for several hosts step by step ("Several hosts":
+them. Both follow docs/hosts.md's procedure for several hosts step by step ("Several hosts":
 install on the router's host, which makes the control-plane key; copy that key to each host
 whose install.list reads it and install there with --key-from; start the router without
 waiting; on each other host `pdsvc doctor --host`, then start; on the router's host wait until
@@ -67,7 +67,7 @@ class Fleet:
                                      netns=lab.netns(host), max_lifetime=1500)
                 fleet.hosts[host] = c
                 c.start()
-            # README step 3: the router's host first; its install.sh makes the key
+            # docs/hosts.md step 3: the router's host first; its install.sh makes the key
             fleet.install(fleet.router_host)
             for host in run:  # step 4: the other hosts, with that key where a unit reads it
                 if host != fleet.router_host:
@@ -78,7 +78,7 @@ class Fleet:
         return fleet
 
     def install_with_key(self, host: str) -> subprocess.CompletedProcess[str]:
-        """README step 4 on one host: `scp root@ROUTER:/etc/NAME/router.key router.key &&
+        """docs/hosts.md step 4 on one host: `scp root@ROUTER:/etc/NAME/router.key router.key &&
         install.sh --bundle HOST --key-from router.key && rm router.key` where the host's
         install.list has a `secret … copy` line; a plain install where it has none."""
         listing = (self.work / "units" / host / "install.list").read_text()
@@ -97,7 +97,7 @@ class Fleet:
             timeout=120)
 
     def start(self, timeout: float = 180) -> float:
-        """README steps 5-7: the router's host without waiting; on each other host `pdsvc
+        """docs/hosts.md steps 5-7: the router's host without waiting; on each other host `pdsvc
         doctor --host` (its router key row must be ✓: the router takes the key copied there),
         then its target without waiting; on the router's host `systemctl start` again, which
         returns once the router served one generation across hosts, and `pdsvc status`."""
@@ -126,7 +126,7 @@ class Fleet:
 
     def router_key_rows(self, host: str, timeout: float = 60) -> list[dict]:
         """doctor's router key rows on HOST; while the router is still starting (the row's
-        fix: start it, then run pdsvc doctor again) doctor is run again, as the README says."""
+        fix: start it, then run pdsvc doctor again) doctor is run again, as docs/hosts.md says."""
         deadline = time.monotonic() + timeout
         while True:
             rows = [r for r in self.doctor(host)["checks"] if r["check"] == "router key"]
