@@ -78,6 +78,10 @@ class LatencyModel:
         with self._lock:
             return max(0.0, self._free_at - time.monotonic()) if self.knee else 0.0
 
+    def slowdown(self) -> float:
+        """The factor on a token's time: 1, doubled by each second of queued work."""
+        return 1.0 + self.backlog()
+
     def serve(self, handler: Any, kind: str, body: dict, role: str) -> bool:
         """Answer a decode's streamed /generate; False: not for this model (fake_sglang
         answers as before)."""
@@ -104,7 +108,7 @@ class LatencyModel:
             length = 0
         for k in range(1, length + 1):
             if k > 1:
-                time.sleep(self.itl * (1.0 + self.backlog()))
+                time.sleep(self.itl * self.slowdown())
             handler._sse({"text": " ".join(["tok"] * k), "output_ids": list(range(k)),
                           "meta_info": {**meta, "completion_tokens": k, "finish_reason": None}})
         done = {"type": "length", "length": length}
