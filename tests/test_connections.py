@@ -2,7 +2,7 @@
 
 The expected list is read back from the bundles alone (ExecStart= of each systemd unit, command=
 of each supervisord program, hosts.list for the addresses), with the runtime's own rules for what
-each flag dials (pdsvc/runtime: membership.py, canary.py, lifecycle's --restart-with and
+each flag dials (pdsvc/ship/runtime: membership.py, canary.py, lifecycle's --restart-with and
 --health-url), and compared with the plan's list row by row: a connection the units make and
 the firewall list lacks fails here.
 """

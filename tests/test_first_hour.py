@@ -1,4 +1,4 @@
-"""Issue 14, a newcomer's first hour: each command does what it says from any directory, its
+"""A newcomer's first hour: each command does what it says from any directory, its
 printed next step works as printed, and no render loses a file without being asked.
 
 Each test runs the exact commands and checks their exit codes and first lines.
@@ -246,7 +246,7 @@ def test_the_readme_first_hour_runs_as_printed(tmp_path: Path) -> None:
             cwd = cwd / command.split("cd ", 1)[1].split()[0]
 
 
-# --------------------------------------------------------------------------- issue 11
+# --------------------------------------------------------------------------- concurrent renders
 
 
 def test_concurrent_renders_into_one_directory_end_consistent(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The runtime's textfile (pdsvc/runtime/metrics.py): derived from the state files the restart
+"""The runtime's textfile (pdsvc/ship/runtime/metrics.py): derived from the state files the restart
 policy and the canary write, counters that survive the runtime's restarts, atomic 0644 files
 that Prometheus' own parser accepts (`promtool check metrics`)."""
 

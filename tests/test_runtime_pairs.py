@@ -1,4 +1,4 @@
-"""The runtime's pair-level healing, in-process: the restart policy (pdsvc/runtime/policy.py),
+"""The runtime's pair-level healing, in-process: the restart policy (pdsvc/ship/runtime/policy.py),
 router membership (membership.py) and the pair canary (canary.py), against fakes of the
 router's /workers API and of the engines' replies. The whole loop under a real systemd and the
 real routers is tests/test_e2e_faults.py."""

@@ -43,7 +43,7 @@ from pdsvc.ship.runtime import (
 )
 
 #: The runtime as the units run it: a directory Python runs (``python DIR MODE ...``).
-SUPERVISE = Path(__file__).resolve().parent.parent / "pdsvc" / "runtime"
+SUPERVISE = Path(__file__).resolve().parent.parent / "pdsvc" / "ship" / "runtime"
 PROC_TIMEOUT = 20.0  # no single supervise run in this file should come near this
 # The runtime runs under the SGLang venv's interpreter (Python >= 3.9), not pdsvc's: point this
 # at another interpreter to check the subprocess tests there too.
@@ -391,7 +391,7 @@ def test_gpu_holders_timeout_is_an_error(tmp_path):
     ],
 )
 def test_exit_code_mapping(returncode, stop_signal, expected):
-    assert sup.supervisor_exit_code(returncode, stop_signal) == expected
+    assert sup.runtime_exit_code(returncode, stop_signal) == expected
 
 
 class FakeClock:

@@ -1,13 +1,13 @@
-"""The supervisord bundle (pdsvc/render_supervisord.py) and what supervise.py does in it.
+"""The supervisord bundle (pdsvc/render/supervisord.py) and what the runtime does in it.
 
 Rendered configs are read back with supervisor's OWN config reader (the serve venv's
 `supervisor` package), so escaping is checked against the parser that will run it: every
 command word and environment value must come back exactly as the plan has it. What the
 bundle says for a given config (options, pinning, logs, the restart listener) is in
 tests/cases/supervisord-*.yaml (tests/test_cases.py).
-supervise.py's options for managers without systemd (--watchdog-secs, --kill-tree,
+The runtime's options for managers without systemd (--watchdog-secs, --kill-tree,
 --stop-timeout, --wait-for, the eventlistener mode) are tested in-process and as processes,
-with the stand-ins of tests/test_supervise.py; the whole stack under the real supervisord is
+with the stand-ins of tests/test_runtime_*.py; the whole stack under the real supervisord is
 tests/test_e2e_supervisord.py.
 """
 
@@ -176,7 +176,7 @@ def test_every_word_and_value_survives_supervisords_own_reader(serve_python: Pat
 def test_a_value_supervisord_cannot_hold_is_a_config_error_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"dsv4-prefill: environment variable X="):
         conf_of(with_(**{"prefill.env": {"X": "a ;b"}}))
-    with pytest.raises(ConfigError, match="newline"):  # refused at load (issue 11)
+    with pytest.raises(ConfigError, match="newline"):  # refused at load
         conf_of(with_(**{"prefill.args": {"chat-template": "a\nb"}}))
     with pytest.raises(ConfigError, match=r"replaces the text %\(here\)s everywhere"):
         conf_of(with_(**{"prefill.args": {"chat-template": "/x/%(here)s"}}))
@@ -248,7 +248,7 @@ def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> No
                                    "dsv4-router.service": "dsv4-pd:dsv4-router"}
 
 
-# --------------------------------------------------------------------------- supervise.py
+# --------------------------------------------------------------------------- the runtime
 
 
 def test_liveness_loop_gives_up_at_the_watchdog_bound():
@@ -369,7 +369,7 @@ def test_kill_tree_kills_a_child_that_left_the_session_on_stop(procs, tmp_path):
     try:
         assert os.getsid(orphan) == orphan  # out of every process group supervisord knows
         wait_for(lambda: Path(f"/proc/{orphan}/stat").read_text().rsplit(")", 1)[1].split()[1]
-                 == str(proc.pid), what="the orphan reparented to supervise.py (subreaper)")
+                 == str(proc.pid), what="the orphan reparented to the runtime (subreaper)")
         proc.send_signal(signal.SIGTERM)
         assert procs.wait(proc) == 0
         assert not _alive(orphan)

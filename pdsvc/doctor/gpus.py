@@ -1,7 +1,7 @@
 """What the driver says about the GPUs: NVML (pynvml) when importable and --nvidia-smi was not
 given, else nvidia-smi through the runtime's client (pdsvc.ship.runtime.gpu, the one the units' idle
 guard uses: its runner, errors and compute-process parser; doctor adds the memory and driver
-queries, kept here because units/ ships pdsvc/runtime as it is), and the loaded kernel module's
+queries, kept here because units/ ships pdsvc/ship/runtime as it is), and the loaded kernel module's
 version from /proc."""
 
 from __future__ import annotations

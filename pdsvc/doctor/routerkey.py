@@ -1,7 +1,7 @@
 """One host of several: the router's control-plane key on this host is the router's.
 
 The engines register with the router (``POST /workers``) with the key in
-``Authorization: Bearer`` (pdsvc/runtime/membership.py); a router started with
+``Authorization: Bearer`` (pdsvc/ship/runtime/membership.py); a router started with
 ``--control-plane-api-keys`` answers another key with 401 (sglang-router 0.3.2 and smg), so an
 engine host holding a key of its own never joins. The check asks the router what the engines
 will: an authenticated ``GET /workers``, which changes nothing.

@@ -86,7 +86,7 @@ Add = Callable[[str, str, Purpose, str], None]
 
 
 def _canary(e: EnginePlan, prefill: str, port: int, decode: str, add: Add) -> None:
-    """The pair canary as pdsvc/runtime/canary.py sends it from this engine's host: the peer's
+    """The pair canary as pdsvc/ship/runtime/canary.py sends it from this engine's host: the peer's
     /health, then the same /generate to both sides; a decode taking it dials the prefill's
     bootstrap server at the prefill URL's host (the router hands decodes exactly that)."""
     me = e.url.rstrip("/")

@@ -15,7 +15,7 @@ What is scraped, and the names the rules use (checked against the pinned version
   exported by sglang-router 0.3.2 and smg 1.13 alike (smg ``src/observability/metrics.rs``,
   ``set_worker_health``), and ``smg_http_requests_total``;
 * each host's node_exporter, whose textfile collector reads the runtimes' ``NAME.prom``
-  (pdsvc/runtime/metrics.py: ``pdsvc_*``).
+  (pdsvc/ship/runtime/metrics.py: ``pdsvc_*``).
 
 Every target carries ``deployment`` (and the engines' ``role``/``unit``) as target labels, so
 one Prometheus can watch several deployments.

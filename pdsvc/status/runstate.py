@@ -2,7 +2,7 @@
 last run ended (the restart policy's NAME.restart.json: why it gave up, crashes in a row) and
 the pair canary's view of every prefill×decode pair (NAME.canary.json), as a P×D matrix.
 
-The files are the runtime's own (pdsvc/runtime/policy.py, canary.py); this module only reads
+The files are the runtime's own (pdsvc/ship/runtime/policy.py, canary.py); this module only reads
 them, leniently: a missing or unreadable file is "unknown", never an error.
 """
 

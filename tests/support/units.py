@@ -33,7 +33,7 @@ def env_of(unit: dict[str, dict[str, list[str]]]) -> dict[str, str]:
 
 def launched_argv(argv: list[str]) -> list[str]:
     """The argv a router launcher sees when the unit runs it under `runtime launch`
-    (pdsvc/runtime/launch.py): `python -m MODULE ARGS --control-plane-api-keys ENTRY`, with a
+    (pdsvc/ship/runtime/launch.py): `python -m MODULE ARGS --control-plane-api-keys ENTRY`, with a
     stand-in key; any other command as it is."""
     if len(argv) > 5 and argv[2] == "launch" and argv[3] == "--control-plane-key":
         return [argv[0], "-m", argv[5], *argv[6:],

@@ -1,5 +1,5 @@
-"""pdsvc's runtime: the main process of every rendered unit (supervisor of one SGLang engine or
-of the router), and the supervisord event listener.
+"""pdsvc's runtime: the main process of every rendered unit (it runs and watches one SGLang
+engine or the router), and the supervisord event listener.
 
 Standard library only, Python >= 3.9: it is shipped as plain files beside the rendered units and
 runs under the SGLang venv's interpreter on the GPU host (``python DIR/runtime engine ...``, a

@@ -6,7 +6,7 @@
                                                                              the pair canary)
 
 What ends each state, and what the exit status then says to the process manager, is decided
-here and nowhere else; the policy (restart.py's RestartPolicy) remembers across runs.
+here and nowhere else; the policy (policy.py's RestartPolicy) remembers across runs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .canary import Canary, CanaryThread, Pair, own_failures
-from .child import Child, exit_status, supervisor_exit_code
+from .child import Child, exit_status, runtime_exit_code
 from .codes import (
     EXIT_GAVE_UP,
     EXIT_HUNG,
@@ -468,7 +468,7 @@ class Unit:
         log(f"{role} exited with status {status}" + _signal_suffix(returncode) + said)
         if said:
             self.notifier.status(f"{role} exited with status {status}: {last_error}")
-        code = supervisor_exit_code(returncode, child.stop_signal)
+        code = runtime_exit_code(returncode, child.stop_signal)
         ended = f"{role} exited with status {status}" + (f": {last_error}" if last_error else "")
         if asked:
             self.policy.on_stop(f"stopped ({signal.Signals(child.stop_signal).name})",
