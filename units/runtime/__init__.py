@@ -13,4 +13,5 @@ One idea a module:
   proctree   subreaper and /proc              child      the supervised command
   phases     start / liveness / peer loops    lifecycle  one unit's life, start to exit
   listener   supervisord's event listener     cli        the command line
+  states     the states and their transitions
 """
