@@ -31,8 +31,10 @@ from conftest import REPO
 from ports import free_port
 
 import pdsvc.cli.status as status_mod
-from pdsvc.cli.status import status, watch
+from pdsvc.cli.status import CLEAR_SCREEN, status, watch
 from pdsvc.plan.build import RouterPlan
+from pdsvc.status.collect import client_url, http_get, parse_workers
+from pdsvc.status.format import human_age
 from pdsvc.status.managers import (
     UNIT_PROPERTIES,
     ServiceState,
@@ -40,13 +42,6 @@ from pdsvc.status.managers import (
     SystemdBackend,
     state_from_process_info,
     state_from_show,
-)
-from pdsvc.status.report import (
-    CLEAR_SCREEN,
-    client_url,
-    http_get,
-    human_age,
-    parse_workers,
 )
 
 SEED_TOPOLOGY = str(REPO / "etc" / "seed-host.topology.json")
