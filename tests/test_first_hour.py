@@ -20,7 +20,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from conftest import REPO
-from test_status import SEED_TOPOLOGY, Deployment, dep, hosts_dep  # noqa: F401 (fixtures)
+from status_stands import SEED_TOPOLOGY, Deployment
 
 from pdsvc.cli.commands import main
 from pdsvc.cli.status import status
