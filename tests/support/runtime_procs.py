@@ -140,7 +140,7 @@ FAKE_NVIDIA_SMI = textwrap.dedent(
 
 
 def write_nvidia_smi(directory: Path, apps: str = "", fail: bool = False) -> Path:
-    """A fake nvidia-smi that prints real-format CSV for the two queries supervise makes."""
+    """A fake nvidia-smi that prints real-format CSV for the two queries the runtime makes."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "nvidia-smi"
     path.write_text(FAKE_NVIDIA_SMI.format(python=sys.executable, apps=apps, fail=fail))
