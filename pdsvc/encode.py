@@ -1,9 +1,9 @@
-"""What a config string may hold: the rules every output shares, checked in the schema (issue 11).
+"""What a config string may hold: the rules every output shares, checked in the schema.
 
 Each string of the config reaches several outputs — systemd units (values, ExecStart= words,
 list settings), supervisord.conf, install.list (read by install.sh as root) and Kubernetes YAML.
-Each output has an exact encoding for most characters (see render.py, render_supervisord.py,
-render_k8s.py); what none of them can carry losslessly is refused here, at config load:
+Each output has an exact encoding for most characters (see pdsvc/render/systemd.py,
+supervisord.py, k8s.py); what none of them can carry losslessly is refused here, at config load:
 
 - control characters (C0 but tab, DEL, C1) and the Unicode line/paragraph separators: systemd
   units (systemd.syntax(7)), supervisord.conf (configparser) and install.list (`read` in bash)

@@ -16,7 +16,7 @@ class PdsvcError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        # one line whatever a path or value in it holds (issue 11): line breaks are escaped
+        # one line whatever a path or value in it holds: line breaks are escaped
         return one_line(f"{self.message}; {self.hint}" if self.hint else self.message)
 
 

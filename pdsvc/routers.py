@@ -1,7 +1,7 @@
 """The router packages pdsvc renders: sglang-router 0.3.2 and its successor smg 1.13.0.
 
 `router.package` picks one; everything that differs between the two is data here, and
-plan.py's one composer (`_router` / `router_argv`) reads it:
+pdsvc/plan/build.py's one composer (`_router` / `router_argv`) reads it:
 
 * the module `python -m` runs (`sglang_router.launch_router` / `smg.launch_router`; never the
   `smg` console script: sglang-router 0.3.2 ships one of that name too, entry_points.txt

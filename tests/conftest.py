@@ -15,6 +15,11 @@ from click.testing import CliRunner
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
+# the runtime's process fixtures (tests/test_runtime_*.py, tests/test_supervisord.py)
+from runtime_procs import notify_socket, procs  # noqa: E402, F401
+
+# pdsvc status's stand-in deployments (tests/test_status*.py, tests/test_first_hour.py)
+from status_stands import dep, hosts_dep, short_dir, sv  # noqa: E402, F401
 from sysfs import HOSTS, build_sysfs  # noqa: E402
 
 # pdsvc's plan and template caches go to a throw-away dir, never the user's ~/.cache

@@ -25,7 +25,7 @@ def test_render_writes_the_bundle_and_reports_each_file(runner, tmp_path: Path) 
         ".pdsvc-bundle.json",  # the record: what pdsvc wrote, each file's sha256
         "dsv4-pd.target", "dsv4-pd-ready.service", "dsv4-prefill.service",
         "dsv4-decode.service", "dsv4-router.service", "runtime", "install.list",
-        "monitoring",  # the scrape config, alert rules and dashboard (issue 24)
+        "monitoring",  # the scrape config, alert rules and dashboard
     ])
     assert "created" in result.output
     again = runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out)])

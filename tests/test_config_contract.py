@@ -1,4 +1,4 @@
-"""Issue 26: the keys added since issue 11 (membership, the control-plane key, smg, canary and
+"""The keys added after the string rules (membership, the control-plane key, smg, canary and
 restart settings, the bundle's runtime files) reach every output intact, or are refused with one
 line naming the key and the fix. (The property tests over every field: test_hostile_props.py.)"""
 

@@ -58,7 +58,7 @@ CASES = [
      "needs its own"),
     ("xpyd-allocated-clash", BASE + "prefill:\n  - {gpus: [0, 1], port: 30002}\n"
      "  - {gpus: [2, 3]}\n",
-     # named where the user wrote it (issue 14), the allocated one explained
+     # named where the user wrote it, the allocated one explained
      ":3: prefill[0].port: port 30002 is also prefill[1].port (prefill[1].port was allocated "
      "from the instance's index); each service needs its own"),
     ("xpyd-bootstrap-vs-http", BASE + "prefill:\n  - {gpus: [0, 1], bootstrap_port: 30002}\n"

@@ -59,7 +59,7 @@ ONE_NODE_SEED = dataclasses.replace(SEED, nodes={0: "0-223"}, devices=tuple(
 
 
 def test_one_finding_per_fact_and_a_fix_said_once(runner, tmp_path: Path) -> None:
-    """Issue 14, item 8: a plan made for the seed host (decode pinned to node 1) on a host
+    """A plan made for the seed host (decode pinned to node 1) on a host
     with one NUMA node. The missing node is one ✗ row, not one more per GPU that is therefore
     on node 0; no ✓ row vouches for the pinning that ✗ refutes; no fix is printed twice."""
     box = make_box(tmp_path, host=ONE_NODE_SEED)

@@ -1,4 +1,4 @@
-"""The rendered monitoring, proven with real parts (issue 24): Debian's Prometheus scrapes the
+"""The rendered monitoring, proven with real parts: Debian's Prometheus scrapes the
 stand-in stack under a real systemd (nspawn container, real install.sh, real sglang-router,
 stand-in engines) through the bundle's own monitoring/NAME-prometheus.yml and
 monitoring/NAME-rules.yml, and Debian's node_exporter serves the runtimes' textfiles

@@ -134,7 +134,7 @@ def test_kill_9_of_an_engine(stack: Stack, router_package: str, role: str) -> No
     assert stack.invocation(role) != before
 
 
-def test_kill_9_of_a_supervisor(stack: Stack, router_package: str) -> None:
+def test_kill_9_of_a_runtime(stack: Stack, router_package: str) -> None:
     main = stack.prop(stack.unit("decode"), "MainPID")
     engine = stack.engine_pid("decode")
     fault(stack, router_package, "kill -9 decode's runtime (its main process)",

@@ -204,7 +204,7 @@ def test_broken_engine_gives_up_after_its_tries_and_the_start_says_so(
         s.c.wait_for(lambda: s.prop(unit, "ActiveState") == "failed", 30, interval=0.25,
                      what="prefill gives up too")
         assert s.prop(unit, "ExecMainStatus") == "78"
-        # the textfile node_exporter would read (issue 24): the give-up, the failed starts
+        # the textfile node_exporter would read: the give-up, the failed starts
         # before it, and a runtime that is no longer up (PdsvcEngineGaveUp's series)
         prom = s.c.run(["cat", f"/run/e2e/metrics/{unit.removesuffix('.service')}.prom"],
                        check=False).stdout

@@ -191,15 +191,15 @@ class SupervisordStack:
     def info(self, role: str) -> dict:
         return self.rpc.supervisor.getProcessInfo(self.names[role])
 
-    def supervise_pid(self, role: str) -> int:
+    def runtime_pid(self, role: str) -> int:
         return int(self.info(role)["pid"])
 
     def engine_pid(self, role: str) -> int:
-        """The engine (or router) process: the supervise.py program's child."""
-        parent = self.supervise_pid(role)
+        """The engine (or router) process: the runtime program's child."""
+        parent = self.runtime_pid(role)
         kids = [pid for pid, (ppid, state, name) in process_table().items()
                 if ppid == parent and state != "Z" and "orphan" not in self.cmdline(pid)]
-        assert kids, f"{role}: supervise.py {parent} has no child"
+        assert kids, f"{role}: runtime {parent} has no child"
         return kids[0]
 
     @staticmethod
@@ -277,7 +277,7 @@ def test_start_serves_through_the_router_once_both_engines_are_healthy(
     # pinned as the plan says (numactl, when this machine has it)
     if shutil.which("numactl"):
         cpus = stack.plan.engines[0].pinning.cpulist
-        assert f"--physcpubind={cpus}" in stack.cmdline(stack.supervise_pid("prefill")) or \
+        assert f"--physcpubind={cpus}" in stack.cmdline(stack.runtime_pid("prefill")) or \
             Path(f"/proc/{stack.engine_pid('prefill')}/status").read_text().count(
                 f"Cpus_allowed_list:\t{cpus}") == 1
 
@@ -296,13 +296,13 @@ def test_cold_jit_cache_is_never_compiled_into_twice_at_once(stack: SupervisordS
 
 
 def test_engine_kill_9_is_restarted_and_the_router_serves_again(stack: SupervisordStack) -> None:
-    before = stack.supervise_pid("decode")
-    router_before = stack.supervise_pid("router")
+    before = stack.runtime_pid("decode")
+    router_before = stack.runtime_pid("router")
     os.kill(stack.engine_pid("decode"), signal.SIGKILL)
     wait_for(lambda: stack.info("decode")["pid"] not in (0, before), 60,
              "supervisord restarts decode")
     stack.wait_serving(90, "serving again after decode's kill -9")
-    assert stack.supervise_pid("router") == router_before  # nothing else restarted
+    assert stack.runtime_pid("router") == router_before  # nothing else restarted
     assert "killed 1 process(es) the engine left behind" in stack.log("decode")
     assert len(stack.orphans()) == 2, stack.processes()  # the dead engine's orphan is gone
 
@@ -313,7 +313,7 @@ def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
     lc = stack.plan.lifecycle
     assert bound == lc.liveness_interval_secs * lc.liveness_failures + \
         lc.liveness_timeout_secs
-    before = stack.supervise_pid("decode")
+    before = stack.runtime_pid("decode")
     engine = stack.engine_pid("decode")
     t0 = time.monotonic()
     os.kill(engine, signal.SIGSTOP)
@@ -325,7 +325,7 @@ def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
             os.kill(engine, signal.SIGCONT)
     detected = time.monotonic() - t0
     # the bound: watchdog_secs after the last good probe (≤ one interval before the STOP),
-    # plus the SIGKILL, supervise.py's exit and supervisord's respawn (slack for a busy host)
+    # plus the SIGKILL, the runtime's exit and supervisord's respawn (slack for a busy host)
     assert detected <= bound + lc.liveness_interval_secs + 5, (detected, bound)
     log = stack.log("decode")
     assert f"(--watchdog-secs {bound}): the engine is hung" in log, log[-3000:]
@@ -337,7 +337,7 @@ def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
 @pytest.mark.parametrize("how", ["kill -9", "supervisorctl restart"])
 def test_prefill_restart_restarts_decode_and_the_pair_serves(stack: SupervisordStack,
                                                              how: str) -> None:
-    prefill_before, decode_before = stack.supervise_pid("prefill"), stack.supervise_pid("decode")
+    prefill_before, decode_before = stack.runtime_pid("prefill"), stack.runtime_pid("decode")
     time.sleep(1.1)  # supervisord's start times are whole seconds
     if how == "kill -9":
         os.kill(stack.engine_pid("prefill"), signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""Issue 14, a newcomer's first hour: each command does what it says from any directory, its
+"""A newcomer's first hour: each command does what it says from any directory, its
 printed next step works as printed, and no render loses a file without being asked.
 
 Each test runs the exact commands and checks their exit codes and first lines.
@@ -20,7 +20,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from conftest import REPO
-from test_status import SEED_TOPOLOGY, Deployment, dep, hosts_dep  # noqa: F401 (fixtures)
+from status_stands import SEED_TOPOLOGY, Deployment
 
 from pdsvc.cli.commands import main
 from pdsvc.cli.status import status
@@ -249,7 +249,7 @@ def test_the_documented_first_hour_runs_as_printed(tmp_path: Path) -> None:
             cwd = cwd / command.split("cd ", 1)[1].split()[0]
 
 
-# --------------------------------------------------------------------------- issue 11
+# --------------------------------------------------------------------------- concurrent renders
 
 
 def test_concurrent_renders_into_one_directory_end_consistent(tmp_path: Path) -> None:

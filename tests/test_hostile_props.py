@@ -1,4 +1,4 @@
-"""Property tests of issue 11: a hostile string in any string field of the schema either is
+"""Property tests of config strings: a hostile string in any string field of the schema either is
 refused with one line, or reaches every output exactly — read back the way each consumer reads
 it: systemd's unquoting (sdsyntax), supervisor's own config reader, a YAML loader with
 Kubernetes' `$` rules, and bash's `read` as install.sh splits install.list.
@@ -178,7 +178,7 @@ def _check_service(plan: Plan, svc: dict[str, list[str]], env: list, argv: list[
     assert got_env == dict(env)
     (exec_start,) = svc["ExecStart"]
     words = sd.exec_argv(exec_start)
-    assert words[:2] == [python, plan.paths.supervisor]
+    assert words[:2] == [python, plan.paths.runtime]
     assert words[words.index("--") + 1:] == argv
     paths = [i for v in svc.get("ReadWritePaths", []) for i in sd.list_items(v)]
     assert paths == list(plan.read_write_paths)
@@ -215,7 +215,7 @@ def check_install_list(plan: Plan, path: Path) -> None:
                         ["config", printable(plan.config_source), plan.config_sha256],
                         ["target", plan.target],
                         ["user", plan.user, plan.group, plan.paths.state_dir]]
-    assert ["file", "runtime/cli.py", f"{plan.paths.supervisor}/cli.py", "0644", "root"] in rows
+    assert ["file", "runtime/cli.py", f"{plan.paths.runtime}/cli.py", "0644", "root"] in rows
     assert ["dir", plan.paths.jit_cache, "-", "0750", f"{plan.user}:{plan.group}"] in rows
     assert ["secret", plan.paths.router_key, "make" if plan.router else "copy", "0640",
             f"root:{plan.group}"] in rows
@@ -363,7 +363,7 @@ def test_a_supervisord_bundle_directory_is_refused_or_read_back_as_here(
             assert f"{out}/runtime" in prog["argv"]
 
 
-# --------------------------------------------------------------- every other field (issue 26)
+# --------------------------------------------------------------------- every other field
 
 #: The schema's non-string fields (numbers, booleans, choices, lists) as the reference names
 #: them (pdsvc.config.reference): each drawn from values in and out of range, of the right and the

@@ -1,4 +1,4 @@
-"""Issue 11, case by case: every config value reaches every output intact, or is refused at
+"""Config values, case by case: every config value reaches every output intact, or is refused at
 load with one line naming the key, the character and why. (The property tests over every
 string field are tests/test_hostile_props.py.)"""
 

@@ -240,7 +240,7 @@ def test_supervisord_bundles_one_per_host(runner, tmp_path: Path) -> None:
     assert "programs=dsv4-router\n" in lb and "[program:dsv4-prefill]" not in lb
     assert "programs=dsv4-decode\n" in b and "[program:dsv4-router]" not in b
     assert "Host gpu-b of several: its engines only" in b
-    # NIXL coupling across hosts: the decode's supervisor watches gpu-a's prefill
+    # NIXL coupling across hosts: the decode's runtime watches gpu-a's prefill
     assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3" in b
     assert "[eventlistener:" not in b  # nothing to restart on this host itself
 

@@ -1,4 +1,4 @@
-"""The Kubernetes bundle (pdsvc/render_k8s.py): the plan's deployment as manifests that the API
+"""The Kubernetes bundle (pdsvc/render/k8s.py): the plan's deployment as manifests that the API
 server would accept (strict schemas, offline: tests/support/k8s_schema.py), and that say what
 the systemd units say — same commands, ports, env and lifecycle bounds, from the same plan.
 What the manifests say for a given config (pod settings, volumes, probes, Services, the

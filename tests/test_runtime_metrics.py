@@ -103,13 +103,14 @@ def test_a_start_that_served_reports_the_seconds_of_each_phase(tmp_path) -> None
     from pdsvc.ship.runtime.cli import parse_args
     from pdsvc.ship.runtime.lifecycle import Unit
     from pdsvc.ship.runtime.metrics import unit_samples
+    from pdsvc.ship.runtime.states import State
 
     args, command = parse_args(["engine", "--name", "dsv4-prefill", "--health-url",
                                 "http://127.0.0.1:9/health", "--state-dir", str(tmp_path),
                                 "--", "true"])
     unit = Unit(args, command)
-    unit.entered = [("WAIT_GPUS", 10.0), ("JIT_LOCK", 12.5), ("STARTING", 20.0),
-                    ("SERVING", 95.25)]
+    unit.entered = [(State.WAIT_GPUS, 10.0), (State.JIT_LOCK, 12.5), (State.STARTING, 20.0),
+                    (State.SERVING, 95.25)]
     unit.policy.on_healthy(unit.start_phases())
     run = json.loads((tmp_path / "dsv4-prefill.restart.json").read_text())
     assert run["start_phases"] == {"wait_gpus": 2.5, "jit_lock": 7.5, "starting": 75.25}

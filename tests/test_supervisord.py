@@ -1,13 +1,13 @@
-"""The supervisord bundle (pdsvc/render_supervisord.py) and what supervise.py does in it.
+"""The supervisord bundle (pdsvc/render/supervisord.py) and what the runtime does in it.
 
 Rendered configs are read back with supervisor's OWN config reader (the serve venv's
 `supervisor` package), so escaping is checked against the parser that will run it: every
 command word and environment value must come back exactly as the plan has it. What the
 bundle says for a given config (options, pinning, logs, the restart listener) is in
 tests/cases/supervisord-*.yaml (tests/test_cases.py).
-supervise.py's options for managers without systemd (--watchdog-secs, --kill-tree,
+The runtime's options for managers without systemd (--watchdog-secs, --kill-tree,
 --stop-timeout, --wait-for, the eventlistener mode) are tested in-process and as processes,
-with the stand-ins of tests/test_supervise.py; the whole stack under the real supervisord is
+with the stand-ins of tests/test_runtime_*.py; the whole stack under the real supervisord is
 tests/test_e2e_supervisord.py.
 """
 
@@ -31,16 +31,13 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO
-from test_supervise import (  # noqa: F401  (procs: a fixture, used by name)
-    SUPERVISE,
-    SUPERVISE_PYTHON,
+from ports import free_port
+from runtime_procs import (
+    RUNTIME,
+    RUNTIME_PYTHON,
     FakeClock,
     child_pid,
     engine_args,
-    free_port,
-    procs,
-    read_events,
-    sup,
     wait_for,
 )
 
@@ -56,6 +53,11 @@ from pdsvc.render.supervisord import (
     sv_word,
 )
 from pdsvc.render.systemd import MARKER, router_command, runtime_modules
+from pdsvc.ship.runtime.cli import parse_args
+from pdsvc.ship.runtime.codes import EXIT_HUNG
+from pdsvc.ship.runtime.listener import run_eventlistener
+from pdsvc.ship.runtime.phases import liveness_loop, wait_for_urls
+from pdsvc.ship.runtime.probe import ProbeResult
 from pdsvc.topology import load_topology_file
 
 SEED = load_topology_file(REPO / "etc/seed-host.topology.json")
@@ -176,7 +178,7 @@ def test_every_word_and_value_survives_supervisords_own_reader(serve_python: Pat
 def test_a_value_supervisord_cannot_hold_is_a_config_error_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"dsv4-prefill: environment variable X="):
         conf_of(with_(**{"prefill.env": {"X": "a ;b"}}))
-    with pytest.raises(ConfigError, match="newline"):  # refused at load (issue 11)
+    with pytest.raises(ConfigError, match="newline"):  # refused at load
         conf_of(with_(**{"prefill.args": {"chat-template": "a\nb"}}))
     with pytest.raises(ConfigError, match=r"replaces the text %\(here\)s everywhere"):
         conf_of(with_(**{"prefill.args": {"chat-template": "/x/%(here)s"}}))
@@ -240,7 +242,7 @@ def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> No
     assert "install -d -m 0750 -o sglang -g sglang /var/cache/dsv4/jit /var/lib/dsv4" in conf
     assert MARKER in copy.splitlines()[1] and "%(here)s/runtime" in copy.splitlines()[1]
     name = files[-1].path.split("/")[1]
-    assert copy.split("\n", 2)[2] == (SUPERVISE / name).read_text()  # verbatim
+    assert copy.split("\n", 2)[2] == (RUNTIME / name).read_text()  # verbatim
     write_bundle(files, tmp_path)
     assert {status for _, status in write_bundle(files, tmp_path)} == {"unchanged"}
     assert program_names(plan) == {"dsv4-prefill.service": "dsv4-pd:dsv4-prefill",
@@ -248,7 +250,7 @@ def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> No
                                    "dsv4-router.service": "dsv4-pd:dsv4-router"}
 
 
-# --------------------------------------------------------------------------- supervise.py
+# --------------------------------------------------------------------------- the runtime
 
 
 def test_liveness_loop_gives_up_at_the_watchdog_bound():
@@ -258,13 +260,13 @@ def test_liveness_loop_gives_up_at_the_watchdog_bound():
     def hung_probe(left: float):
         budgets.append(left)
         clock.now += min(left, 30.0)  # a probe blocks until its timeout
-        return sup.ProbeResult(False, "timed out")
+        return ProbeResult(False, "timed out")
 
     def child_wait(timeout: float):
         clock.now += timeout
 
     lines: list[str] = []
-    outcome = sup.liveness_loop(
+    outcome = liveness_loop(
         hung_probe, child_wait, interval=10.0, log=lines.append, notify=lambda *f: None,
         serving_status="s", should_stop=lambda: False, clock=clock, hang_after=60.0)
     assert outcome.kind == "hung"
@@ -278,9 +280,9 @@ def test_liveness_loop_bound_restarts_after_each_good_probe():
 
     def probe(left: float):
         clock.now += 0.5
-        return sup.ProbeResult(next(answers), "x")
+        return ProbeResult(next(answers), "x")
 
-    outcome = sup.liveness_loop(
+    outcome = liveness_loop(
         probe, lambda t: setattr(clock, "now", clock.now + t), interval=10.0,
         log=lambda line: None, notify=lambda *f: None, serving_status="s",
         should_stop=lambda: False, clock=clock, hang_after=25.0)
@@ -294,22 +296,22 @@ def test_wait_for_urls_waits_for_all_of_them_and_stops_on_request():
 
     def probe(url: str):
         up[url] -= 1
-        return sup.ProbeResult(up[url] <= 0, "HTTP 503")
+        return ProbeResult(up[url] <= 0, "HTTP 503")
 
     lines: list[str] = []
-    ok = sup.wait_for_urls(["a", "b"], log=lines.append, status=lambda s: None,
+    ok = wait_for_urls(["a", "b"], log=lines.append, status=lambda s: None,
                            poll_interval=1.0, progress_every=100.0,
                            should_stop=lambda: False, probe=probe, sleep=clock.wait, clock=clock)
     assert ok and lines[0] == "waiting for a, b before starting"
     assert lines[-1].startswith("a, b: all healthy after")
-    stop = sup.wait_for_urls(["a"], log=lines.append, status=lambda s: None, poll_interval=1.0,
+    stop = wait_for_urls(["a"], log=lines.append, status=lambda s: None, poll_interval=1.0,
                              progress_every=100.0, should_stop=lambda: True,
-                             probe=lambda url: sup.ProbeResult(False, "refused"),
+                             probe=lambda url: ProbeResult(False, "refused"),
                              sleep=clock.wait, clock=clock)
     assert stop is False
 
 
-def test_watchdog_secs_kills_a_hung_child_and_exits_124(procs, tmp_path):  # noqa: F811
+def test_watchdog_secs_kills_a_hung_child_and_exits_124(procs, tmp_path):
     port, events = free_port(), tmp_path / "child.jsonl"
     proc = procs.start(engine_args(port, "dsv4-decode", "--liveness-timeout", "0.3",
                                    "--watchdog-secs", "1.5", "--kill-tree", "--")
@@ -318,7 +320,7 @@ def test_watchdog_secs_kills_a_hung_child_and_exits_124(procs, tmp_path):  # noq
     pid = child_pid(events)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
-    assert procs.wait(proc) == sup.EXIT_HUNG
+    assert procs.wait(proc) == EXIT_HUNG
     assert time.monotonic() - t0 <= 1.5 + 0.2 + 1.5  # bound + one interval + slack
     log = procs.log(proc)
     assert "(--watchdog-secs 1.5): the engine is hung: sending SIGKILL" in log
@@ -361,7 +363,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_kill_tree_kills_a_child_that_left_the_session_on_stop(procs, tmp_path):  # noqa: F811
+def test_kill_tree_kills_a_child_that_left_the_session_on_stop(procs, tmp_path):
     port = free_port()
     proc = procs.start(engine_args(port, "dsv4-prefill", "--kill-tree", "--")
                        + _orphan_child(tmp_path))
@@ -369,7 +371,7 @@ def test_kill_tree_kills_a_child_that_left_the_session_on_stop(procs, tmp_path):
     try:
         assert os.getsid(orphan) == orphan  # out of every process group supervisord knows
         wait_for(lambda: Path(f"/proc/{orphan}/stat").read_text().rsplit(")", 1)[1].split()[1]
-                 == str(proc.pid), what="the orphan reparented to supervise.py (subreaper)")
+                 == str(proc.pid), what="the orphan reparented to the runtime (subreaper)")
         proc.send_signal(signal.SIGTERM)
         assert procs.wait(proc) == 0
         assert not _alive(orphan)
@@ -379,7 +381,7 @@ def test_kill_tree_kills_a_child_that_left_the_session_on_stop(procs, tmp_path):
             os.kill(orphan, signal.SIGKILL)
 
 
-def test_kill_tree_kills_what_a_crashed_child_left(procs, tmp_path):  # noqa: F811
+def test_kill_tree_kills_what_a_crashed_child_left(procs, tmp_path):
     proc = procs.start(engine_args(free_port(), "dsv4-prefill", "--kill-tree", "--")
                        + _orphan_child(tmp_path, after="time.sleep(1); sys.exit(3)"))
     orphan = _orphan(tmp_path)
@@ -391,7 +393,7 @@ def test_kill_tree_kills_what_a_crashed_child_left(procs, tmp_path):  # noqa: F8
             os.kill(orphan, signal.SIGKILL)
 
 
-def test_stop_timeout_kills_a_child_that_ignores_sigterm(procs, tmp_path):  # noqa: F811
+def test_stop_timeout_kills_a_child_that_ignores_sigterm(procs, tmp_path):
     child = [sys.executable, "-c", "import signal, time; "
              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
     proc = procs.start(engine_args(free_port(), "dsv4-prefill", "--stop-timeout", "1",
@@ -418,7 +420,7 @@ class _Health(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-def test_wait_for_holds_the_command_until_the_url_is_healthy(procs, tmp_path):  # noqa: F811
+def test_wait_for_holds_the_command_until_the_url_is_healthy(procs, tmp_path):
     handler = type("Health", (_Health,), {"healthy": False})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -441,7 +443,7 @@ def test_wait_for_holds_the_command_until_the_url_is_healthy(procs, tmp_path):  
         server.shutdown()
 
 
-def test_prefix_output_marks_every_line_of_the_child(procs, tmp_path):  # noqa: F811
+def test_prefix_output_marks_every_line_of_the_child(procs, tmp_path):
     child = [sys.executable, "-c", "import sys; print('to stdout', flush=True); "
              "print('Error: to stderr', file=sys.stderr, flush=True); sys.exit(4)"]
     proc = procs.start(engine_args(free_port(), "dsv4-decode", "--prefix-output", "--") + child)
@@ -451,7 +453,7 @@ def test_prefix_output_marks_every_line_of_the_child(procs, tmp_path):  # noqa: 
     assert all(line.startswith("dsv4-decode: ") for line in lines), lines
 
 
-def test_stop_while_waiting_for_urls_is_clean(procs, tmp_path):  # noqa: F811
+def test_stop_while_waiting_for_urls_is_clean(procs, tmp_path):
     proc = procs.start(engine_args(free_port(), "x", "--wait-for",
                                    f"http://127.0.0.1:{free_port()}/health", "--", "true"))
     wait_for(lambda: "before starting" in procs.log(proc), what="waiting")
@@ -492,13 +494,13 @@ def _event(name: str, group: str, from_state: str, event: str = "PROCESS_STATE_S
 
 def _listen(infos: dict, *events: bytes) -> tuple[FakeSupervisor, bytes, str]:
     rpc = FakeSupervisor(infos)
-    args, _ = sup.parse_args(["eventlistener", "--name", "t-restarts", "--restart-with",
+    args, _ = parse_args(["eventlistener", "--name", "t-restarts", "--restart-with",
                               "g:decode=g:prefill"])
     out = io.BytesIO()
     err = io.StringIO()
     old, sys.stderr = sys.stderr, err
     try:
-        assert sup.run_eventlistener(args, io.BytesIO(b"".join(events)), out, rpc) == 0
+        assert run_eventlistener(args, io.BytesIO(b"".join(events)), out, rpc) == 0
     finally:
         sys.stderr = old
     return rpc, out.getvalue(), err.getvalue()
@@ -535,13 +537,13 @@ def test_listener_survives_a_failed_call():
     infos = {"g:prefill": {"start": 1000, "statename": "STARTING", "pid": 2},
              "g:decode": {"start": 900, "statename": "RUNNING", "pid": 3}}
     rpc = Broken(infos)
-    args, _ = sup.parse_args(["eventlistener", "--name", "t", "--restart-with",
+    args, _ = parse_args(["eventlistener", "--name", "t", "--restart-with",
                               "g:decode=g:prefill"])
     err = io.StringIO()
     old, sys.stderr = sys.stderr, err
     try:
         event = _event("prefill", "g", "EXITED")
-        assert sup.run_eventlistener(args, io.BytesIO(event * 2), io.BytesIO(), rpc) == 0
+        assert run_eventlistener(args, io.BytesIO(event * 2), io.BytesIO(), rpc) == 0
     finally:
         sys.stderr = old
     assert err.getvalue().count("cannot restart g:decode after g:prefill started") == 2
@@ -549,7 +551,7 @@ def test_listener_survives_a_failed_call():
 
 def test_eventlistener_usage():
     def run(*args):
-        return subprocess.run([SUPERVISE_PYTHON, str(SUPERVISE), *args], capture_output=True,
+        return subprocess.run([RUNTIME_PYTHON, str(RUNTIME), *args], capture_output=True,
                               text=True, timeout=10, check=False, env={
                                   k: v for k, v in os.environ.items()
                                   if k != "SUPERVISOR_SERVER_URL"})

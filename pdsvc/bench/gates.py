@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pdsvc.plan.build import Plan
 from pdsvc.status import runstate
-from pdsvc.status.report import http_get
+from pdsvc.status.collect import http_get
 
 FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
                     "sglang:num_bootstrap_failed_reqs_total")

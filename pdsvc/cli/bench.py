@@ -24,7 +24,7 @@ from pdsvc.cli.kit import (
     sysfs_option,
     topology_option,
 )
-from pdsvc.status.report import http_get
+from pdsvc.status.collect import http_get
 
 BENCH_EPILOG = """\b
 Examples:

@@ -1,6 +1,6 @@
 """What every pdsvc command shares: options (defined once), error handling, plan loading.
 
-Commands live in cli.py and in the modules of their own (doctor.py, status.py, …); each
+Commands live in commands.py and in the modules of their own (doctor.py, status.py, …); each
 imports its options from here, so an option means the same thing everywhere.
 """
 

@@ -1,4 +1,4 @@
-"""The `pdsvc status` command: load the host's plan, collect and judge (pdsvc.status.report),
+"""The `pdsvc status` command: load the host's plan, collect and judge (pdsvc.status),
 print text, JSON or Prometheus text, once or every few seconds."""
 
 from __future__ import annotations
@@ -23,15 +23,17 @@ from pdsvc.cli.kit import (
     topology_option,
 )
 from pdsvc.status import runstate
+from pdsvc.status.collect import collect
+from pdsvc.status.format import format_text, report_dict
 from pdsvc.status.managers import make_backend
-from pdsvc.status.report import (
-    BACKENDS,
-    CLEAR_SCREEN,
-    STATUS_EPILOG,
-    collect,
-    format_text,
-    report_dict,
-)
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase the screen
+STATUS_EPILOG = """\b
+Exit codes: 0 serving (every unit active, router /readiness 200), 1 not serving,
+            2 bad config or usage. A plan that does not fit the host's topology (a GPU
+            fell off the bus) is one more finding: the units are shown all the same.
+"""
+BACKENDS = ("auto", "systemd", "supervisord")
 
 
 def watch(interval: float, frame: Callable[[], tuple[str, int]], *, clear: bool) -> int:

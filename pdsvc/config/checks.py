@@ -1,5 +1,5 @@
 """Checks across the config's sections that need only the config (the host's are the plan's,
-pdsvc/plan_pinning.py): hosts name what they run, TP sizes fit the GPUs, GPUs and ports are
+pdsvc/plan/pinning.py): hosts name what they run, TP sizes fit the GPUs, GPUs and ports are
 not shared. Each problem is a (key path, message) pair; parse_config reports the first.
 """
 

@@ -28,7 +28,7 @@ EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", 
 FlagName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=255)]
 EnvValue = Text | Int | float | bool
 ArgValue = Text | Int | float | bool | list[Text | Int | float]
-#: Bounded by what systemd and a sane deployment accept (issue 11): a value systemd cannot
+#: Bounded by what systemd and a sane deployment accept: a value systemd cannot
 #: hold (`1e20`) would be ignored and its default would apply silently.
 DAY, HOUR = 86400, 3600
 
@@ -57,7 +57,7 @@ def _runtime_types() -> dict[str, Callable[[str], Any]]:
 def runtime_flag(flag: str) -> AfterValidator:
     """A number the renderer hands the runtime as `flag`: checked by the runtime's own parser
     type (one source for its bound), so the schema never accepts a value every start of the
-    unit would refuse with exit 2 (issue 26: `canary_heal_attempts: 0`)."""
+    unit would refuse with exit 2 (`canary_heal_attempts: 0`)."""
     def check(value: Any) -> Any:
         try:
             _runtime_types()[flag](str(value))

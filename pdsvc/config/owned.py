@@ -1,4 +1,4 @@
-"""What pdsvc derives itself and a config may not reach around (issue 11): launch_server and
+"""What pdsvc derives itself and a config may not reach around: launch_server and
 launch_router flags in `args` (also by argparse abbreviation, or smuggled in as a value), env
 vars in `env`, and addresses that cannot be what they claim.
 

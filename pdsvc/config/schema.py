@@ -1,10 +1,10 @@
 """The config schema (pydantic, strict) and its loader with file:line error messages.
 
-The config says *what* the user wants; `plan.py` turns it into every concrete value. This
-module holds the top-level model and parse_config; the sections are in config_roles.py
-(prefill, decode) and config_sections.py (the others), built from config_fields.py. Checks
-across sections are config_checks.py, error messages config_errors.py; checks that need the
-host are the plan's (plan_pinning.py). Every name other modules use is importable from here.
+The config says *what* the user wants; pdsvc/plan/build.py turns it into every concrete value.
+This module holds the top-level model and parse_config; the sections are in roles.py
+(prefill, decode) and sections.py (the others), built from fields.py. Checks across sections
+are checks.py, error messages errors.py; checks that need the host are the plan's
+(pdsvc/plan/pinning.py). Every name other modules use is importable from here.
 """
 
 from __future__ import annotations

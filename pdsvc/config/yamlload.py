@@ -1,4 +1,4 @@
-"""Strict YAML loading of the config (issue 11): UTF-8 only, bounded in size and in what aliases
+"""Strict YAML loading of the config: UTF-8 only, bounded in size and in what aliases
 expand to, no duplicate keys. Every refusal is a one-line ConfigError naming file:line.
 
 PyYAML (like YAML 1.1 itself) keeps the last of two equal keys silently, and expands aliases

@@ -57,7 +57,7 @@ def build_plan(
     host_topologies = host_topologies or {}
     jit = config.runtime.jit_cache
     paths = Paths(
-        supervisor=f"{config.runtime.libexec_dir}/{name}/runtime",
+        runtime=f"{config.runtime.libexec_dir}/{name}/runtime",
         env_dir=f"/etc/{name}",
         router_key=config.router.control_plane_key or f"/etc/{name}/router.key",
         run_dir=f"/run/{name}",
@@ -107,7 +107,7 @@ def build_plan(
             where = machines[inst.key]
             for rank, machine in enumerate(where):
                 restarts_with = prefill_units[machine] if couple else ()
-                # PartOf= stops at the host: a prefill elsewhere is watched by supervise.py
+                # PartOf= stops at the host: a prefill elsewhere is watched by the runtime
                 remote = () if not couple else tuple(
                     f"http://{address(machines[p.key][0])}:{p.cfg.port}/health"
                     for p in prefills if machine not in machines[p.key]

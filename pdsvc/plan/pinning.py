@@ -1,6 +1,6 @@
 """Where an engine may run: its NUMA node and CPUs, resolved from the GPUs it was given.
 
-Part of building the plan (`plan.py`): the checks that need the host — a GPU that does not
+Part of building the plan (build.py): the checks that need the host — a GPU that does not
 exist, GPUs across NUMA nodes, a node without CPUs — raise TopologyError; what the host does
 not say (numa_node -1, common on VMs) is resolved as far as it safely can be, with a warning.
 """

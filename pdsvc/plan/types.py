@@ -1,8 +1,8 @@
 """The plan's data: frozen dataclasses of every concrete value a deployment is rendered from.
 
-`plan.py` builds a Plan from the config and the host topology; the renderers, doctor and
+build.py builds a Plan from the config and the host topology; the renderers, doctor and
 status only read one. to_dict() is the plan as JSON (`pdsvc plan --json`, the plan cache) and
-plan_from_dict() its inverse (pdsvc/fromdict.py: driven by the field types).
+plan_from_dict() its inverse (fromdict.py: driven by the field types).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class HostPlan:
 
 @dataclass(frozen=True)
 class Paths:
-    supervisor: str  # the stdlib-only runtime (a directory Python runs) every unit's main process
+    runtime: str  # the stdlib-only runtime (a directory Python runs): every unit's main process
     router_key: str  # the router's control-plane key (install.sh makes it; root:group 0640)
     run_dir: str  # RuntimeDirectory=: the runtime's restart policy and canary state
     env_dir: str  # optional per-unit EnvironmentFile= (secrets: root + service user only)

@@ -16,14 +16,14 @@ pod or a group runs it, so the URL the router and decode dial,
 A Deployment shares that name; a LeaderWorkerSet is ``ENGINE-lws``, because the LWS controller
 creates a headless Service named after the LWS itself (for ``$(LWS_LEADER_ADDRESS)``).
 
-Translated from the units: readiness (``Type=notify`` + supervise.py's /health gate) becomes a
+Translated from the units: readiness (``Type=notify`` + the runtime's /health gate) becomes a
 startupProbe with the start budget and a readinessProbe; the watchdog a livenessProbe with the
 same hang bound; ``TimeoutStopSec=`` terminationGracePeriodSeconds; ``LimitMEMLOCK=`` the
 IPC_LOCK capability (Kubernetes has no rlimit setting); the router's ``After=`` on the engines
 an init container that waits for their Services' health. Left to Kubernetes: GPU assignment
 (the device plugin, hence no CUDA_VISIBLE_DEVICES), CPU/NUMA pinning (the kubelet's topology
 manager), restart back-off (restart_secs and start_limit_* have no counterpart). Not
-expressible: restarting decode with prefill (``restarts_with``, NIXL) and supervise.py's
+expressible: restarting decode with prefill (``restarts_with``, NIXL) and the runtime's
 serialised cold JIT compiles (it is not in the image).
 
 Escaping: Kubernetes expands ``$(VAR)`` in ``command`` words and ``env`` values and reduces

@@ -1,7 +1,7 @@
 """Plan -> the supervisord bundle (pure): one supervisord.conf that runs prefill, decode and the
-router of the SAME plan on hosts and containers without systemd, plus supervise.py beside it.
+router of the SAME plan on hosts and containers without systemd, plus the runtime beside it.
 
-What systemd gives the units and supervisord lacks is done by supervise.py (every program's
+What systemd gives the units and supervisord lacks is done by the runtime (every program's
 command here too), behind options the units do not pass: readiness ordering (``--wait-for``),
 the watchdog (``--watchdog-secs``: plan.watchdog_secs, the units' WatchdogSec=), the cgroup
 (``--kill-tree``, ``--stop-timeout``) and PartOf= (its ``eventlistener`` mode). CPU and NUMA
@@ -37,7 +37,7 @@ from pdsvc.render.systemd import (
     POLL_INTERVAL,
     RUNTIME_DIR,
     File,
-    engine_supervise_flags,
+    engine_runtime_flags,
     header_lines,
     jinja_environment,
     key_fetch_command,
@@ -46,7 +46,7 @@ from pdsvc.render.systemd import (
     peer_watch_flags,
     policy_flags,
     router_command,
-    router_supervise_flags,
+    router_runtime_flags,
     runtime_files,
 )
 from pdsvc.topology import format_cpulist
@@ -58,11 +58,11 @@ CONF = "supervisord.conf"
 #: runtime's own immediate deaths (a missing interpreter, a usage error): short, so that a
 #: stack that serves within seconds shows RUNNING too.
 STARTSECS = 2
-#: supervise.py SIGKILLs a stopping engine's whole tree at lifecycle.stop_timeout_secs (the
+#: The runtime SIGKILLs a stopping engine's whole tree at lifecycle.stop_timeout_secs (the
 #: units' TimeoutStopSec=); supervisord's own SIGKILL, which reaches only the process group,
-#: comes this much later, as a backstop for a wedged supervise.py.
+#: comes this much later, as a backstop for a wedged runtime.
 STOP_MARGIN_SECS = 15
-#: supervise.py's start-phase probe period, as in the systemd units.
+#: The runtime's start-phase probe period, as in the systemd units.
 #: sun_path holds 108 bytes, the last one a NUL.
 MAX_SOCKET_PATH = 107
 #: supervisord's own defaults for rotated log files, written out so they are visible.
@@ -160,8 +160,8 @@ def _numactl(plan: Plan, e: EnginePlan, numactl: str | None) -> list[str]:
     return words
 
 
-def _supervise(plan: Plan) -> list[str]:
-    """The interpreter and supervise.py beside this config (``%(here)s``: the bundle is used in
+def _runtime_command(plan: Plan) -> list[str]:
+    """The interpreter and the runtime beside this config (``%(here)s``: the bundle is used in
     place, so a container needs no install step)."""
     return [sv_word(plan.python, "runtime.python"), f"'%(here)s/{RUNTIME_DIR}'"]
 
@@ -184,7 +184,7 @@ def _common_flags(plan: Plan, prefix_output: bool) -> list[str]:
 def _engine_program(plan: Plan, e: EnginePlan, prefix: bool) -> dict[str, Any]:
     pinning = _numactl(plan, e, plan.supervisord.numactl)
     # NIXL: a prefill on another host is watched (the restart listener is per host)
-    flags = [*engine_supervise_flags(plan, e), *_common_flags(plan, prefix),
+    flags = [*engine_runtime_flags(plan, e), *_common_flags(plan, prefix),
              *policy_flags(plan, plan.supervisord.state_dir),
              *member_flags(plan, e, "supervisord"),
              *peer_watch_flags(plan, e)]
@@ -194,7 +194,8 @@ def _engine_program(plan: Plan, e: EnginePlan, prefix: bool) -> dict[str, Any]:
         "pinning": e.pinning,
         "pinned": bool(pinning),
         "command": [
-            " ".join([*(sv_word(w, "supervisord.numactl") for w in pinning), *_supervise(plan),
+            " ".join([*(sv_word(w, "supervisord.numactl") for w in pinning),
+                      *_runtime_command(plan),
                       "engine"]),
             sv_command(flags, f"{e.name} option"),
             "-- " + sv_command(e.argv, f"{e.name} command word"),
@@ -206,14 +207,14 @@ def _engine_program(plan: Plan, e: EnginePlan, prefix: bool) -> dict[str, Any]:
 def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
     r = plan.router
     assert r is not None
-    flags = [*router_supervise_flags(plan, r), *_common_flags(plan, prefix),
+    flags = [*router_runtime_flags(plan, r), *_common_flags(plan, prefix),
              *policy_flags(plan, plan.supervisord.state_dir)]
     # the engines register themselves once healthy: the router starts at once, with no workers
     launch = router_command(plan, r, "supervisord")
     return {
         "name": r.name,
         "command": [
-            " ".join([*_supervise(plan), "router"]),
+            " ".join([*_runtime_command(plan), "router"]),
             sv_command(flags, f"{r.name} option"),
             "-- " + " ".join([sv_word(r.python, "router.python"), f"'%(here)s/{RUNTIME_DIR}'",
                               sv_command(launch[2:], f"{r.name} command word")]),
@@ -224,7 +225,7 @@ def _router_program(plan: Plan, prefix: bool) -> dict[str, Any]:
 
 def render_supervisord(plan: Plan, command: str) -> list[File]:
     """The supervisord bundle: ``supervisord.conf`` (prefill, decode, router, the restart
-    listener, and the sections supervisorctl needs) and ``supervise.py`` beside it.
+    listener, and the sections supervisorctl needs) and the runtime beside it.
 
     How it runs is the plan's ``supervisord`` section (config.supervisord). Raises ConfigError
     when the plan cannot be run this way: pinning without numactl, a value supervisord cannot
@@ -255,7 +256,7 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
         listener = {
             "name": name,
             "couples": couples,
-            "command": [" ".join([*_supervise(plan), sv_command(flags)])],
+            "command": [" ".join([*_runtime_command(plan), sv_command(flags)])],
         }
     files_logs = s.logs == "files"
     log_dir = sv_value(s.log_dir, "supervisord.log_dir")

@@ -3,7 +3,7 @@
 Escaping is for systemd, not for a shell (systemd.syntax(7), systemd.service(5) "Command lines"):
 `%` starts a specifier everywhere, `$` expands variables in ExecStart=, and quoting uses double
 quotes with C-style backslash escapes. What no encoding can carry (a line break, NUL, …) never
-gets here: the config schema refuses it (pdsvc/encode.py, issue 11).
+gets here: the config schema refuses it (pdsvc/encode.py).
 """
 
 from __future__ import annotations
@@ -169,18 +169,18 @@ def header_lines(plan: Plan, command: str, customise: str | None = None) -> list
     ]
 
 
-# supervise.py's options, composed once for every bundle; each manager adds its own (systemd:
+# The runtime's options, composed once for every bundle; each manager adds its own (systemd:
 # the poll interval; supervisord: the watchdog and kill bounds systemd has of its own).
 
 
-def engine_supervise_flags(plan: Plan, e: EnginePlan) -> list[str]:
-    """What supervise.py must know of an engine: name, health gate, GPUs, JIT cache."""
+def engine_runtime_flags(plan: Plan, e: EnginePlan) -> list[str]:
+    """What the runtime must know of an engine: name, health gate, GPUs, JIT cache."""
     return ["--name", e.name, "--health-url", e.health_url,
             "--gpus", ",".join(map(str, e.gpus)),
             "--jit-cache", plan.paths.jit_cache, "--jit-key", e.name]
 
 
-def router_supervise_flags(plan: Plan, r: RouterPlan) -> list[str]:
+def router_runtime_flags(plan: Plan, r: RouterPlan) -> list[str]:
     """What the runtime must know of the router: its readiness, generation and liveness URLs,
     and the engines of its host, whose giving up ends its wait for a generation."""
     engines = [x for e in plan.engines for x in ("--engine", e.name)]
@@ -256,7 +256,7 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
 def router_command(plan: Plan, r: RouterPlan, manager: str) -> tuple[str, ...]:
     """The router's command under the runtime: its launcher run by `runtime launch`, which adds
     the control-plane key in-process, with no workers: the engines register themselves."""
-    return (r.argv[0], plan.paths.supervisor, "launch", "--control-plane-key",
+    return (r.argv[0], plan.paths.runtime, "launch", "--control-plane-key",
             key_spec(plan, manager), *r.argv[2:])
 
 
@@ -299,13 +299,13 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
         # the drains the runtime begins itself (a heal, a peer's restart) are bound as a
         # stop is: systemd's TimeoutStopSec= does not cover them
         drain = ["--stop-timeout", str(plan.lifecycle.stop_timeout_secs)]
-        flags = [*engine_supervise_flags(plan, e), *liveness_flags(plan), *poll, *drain,
+        flags = [*engine_runtime_flags(plan, e), *liveness_flags(plan), *poll, *drain,
                  *policy_flags(plan, plan.paths.run_dir), *member_flags(plan, e, "systemd"),
                  *peer_watch_flags(plan, e)]
         files.append(File(e.unit, env.get_template("systemd/engine.service.j2").render(
             e=e, flags=flags, key=KEY_CREDENTIAL, **ctx)))
     if plan.router:
-        flags = [*router_supervise_flags(plan, plan.router), *liveness_flags(plan),
+        flags = [*router_runtime_flags(plan, plan.router), *liveness_flags(plan),
                  "--poll-interval", ROUTER_POLL_INTERVAL, *policy_flags(plan, plan.paths.run_dir)]
         files.append(File(plan.router.unit, env.get_template(
             "systemd/router.service.j2").render(
@@ -345,7 +345,7 @@ def runtime_files(plan: Plan, where: str | None = None) -> list[File]:
     """The runtime as shipped: each module verbatim after the encoding line and one provenance
     line, in a directory that Python runs (``python DIR/runtime MODE``; ``where``: how the
     bundle uses it, by default where install.sh installs it; written escaped, one line)."""
-    where = printable(where or f"installed to {plan.paths.supervisor}")
+    where = printable(where or f"installed to {plan.paths.runtime}")
     return [File(f"{RUNTIME_DIR}/{name}",
                  f"{ENCODING_LINE}\n# {MARKER} {plan.version} from {RUNTIME_SOURCE}/{name} "
                  f"— do not edit; {where}\n" + body)

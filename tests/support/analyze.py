@@ -37,7 +37,7 @@ def scratch_root(root: Path, plan: Plan, bundle: Path) -> Path:
         dest = root / exe.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy("/usr/bin/true", dest)
-    runtime = root / plan.paths.supervisor.lstrip("/")
+    runtime = root / plan.paths.runtime.lstrip("/")
     runtime.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(bundle / "runtime", runtime)
     return unit_dir

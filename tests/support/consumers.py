@@ -1,4 +1,4 @@
-"""Each output read back the way its consumer reads it (issue 11): supervisor's own config
+"""Each output read back the way its consumer reads it: supervisor's own config
 reader, bash's `read` as install.sh splits install.list, Kubernetes' `$` rules. systemd's is
 sdsyntax.py."""
 

@@ -1,4 +1,4 @@
-"""A strict decoder of unit files, after systemd's own rules, for the property tests (issue 11).
+"""A strict decoder of unit files, after systemd's own rules, for the property tests.
 
 It returns what systemd hands the process, and raises SyntaxError wherever systemd would read
 the text as something other than literal data: a specifier other than `%%`, a `$` expansion in

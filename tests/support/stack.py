@@ -99,10 +99,10 @@ def curl(c: SystemdContainer, url: str, body: dict | None = None,
 
 
 def engine_pid(c: SystemdContainer, unit: str) -> int:
-    """A unit's engine process: the supervisor's (MainPID's) child."""
+    """A unit's engine process: the runtime's (MainPID's) child."""
     main = c.show(unit, "MainPID")["MainPID"]
     out = c.run(["pgrep", "-P", main], check=False).stdout.split()
-    assert out, f"{unit}: supervisor {main} has no child"
+    assert out, f"{unit}: runtime {main} has no child"
     return int(out[0])
 
 

@@ -1,5 +1,5 @@
-"""pdsvc's runtime: the main process of every rendered unit (supervisor of one SGLang engine or
-of the router), and the supervisord event listener.
+"""pdsvc's runtime: the main process of every rendered unit (it runs and watches one SGLang
+engine or the router), and the supervisord event listener.
 
 Standard library only, Python >= 3.9: it is shipped as plain files beside the rendered units and
 runs under the SGLang venv's interpreter on the GPU host (``python DIR/runtime engine ...``, a
@@ -11,4 +11,5 @@ One idea a module:
   proctree   subreaper and /proc              child      the supervised command
   phases     start / liveness / peer loops    lifecycle  one unit's life, start to exit
   listener   supervisord's event listener     cli        the command line
+  states     the states and their transitions
 """

@@ -29,10 +29,10 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def supervisor_exit_code(returncode: int, stop_signal: int | None) -> int:
-    """What supervise exits with once the child is gone.
+def runtime_exit_code(returncode: int, stop_signal: int | None) -> int:
+    """What the runtime exits with once the child is gone.
 
-    After a stop (SIGTERM/SIGINT/SIGHUP to supervise), exit 0, SIGTERM, SIGKILL (SGLang's
+    After a stop (SIGTERM/SIGINT/SIGHUP to the runtime), exit 0, SIGTERM, SIGKILL (SGLang's
     SIGTERM handler SIGKILLs its own process tree, so 137) or death by the forwarded signal
     count as a clean stop, so ``systemctl stop`` does not mark the unit failed. Otherwise
     the child's status is passed on and ``Restart=on-failure`` decides.

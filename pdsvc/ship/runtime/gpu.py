@@ -1,5 +1,5 @@
 """One nvidia-smi client: which compute processes hold which GPUs (by PCI bus id), and the
-idle check a start makes. Used by the units' supervisor and by `pdsvc doctor`."""
+idle check a start makes. Used by the runtime and by `pdsvc doctor`."""
 
 from __future__ import annotations
 

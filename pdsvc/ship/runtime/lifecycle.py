@@ -1,12 +1,10 @@
-"""One unit's life, as explicit states with named transitions (supervisor's process.py model):
+"""One unit's life: its explicit states (states.py), walked by one loop, and what each does.
 
-  PREFLIGHT ─► BACKOFF ─► WAIT_GPUS ─► JIT_LOCK ─► STARTING ─► SERVING ─► STOPPING ─► EXITED
-                (a crash     (busy GPUs:   (cold cache:    (until healthy;  (liveness, the
-                 in a row)    bounded wait) one compiler)   READY=1)         router membership,
-                                                                             the pair canary)
-
-What ends each state, and what the exit status then says to the process manager, is decided
-here and nowhere else; the policy (restart.py's RestartPolicy) remembers across runs.
+Signal handlers only record a stop (child.Child; gunicorn's arbiter: handlers queue, one loop
+dispatches); ``Unit.run`` is that loop: it calls the current state's step, which does the
+state's work and names the next state, until EXITED. What ends each state, and what the exit
+status then says to the process manager, is decided here and nowhere else; the policy
+(policy.py's RestartPolicy) remembers across runs.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .canary import Canary, CanaryThread, Pair, own_failures
-from .child import Child, exit_status, supervisor_exit_code
+from .child import Child, exit_status, runtime_exit_code
 from .codes import (
     EXIT_GAVE_UP,
     EXIT_HUNG,
@@ -32,7 +30,7 @@ from .gpu import wait_gpus_idle
 from .jitlock import JitLock
 from .membership import MEMBERSHIP_RETRY_S, Membership, Worker, read_key
 from .notify import Log, Notifier
-from .phases import Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
+from .phases import End, Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
 from .policy import GAVE_UP, RestartPolicy
 from .probe import (
     START_PROBE_TIMEOUT_S,
@@ -44,6 +42,7 @@ from .probe import (
 )
 from .proctree import become_subreaper
 from .statefile import read_json, state_path
+from .states import Ending, Machine, State
 
 
 def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
@@ -147,61 +146,135 @@ class Unit:
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
         self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
-        self.entered: list[tuple[str, float]] = []  # (state, monotonic) as each was entered
-        self.state = "PREFLIGHT"
+        self.machine = Machine()
+        self.delay = (0.0, "")  # the restart policy's back-off for this start, and why
+        self.liveness_url = ""
+        self.outcome: Outcome | None = None  # how STARTING or SERVING ended
+        self.code: int | None = None  # the exit status, once EXITED
+        self.steps: dict[State, Callable[[], State]] = {
+            State.PREFLIGHT: self.preflight, State.BACKOFF: self.backoff,
+            State.WAIT_GPUS: self.wait_gpus, State.JIT_LOCK: self.jit_lock,
+            State.STARTING: self.starting, State.SERVING: self.serve,
+            State.STOPPING: self.stopping,
+        }
 
-    def enter(self, state: str, status: str | None = None) -> None:
-        self.state = state
-        self.entered.append((state, time.monotonic()))
-        if status:
-            self.notifier.status(status)
+    @property
+    def state(self) -> State:
+        return self.machine.state
 
-    # ---------------------------------------------------------------- preflight states
-    def backoff(self) -> bool:
-        """BACKOFF: crashes in a row wait longer (systemd 252 has no RestartSteps=). False when
-        a stop arrived meanwhile."""
+    @property
+    def entered(self) -> list[tuple[State, float]]:
+        return self.machine.entered
+
+    @entered.setter
+    def entered(self, value: list[tuple[State, float]]) -> None:
+        self.machine.entered = value
+
+    def start_phases(self) -> dict[str, float]:
+        """Seconds this start spent in each state before SERVING (the last entered)."""
+        return self.machine.start_phases()
+
+    # ---------------------------------------------------------------- the loop
+    def run(self) -> int:
+        """The one loop: each step does its state's work and names the next state."""
+        self.child.install_signal_handlers()
+        while self.machine.state is not State.EXITED:
+            self.machine.enter(self.steps[self.machine.state]())
+        assert self.code is not None
+        return self.code
+
+    def exit(self, code: int) -> State:
+        self.code = code
+        return State.EXITED
+
+    def stopped_before_start(self) -> State:
+        self.log(f"stopped before the {self.role} was started")
+        self.policy.on_stop("stopped before the start", asked=True)
+        return self.exit(0)
+
+    # ---------------------------------------------------------------- before the start
+    def preflight(self) -> State:
+        """PREFLIGHT: subreaper, --wait-for, then the restart policy's verdict on this start."""
+        a, child, log = self.args, self.child, self.log
+        if a.kill_tree:
+            failed_subreaper = become_subreaper()
+            if failed_subreaper:
+                log(f"cannot become a child subreaper ({failed_subreaper}): descendants that "
+                    "leave the process group may survive a stop")
+        if a.wait_for and not wait_for_urls(
+            a.wait_for, log=log, status=self.notifier.status, poll_interval=a.poll_interval,
+            progress_every=a.progress_every, should_stop=child.stopping,
+        ):
+            log(f"stopped while waiting for {', '.join(a.wait_for)}")
+            return self.exit(0)
+        # back off first: a crash in a row waits before it holds the GPUs' check or the JIT
+        # compile lock, which other engines may be waiting for
         verdict = self.policy.on_start()
-        if verdict.delay <= 0:
-            return True
-        self.enter("BACKOFF", verdict.why)
-        self.log(verdict.why)
-        deadline = time.monotonic() + verdict.delay
+        if verdict.delay > 0:
+            self.delay = (verdict.delay, verdict.why)
+            return State.BACKOFF
+        return self.after_backoff()
+
+    def backoff(self) -> State:
+        """BACKOFF: crashes in a row wait longer (systemd 252 has no RestartSteps=)."""
+        delay, why = self.delay
+        self.notifier.status(why)
+        self.log(why)
+        deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
             if self.child.stopping():
-                return False
+                return self.stopped_before_start()
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        return not self.child.stopping()
+        if self.child.stopping():
+            return self.stopped_before_start()
+        return self.after_backoff()
 
-    def wait_gpus(self) -> int | None:
-        """WAIT_GPUS: the exit status when the engine must not start now, else None."""
+    def after_backoff(self) -> State:
+        """The router's key (engines), then the GPUs, the JIT lock or the start: what applies."""
+        refused = self.setup_membership()
+        if refused is not None:
+            return self.exit(refused)
         a = self.args
-        if self.role != "engine" or not a.gpus:
-            return None
-        self.enter("WAIT_GPUS", f"checking that GPUs {','.join(map(str, a.gpus))} are idle")
+        if self.role == "engine" and a.gpus:
+            return State.WAIT_GPUS
+        return self.after_gpus()
+
+    def after_gpus(self) -> State:
+        a = self.args
+        if self.role == "engine" and a.jit_cache:
+            key = f"{a.jit_key}@{engine_fingerprint()}"
+            jit = JitLock(a.jit_cache, key, a.name, self.log, a.progress_every)
+            self.jit = jit
+            if not jit.is_warm():
+                return State.JIT_LOCK
+            self.log(f"JIT cache warm for {a.jit_key}: starting without the compile lock")
+        return self.after_jit()
+
+    def after_jit(self) -> State:
+        if self.child.stopping():
+            return self.stopped_before_start()
+        return State.STARTING
+
+    def wait_gpus(self) -> State:
+        """WAIT_GPUS: the engine starts only on idle GPUs (a bounded wait)."""
+        a = self.args
+        self.notifier.status(f"checking that GPUs {','.join(map(str, a.gpus))} are idle")
         result = wait_gpus_idle(a.nvidia_smi, a.gpus, self.log, self.notifier.status,
                                 timeout=a.gpu_wait, progress_every=a.progress_every,
                                 should_stop=self.child.stopping)
         if result == "idle":
-            return None
+            return self.after_gpus()
         if result == "stopped":
-            return 0
+            return self.exit(0)
         self.notifier.status("refused to start: " + ("GPUs busy" if result == "busy"
                                                      else "nvidia-smi failed"))
         self.policy.on_stop(f"did not start: GPUs {'busy' if result == 'busy' else 'unknown'}")
-        return EXIT_REFUSED
+        return self.exit(EXIT_REFUSED)
 
-    def jit_lock(self) -> int | None:
+    def jit_lock(self) -> State:
         """JIT_LOCK: take the compile lock while the cache is cold for this engine."""
-        a = self.args
-        if self.role != "engine" or not a.jit_cache:
-            return None
-        key = f"{a.jit_key}@{engine_fingerprint()}"
-        jit = JitLock(a.jit_cache, key, a.name, self.log, a.progress_every)
-        if jit.is_warm():
-            self.log(f"JIT cache warm for {a.jit_key}: starting without the compile lock")
-            self.jit = jit
-            return None
-        self.enter("JIT_LOCK")
+        a, jit = self.args, self.jit
+        assert jit is not None
         try:
             taken = jit.acquire(
                 should_stop=self.child.stopping,
@@ -210,14 +283,13 @@ class Unit:
             )
         except OSError as exc:
             self.log(f"cannot use JIT cache {a.jit_cache}: {exc}")
-            return EXIT_REFUSED
+            return self.exit(EXIT_REFUSED)
         if not taken:
             self.log("stopped while waiting for the JIT compile lock")
-            return 0
+            return self.exit(0)
         self.log(f"JIT cache cold for {a.jit_key}: holding {jit.lock_path} until healthy, "
                  "so engines sharing this cache compile one at a time")
-        self.jit = jit
-        return None
+        return self.after_jit()
 
     def setup_membership(self) -> int | None:
         a = self.args
@@ -238,7 +310,56 @@ class Unit:
         self.membership = Membership(a.router, worker, key, self.log)
         return None
 
-    # ---------------------------------------------------------------- serving duties
+    # ---------------------------------------------------------------- the start
+    def starting(self) -> State:
+        """STARTING: run the child and probe it until healthy, it exits, or a stop arrives."""
+        a, child, log = self.args, self.child, self.log
+        self.notifier.status(f"starting {self.role}")
+        probe, what, self.liveness_url = probes_for(a, log)
+        probe = self.unless_engines_gave_up(probe)
+        failed = child.start(self.command)
+        if failed is not None:
+            why = self.policy.on_failed_start(f"cannot execute {self.command[0]}")
+            return self.exit(EXIT_GAVE_UP if why else failed)
+        self.notifier.status(f"waiting for {what}")
+        started = time.monotonic()
+
+        def late() -> bool:
+            return a.start_timeout is not None and time.monotonic() - started >= a.start_timeout
+
+        outcome = wait_until_healthy(
+            probe, child.wait, what=what, log=log, status=self.notifier.status,
+            poll_interval=a.poll_interval, progress_every=a.progress_every,
+            should_stop=lambda: child.stopping() or late(), started=started,
+        )
+        if outcome.kind == End.STOP and not child.stopping():
+            # our own start deadline, before systemd's TimeoutStartSec= (whose SIGTERM would
+            # look like any stop): a start that never got healthy, and counts as one
+            outcome = Outcome(End.LATE, elapsed=time.monotonic() - started,
+                              detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
+        self.outcome = outcome
+        return State.SERVING if outcome.kind == End.HEALTHY else State.STOPPING
+
+    def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
+                               ) -> Callable[[], ProbeResult]:
+        """Router: the start probe waits for a generation through a prefill and a decode,
+        which an engine that gave up (exit 78: not restarted) can no longer serve. Once one
+        of this host's engines (--engine) gave up, the wait ends: READY=1 with the reason in
+        the status, so that `systemctl start` returns and the target's gate names it."""
+        names = getattr(self.args, "engine", None)
+        if self.role != "router" or not names:
+            return probe
+        since = time.time()
+
+        def check() -> ProbeResult:
+            self.gave_up = gave_up_engines(self.args.state_dir, names, since, time.time())
+            if self.gave_up:
+                return ProbeResult(True, "; ".join(self.gave_up))
+            return probe()
+
+        return check
+
+    # ---------------------------------------------------------------- serving
     def duties(self, liveness_url: str) -> Callable[[bool], Outcome | None]:
         """What SERVING does besides the liveness probe, each on its own clock."""
         a, log = self.args, self.log
@@ -259,7 +380,7 @@ class Unit:
                 next_peer = now + a.peer_interval
                 restarted = peers.check()
                 if restarted:
-                    return Outcome("peer", detail=restarted)
+                    return Outcome(End.PEER, detail=restarted)
             if self.membership is not None and now >= next_check:
                 self.membership.check(alive)
                 # not (yet) in the router — it restarted, or still drains our previous entry
@@ -277,7 +398,7 @@ class Unit:
                     heal, wait = self.policy.may_heal(a.canary_heals)
                     if heal:
                         self.policy.record_heal()
-                        return Outcome("heal", detail=why)
+                        return Outcome(End.HEAL, detail=why)
                     if wait != said_wait[0]:  # news only: rounds come every second
                         log(f"{why} — but not now: {wait}")
                         self.notifier.status(f"pair failing, not healed now: {wait}")
@@ -300,94 +421,11 @@ class Unit:
                                    failures=failures)
         self.canary.start()
 
-    # ---------------------------------------------------------------- the run
-    def run(self) -> int:
-        a, child, log = self.args, self.child, self.log
-        child.install_signal_handlers()
-        if a.kill_tree:
-            failed_subreaper = become_subreaper()
-            if failed_subreaper:
-                log(f"cannot become a child subreaper ({failed_subreaper}): descendants that "
-                    "leave the process group may survive a stop")
-        if a.wait_for and not wait_for_urls(
-            a.wait_for, log=log, status=self.notifier.status, poll_interval=a.poll_interval,
-            progress_every=a.progress_every, should_stop=child.stopping,
-        ):
-            log(f"stopped while waiting for {', '.join(a.wait_for)}")
-            return 0
-        # back off first: a crash in a row waits before it holds the GPUs' check or the JIT
-        # compile lock, which other engines may be waiting for
-        if not self.backoff():
-            log(f"stopped before the {self.role} was started")
-            self.policy.on_stop("stopped before the start", asked=True)
-            return 0
-        for step in (self.setup_membership, self.wait_gpus, self.jit_lock):
-            refused = step()
-            if refused is not None:
-                return refused
-        if child.stopping():
-            log(f"stopped before the {self.role} was started")
-            self.policy.on_stop("stopped before the start", asked=True)
-            return 0
-        probe, what, liveness_url = probes_for(a, log)
-        probe = self.unless_engines_gave_up(probe)
-        self.enter("STARTING", f"starting {self.role}")
-        failed = child.start(self.command)
-        if failed is not None:
-            why = self.policy.on_failed_start(f"cannot execute {self.command[0]}")
-            return EXIT_GAVE_UP if why else failed
-        self.notifier.status(f"waiting for {what}")
-        started = time.monotonic()
-
-        def late() -> bool:
-            return a.start_timeout is not None and time.monotonic() - started >= a.start_timeout
-
-        outcome = wait_until_healthy(
-            probe, child.wait, what=what, log=log, status=self.notifier.status,
-            poll_interval=a.poll_interval, progress_every=a.progress_every,
-            should_stop=lambda: child.stopping() or late(), started=started,
-        )
-        if outcome.kind == "stop" and not child.stopping():
-            # our own start deadline, before systemd's TimeoutStartSec= (whose SIGTERM would
-            # look like any stop): a start that never got healthy, and counts as one
-            outcome = Outcome("late", elapsed=time.monotonic() - started,
-                              detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
-        served = outcome.kind == "healthy"
-        if served:
-            outcome = self.serve(outcome, liveness_url)
-        return self.finish(outcome, served)
-
-    def start_phases(self) -> dict[str, float]:
-        """Seconds this start spent in each state before SERVING (the last entered)."""
-        out: dict[str, float] = {}
-        for (state, t0), (_, t1) in zip(self.entered, self.entered[1:], strict=False):
-            key = state.lower()
-            out[key] = round(out.get(key, 0.0) + (t1 - t0), 3)
-        return out
-
-    def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
-                               ) -> Callable[[], ProbeResult]:
-        """Router: the start probe waits for a generation through a prefill and a decode,
-        which an engine that gave up (exit 78: not restarted) can no longer serve. Once one
-        of this host's engines (--engine) gave up, the wait ends: READY=1 with the reason in
-        the status, so that `systemctl start` returns and the target's gate names it."""
-        names = getattr(self.args, "engine", None)
-        if self.role != "router" or not names:
-            return probe
-        since = time.time()
-
-        def check() -> ProbeResult:
-            self.gave_up = gave_up_engines(self.args.state_dir, names, since, time.time())
-            if self.gave_up:
-                return ProbeResult(True, "; ".join(self.gave_up))
-            return probe()
-
-        return check
-
-    def serve(self, healthy: Outcome, liveness_url: str) -> Outcome:
+    def serve(self) -> State:
         """SERVING: join the router, READY=1, then liveness, membership and the canary."""
-        a, log = self.args, self.log
-        self.enter("SERVING")
+        a, log, liveness_url = self.args, self.log, self.liveness_url
+        healthy = self.outcome
+        assert healthy is not None
         self.policy.on_healthy(self.start_phases())
         if self.jit is not None and self.jit.held:
             self.jit.mark_warm()
@@ -405,7 +443,7 @@ class Unit:
             log(f"healthy after {healthy.elapsed:.1f} s")
         _watchdog_hint(a, log)
         self.start_canary()
-        return liveness_loop(
+        self.outcome = liveness_loop(
             lambda left=a.liveness_timeout: http_probe(
                 liveness_url, max(0.05, round(min(a.liveness_timeout, left), 2))
             ),
@@ -418,33 +456,47 @@ class Unit:
             hang_after=a.watchdog_secs,
             duties=self.duties(liveness_url),
         )
+        return State.STOPPING
 
-    def finish(self, outcome: Outcome, served: bool) -> int:
-        """STOPPING → EXITED: leave the router, stop the child, say why, pick the exit status."""
+    # ---------------------------------------------------------------- the stop
+    def ending(self, kind: End) -> Ending:
+        """How this run ended, from what ended its last loop, whether a stop signal came and
+        whether it served; the first that holds (Ending's order)."""
+        if self.child.stop_signal is not None:
+            return Ending.ASKED
+        own = {End.LATE: Ending.LATE, End.PEER: Ending.PEER, End.HEAL: Ending.HEAL,
+               End.HUNG: Ending.HUNG}
+        if kind in own:
+            return own[kind]
+        return Ending.CRASHED if State.SERVING in self.machine.visited else Ending.FAILED_START
+
+    def stopping(self) -> State:
+        """STOPPING: leave the router, stop the child, say why, then pick the exit status."""
+        outcome = self.outcome
+        assert outcome is not None
+        kind = End(outcome.kind)
         a, child, log, role = self.args, self.child, self.log, self.role
-        self.enter("STOPPING")
         if self.canary is not None:
             self.canary.stop()
         if self.membership is not None and child.process is not None:
             self.membership.leave()  # first: no new request reaches an engine that drains
-        own_stop = outcome.kind in ("peer", "heal", "late")
+        own_stop = kind in (End.PEER, End.HEAL, End.LATE)
         if own_stop:
             assert child.process is not None
-            why = {"peer": "restarting with its peer", "heal": "restarting to heal its pair",
-                   "late": "giving up this start"}[outcome.kind]
+            why = {End.PEER: "restarting with its peer", End.HEAL: "restarting to heal its pair",
+                   End.LATE: "giving up this start"}[kind]
             log(f"{outcome.detail}; {why}: stopping the {role} (SIGTERM) and exiting "
                 f"{EXIT_PEER} so that the process manager restarts it")
             self.notifier.status(f"{why}: {outcome.detail}")
             child.stop_time, child.forwarded = time.monotonic(), True
             with contextlib.suppress(ProcessLookupError):
                 child.process.send_signal(signal.SIGTERM)
-        hung = outcome.kind == "hung"
-        if hung:
+        if kind is End.HUNG:
             child.kill_now(
                 f"no successful liveness probe for {outcome.elapsed:.0f} s "
                 f"(--watchdog-secs {a.watchdog_secs:g}): the {role} is hung"
             )
-        if outcome.kind == "stop":
+        if kind is End.STOP:
             child.forward_stop()
             returncode = child.wait_after_stop(a.progress_every, a.stop_timeout)
         elif own_stop:
@@ -452,7 +504,7 @@ class Unit:
             # the engine drains (bounded by --stop-timeout, which the units pass for this)
             returncode = child.wait_after_stop(a.progress_every, a.stop_timeout,
                                                tick=lambda: self.notifier("WATCHDOG=1"))
-        elif hung:
+        elif kind is End.HUNG:
             returncode = child.wait(KILL_WAIT_S)
             returncode = -signal.SIGKILL if returncode is None else returncode
         else:
@@ -460,38 +512,42 @@ class Unit:
         child.kill_leftovers()
         if self.jit is not None:
             self.jit.release()
-        self.enter("EXITED")
+        return self.exit(self.exit_code(self.ending(kind), outcome, returncode))
+
+    def exit_code(self, ending: Ending, outcome: Outcome, returncode: int) -> int:
+        """Say how the child exited, tell the restart policy, and pick the exit status."""
+        child, log, role = self.child, self.log, self.role
         status = exit_status(returncode)
         last_error = child.tap.drain() if child.tap is not None and status != 0 else ""
-        asked = child.stop_signal is not None
-        said = f"; its last error: {last_error}" if last_error and not asked else ""
+        said = f"; its last error: {last_error}" if last_error and ending is not Ending.ASKED \
+            else ""
         log(f"{role} exited with status {status}" + _signal_suffix(returncode) + said)
         if said:
             self.notifier.status(f"{role} exited with status {status}: {last_error}")
-        code = supervisor_exit_code(returncode, child.stop_signal)
+        code = runtime_exit_code(returncode, child.stop_signal)
         ended = f"{role} exited with status {status}" + (f": {last_error}" if last_error else "")
-        if asked:
-            self.policy.on_stop(f"stopped ({signal.Signals(child.stop_signal).name})",
-                                asked=True)
+        if ending is Ending.ASKED:
+            assert child.stop_signal is not None
             stop_name = signal.Signals(child.stop_signal).name
+            self.policy.on_stop(f"stopped ({stop_name})", asked=True)
             verdict = "a clean stop" if code == 0 else "a failed stop"
             log(f"after {stop_name}: treating it as {verdict}; exiting {code}")
             return code
-        if outcome.kind == "late":
+        if ending is Ending.LATE:
             gave_up = self.policy.on_failed_start(outcome.detail)
             if gave_up:
                 log(gave_up)
                 self.notifier.status(gave_up)
                 return EXIT_GAVE_UP
             return EXIT_REFUSED
-        if own_stop:
+        if ending.own_stop:
             self.policy.on_stop(outcome.detail)
             return EXIT_PEER
-        if hung:
+        if ending is Ending.HUNG:
             self.policy.on_crash(f"hung: no good liveness probe for {outcome.elapsed:.0f} s")
             log(f"exiting {EXIT_HUNG} so that the process manager restarts the {role}")
             return EXIT_HUNG
-        if served:
+        if ending is Ending.CRASHED:
             self.policy.on_crash(ended)
             return code
         gave_up = self.policy.on_failed_start(ended)

@@ -4,7 +4,7 @@ whenever the router lost this engine.
 The router takes its workers at run time (sglang-router 0.3.2 and smg, ``POST /workers``,
 ``GET /workers``, ``DELETE /workers/{id}``; both answer 202 to an add). So the router starts with
 no workers, never waits for an engine and never needs a restart because one restarted: each
-engine's supervisor keeps its own engine registered. A router that restarted (empty) or dropped
+engine's runtime keeps its own engine registered. A router that restarted (empty) or dropped
 the worker is noticed on the next check and the worker is posted again. An entry the router
 keeps unhealthy for long while the engine itself answers /health is deleted and posted afresh;
 one it still drains after this engine's last stop (smg's ``draining``) is waited out.

@@ -1,4 +1,4 @@
-"""sd_notify and the supervisor's log lines: how a unit's main process talks to systemd
+"""sd_notify and the runtime's log lines: how a unit's main process talks to systemd
 (sd_notify(3)) and to the journal."""
 
 from __future__ import annotations

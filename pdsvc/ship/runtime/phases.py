@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,12 +16,21 @@ if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evalua
     ChildWait = Callable[[float], int | None]
 
 
+class End(str, enum.Enum):
+    """Why a loop of this module (or the runtime's own start deadline) ended. A ``str`` too, so
+    that an Outcome compares with the word: ``Outcome("exited", 3) == Outcome(End.EXITED, 3)``."""
+
+    HEALTHY = "healthy"
+    EXITED = "exited"  # the child exited (returncode set)
+    STOP = "stop"  # a stop signal arrived
+    HUNG = "hung"  # no good liveness probe for hang_after
+    PEER = "peer"  # a --restart-with peer restarted (detail says which)
+    HEAL = "heal"  # the pair canary: this engine holds a broken pair's stale side (detail: why)
+    LATE = "late"  # not healthy within --start-timeout (lifecycle's deadline)
 
 
 class Outcome(NamedTuple):
-    kind: str  # "healthy", "exited" (returncode set), "stop" (a stop signal arrived), "hung",
-    # "peer" (a --restart-with peer restarted; detail says which), "heal" (the pair canary:
-    # this engine holds a broken pair's stale side; detail says why)
+    kind: End
     returncode: int | None = None
     elapsed: float = 0.0
     detail: str = ""
@@ -113,14 +123,14 @@ def wait_until_healthy(
     next_log = clock() + progress_every
     while True:
         if should_stop():
-            return Outcome("stop")
+            return Outcome(End.STOP)
         returncode = child_wait(0)
         if returncode is not None:
-            return Outcome("exited", returncode)
+            return Outcome(End.EXITED, returncode)
         attempt_at = clock()
         result = probe()
         if result.ok:
-            return Outcome("healthy", elapsed=clock() - started)
+            return Outcome(End.HEALTHY, elapsed=clock() - started)
         now = clock()
         if now >= next_log:
             line = f"waiting for {what} ({result.detail}) — {now - started:.0f} s since start"
@@ -129,7 +139,7 @@ def wait_until_healthy(
             next_log = now + progress_every
         returncode = child_wait(max(0.0, attempt_at + poll_interval - clock()))
         if returncode is not None:
-            return Outcome("exited", returncode)
+            return Outcome(End.EXITED, returncode)
 
 
 def liveness_loop(
@@ -170,11 +180,11 @@ def liveness_loop(
         slice_s = min(most, max(0.0, next_probe - clock()), max(0.0, left()))
         returncode = child_wait(slice_s)
         if returncode is not None:
-            return Outcome("exited", returncode)
+            return Outcome(End.EXITED, returncode)
         if should_stop():
-            return Outcome("stop")
+            return Outcome(End.STOP)
         if left() <= 0:
-            return Outcome("hung", elapsed=clock() - last_ok)
+            return Outcome(End.HUNG, elapsed=clock() - last_ok)
         ended = duties(alive) if duties is not None else None
         if ended is not None:
             return ended
@@ -183,7 +193,7 @@ def liveness_loop(
         next_probe = clock() + interval
         result = probe() if hang_after is None else probe(left())
         if should_stop():
-            return Outcome("stop")
+            return Outcome(End.STOP)
         if result.ok:
             if failures:
                 log(f"liveness probe OK again after {failures} failure(s)")
@@ -241,7 +251,7 @@ def wait_for_urls(
                 clock=clock,
                 started=started,
             )
-            if outcome.kind == "stop":
+            if outcome.kind is End.STOP:
                 return False
         if all(probe(url).ok for url in urls):  # none of them went down meanwhile
             log(f"{', '.join(urls)}: all healthy after {clock() - started:.1f} s")

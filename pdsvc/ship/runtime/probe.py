@@ -1,11 +1,12 @@
-"""One HTTP client for probes: health, readiness, a real generation. Used by the units'
-supervisor and by `pdsvc status`."""
+"""One HTTP client for probes: health, readiness, a real generation, a router's workers, an
+engine's /metrics. Used by the runtime, `pdsvc doctor`, `pdsvc status` and `pdsvc bench`."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,6 +18,8 @@ READINESS_PROBE_BODY = {
     "text": "pdsvc readiness probe",
     "sampling_params": {"max_new_tokens": 1, "temperature": 0},
 }
+MAX_BODY = 1 << 20  # what is read of an answer: /workers of a big deployment stays far below
+MAX_ERROR_BODY = 1 << 16  # of a 4xx/5xx answer, by default: its reason, not a page
 
 # Probes go straight to the service: an http_proxy in the unit's environment must not
 # intercept loopback health checks.
@@ -32,22 +35,43 @@ def _snippet(body: bytes) -> str:
     return " ".join(body.decode("utf-8", "replace").split())[:200]
 
 
-def _describe_error(reason: object, timeout: float) -> str:
-    if isinstance(reason, (socket.timeout, TimeoutError)):  # distinct classes on 3.9
-        return f"timed out after {timeout:g} s"
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror.lower()
-    return str(reason) or type(reason).__name__
+class NoAnswer(NamedTuple):
+    """Why no HTTP answer came, classified once; each reader words it (``words`` is the
+    probes' wording, in the runtime's log and status lines)."""
+
+    kind: str  # "timeout", "refused", "resolve" (no such host), "os" (another OS error), "other"
+    text: str  # the OS's own words (strerror) or the exception's
+    timeout: float
+
+    @classmethod
+    def of(cls, reason: object, timeout: float) -> NoAnswer:
+        if isinstance(reason, (socket.timeout, TimeoutError)):  # distinct classes on 3.9
+            return cls("timeout", "", timeout)
+        if isinstance(reason, ConnectionRefusedError):
+            return cls("refused", "", timeout)
+        if isinstance(reason, socket.gaierror):
+            return cls("resolve", reason.strerror or str(reason), timeout)
+        if isinstance(reason, OSError) and reason.strerror:
+            return cls("os", reason.strerror, timeout)
+        return cls("other", str(reason) or type(reason).__name__, timeout)
+
+    def words(self) -> str:
+        if self.kind == "timeout":
+            return f"timed out after {self.timeout:g} s"
+        if self.kind == "refused":
+            return "connection refused"
+        return self.text.lower() if self.kind in ("resolve", "os") else self.text
 
 
 class HttpReply(NamedTuple):
-    """One HTTP exchange: ``status`` None when no response came (``detail`` says why)."""
+    """One HTTP exchange: ``status`` None when no response came (``detail`` and ``no_answer``
+    say why)."""
 
     status: int | None
     body: bytes
     detail: str  # "HTTP 200", "HTTP 503 {...}", "connection refused", "timed out after 5 s"
+    latency_ms: float | None = None  # until the answer's body was read
+    no_answer: NoAnswer | None = None
 
     def json(self) -> object:
         """The body as JSON, or None when it is not JSON."""
@@ -64,30 +88,45 @@ def http_call(
     headers: Mapping[str, str] | None = None,
     method: str | None = None,
     opener: Callable[..., object] = _OPENER.open,
+    max_body: int = MAX_BODY,
+    max_error_body: int = MAX_ERROR_BODY,
 ) -> HttpReply:
-    """One request (GET, or POST when ``body`` is given, unless ``method``). Never raises."""
-    request = urllib.request.Request(
-        url, data=body, headers=dict(headers or {}),
-        method=method or ("GET" if body is None else "POST"),
-    )
+    """One request (GET, or POST when ``body`` is given, unless ``method``), without proxies;
+    at most ``max_body`` bytes of the answer are read (``max_error_body`` of a 4xx/5xx one).
+    Never raises: a URL it cannot use is a reply without an answer too."""
+    started = time.monotonic()
+
+    def failed(reason: object) -> HttpReply:
+        why = NoAnswer.of(reason, timeout)
+        return HttpReply(None, b"", why.words(), no_answer=why)
+
     try:
+        request = urllib.request.Request(
+            url, data=body, headers=dict(headers or {}),
+            method=method or ("GET" if body is None else "POST"),
+        )
         with opener(request, timeout=timeout) as response:  # type: ignore[attr-defined]
-            data = response.read(1 << 20)
+            data = response.read(max_body)
             status = response.status
     except urllib.error.HTTPError as exc:
         try:
-            data = exc.read(1 << 16)
+            data = exc.read(max_error_body)
         except Exception:  # noqa: BLE001 - the status alone is enough
             data = b""
         finally:
             exc.close()
         said = _snippet(data[:400])
-        return HttpReply(exc.code, data, f"HTTP {exc.code}" + (f" {said}" if said else ""))
+        return HttpReply(exc.code, data, f"HTTP {exc.code}" + (f" {said}" if said else ""),
+                         _since(started))
     except urllib.error.URLError as exc:
-        return HttpReply(None, b"", _describe_error(exc.reason, timeout))
-    except (OSError, http.client.HTTPException) as exc:
-        return HttpReply(None, b"", _describe_error(exc, timeout))
-    return HttpReply(status, data, f"HTTP {status}")
+        return failed(exc.reason)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return failed(exc)
+    return HttpReply(status, data, f"HTTP {status}", _since(started))
+
+
+def _since(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
 
 
 def http_probe(

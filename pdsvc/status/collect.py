@@ -1,0 +1,137 @@
+"""`pdsvc status`, the facts: ask the service manager about every unit of the plan and probe
+every endpoint at once (a hung endpoint costs one timeout, not one per probe), then hand them to
+judge.py. A service-manager backend answers `state(unit) -> ServiceState` (managers.py);
+`http_get()` probes an engine's `/health`, the router's `/readiness` and `/workers` through the
+one HTTP client (pdsvc.ship.runtime.probe). Nothing here raises when systemd or an endpoint
+cannot be reached: each such fact becomes a row that says why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from pdsvc.plan.build import Plan, RouterPlan
+from pdsvc.ship.runtime.probe import MAX_BODY, http_call
+from pdsvc.status import runstate
+from pdsvc.status.judge import judge
+from pdsvc.status.managers import ServiceBackend
+from pdsvc.status.model import Probe, Report, UnitView, Worker
+
+HTTP_TIMEOUT = 2.0  # seconds per probe: a status command must answer quickly
+
+
+def http_get(url: str, *, timeout: float = HTTP_TIMEOUT,
+             headers: Mapping[str, str] | None = None) -> Probe:
+    """GET `url` without proxies (the endpoints are local); never raises. Up to MAX_BODY of
+    any answer is read, an error's too (its reason is shown)."""
+    reply = http_call(url, timeout, headers=headers, max_body=MAX_BODY, max_error_body=MAX_BODY)
+    return Probe.of(url, reply)
+
+
+def parse_workers(body: str) -> tuple[Worker, ...]:
+    """sglang-router 0.3.2 `/workers`: `{"workers": [{"url", "worker_type", "is_healthy", …}],
+    "stats": …}` (sglang-router's GET /workers). ValueError when the body is not that."""
+    doc = json.loads(body)
+    items = doc.get("workers") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise ValueError("no 'workers' list in the answer")
+    workers = []
+    for item in items:
+        if not isinstance(item, dict) or "url" not in item:
+            raise ValueError(f"unexpected worker entry {item!r:.80}")
+        kind = item.get("worker_type", "")
+        if isinstance(kind, dict):  # an enum with data, e.g. {"Prefill": {"bootstrap_port": …}}
+            kind = next(iter(kind), "")
+        workers.append(Worker(str(item["url"]), str(kind).lower(), item.get("is_healthy") is True))
+    return tuple(workers)
+
+
+def client_url(router: RouterPlan, hostname: str) -> str:
+    """The chat endpoint as clients reach it: the router's host, or this machine's name when
+    the router listens on every address."""
+    host = hostname if router.host in ("0.0.0.0", "::", "") else router.host
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    return f"http://{host}:{router.port}/v1/chat/completions"
+
+
+def router_headers(router: RouterPlan, key_file: str | None = None) -> dict[str, str]:
+    """/workers is the control plane: its key (--control-plane-api-keys, from the file the
+    runtime gives the router; readable by root and the service group), else `--api-key` in
+    router.args, which guards /workers too (sglang-router's `--api-key` help)."""
+    if key_file:
+        from pdsvc.ship.runtime.membership import read_key
+
+        try:
+            key = read_key(key_file, {})
+        except (OSError, ValueError):
+            key = None
+        if key:
+            return {"Authorization": f"Bearer {key}"}
+    argv = list(router.argv)
+    if "--api-key" in argv and argv.index("--api-key") + 1 < len(argv):
+        return {"Authorization": f"Bearer {argv[argv.index('--api-key') + 1]}"}
+    return {}
+
+
+def collect(
+    plan: Plan,
+    backend: ServiceBackend,
+    *,
+    hostname: str,
+    http_timeout: float = HTTP_TIMEOUT,
+    whole: Plan | None = None,
+    findings: tuple[str, ...] = (),
+) -> Report:
+    """Ask the service manager about every unit and probe every endpoint, all at once (a
+    hung endpoint costs one timeout, not one per probe).
+
+    ``plan`` is what runs here; ``whole``, for one host of several (Plan.for_host), the whole
+    deployment: the router is then probed where it runs, and every engine is expected in its
+    view of the workers. ``findings``: what else is wrong (the plan does not fit this host's
+    topology), one more problem each."""
+    whole = whole or plan
+    router = plan.router or whole.reachable_router()
+    headers = router_headers(router, whole.paths.router_key)
+    units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
+    units += [("router", router.unit)] if plan.router else []
+    urls = [(e.health_url, {}) for e in plan.engines]
+    urls += [(router.readiness_url, {}), (f"{router.url}/workers", headers)]
+    with ThreadPoolExecutor(max_workers=len(units) + len(urls)) as pool:
+        states = [pool.submit(backend.state, unit) for _, unit in units]
+        probes = [pool.submit(http_get, u, timeout=http_timeout, headers=h) for u, h in urls]
+        state_of = [f.result() for f in states]
+        *health, readiness, workers_probe = (f.result() for f in probes)
+    engines = zip(plan.engines, state_of[1:1 + len(plan.engines)], health, strict=True)
+    views = (
+        UnitView("target", state_of[0], None),
+        *(UnitView(e.role, s, p) for e, s, p in engines),
+        *((UnitView("router", state_of[-1], readiness),) if plan.router else ()),
+    )
+    workers: tuple[Worker, ...] | None = None
+    workers_error = None
+    if workers_probe.ok:
+        try:
+            workers = parse_workers(workers_probe.body)
+        except (ValueError, AttributeError) as e:
+            workers_error = f"unreadable answer: {e}"
+    else:
+        workers_error = (f"HTTP {workers_probe.code}" if workers_probe.code is not None
+                         else workers_probe.error)
+    expected = tuple(dict.fromkeys((e.role, e.url) for e in whole.engines))
+    serving, problems = judge(views, workers, workers_error, expected,
+                              None if plan.router else readiness)
+    where = runstate.state_dir(plan, backend.name)
+    runs, pairs = runstate.unit_runs(plan, where), runstate.pair_views(plan, where)
+    problems += runstate.problems(runs, pairs, plan.lifecycle.canary_heal_attempts)
+    # the router of another host: where this host reaches it, not at this host's name
+    url = client_url(router, hostname) if plan.router else f"{router.url}/v1/chat/completions"
+    return Report(
+        name=plan.name, backend=backend.name, units=views, workers=workers,
+        workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,
+        problems=(*problems, *findings), runs=tuple(runs), pairs=tuple(pairs),
+    )
+
+

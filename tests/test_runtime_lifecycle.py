@@ -1,0 +1,179 @@
+"""One unit's life (pdsvc/ship/runtime/lifecycle.py), as a process: an engine and the router are
+ready only once healthy, fed to the watchdog only while live, restarted with a peer, and
+stopped at their own start deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from ports import free_port
+from runtime_procs import (
+    child_pid,
+    engine_args,
+    first_event,
+    read_events,
+    wait_for,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Engine mode, as a process
+
+
+def test_engine_ready_only_after_healthy_then_watchdog_and_sigterm_forwarded(
+    procs, notify_socket, tmp_path
+):
+    port, events = free_port(), tmp_path / "child.jsonl"
+    proc = procs.start(
+        engine_args(port, "dsv4-prefill", "--", *procs.child(port, events, "--healthy-after", "1")),
+        notify=notify_socket,
+    )
+    wait_for(lambda: notify_socket.times("READY=1"), what="READY=1")
+    start = next(e for e in read_events(events) if e["event"] == "start")
+    ready_at = notify_socket.times("READY=1")[0]
+    assert ready_at >= start["healthy_from"]
+    wait_for(lambda: len(notify_socket.times("WATCHDOG=1")) >= 3, what="watchdog pings")
+    assert min(notify_socket.times("WATCHDOG=1")) > ready_at
+    assert any(
+        s.startswith("STATUS=serving on http://127.0.0.1:") for s in notify_socket.statuses()
+    )
+    assert any("waiting for" in s for s in notify_socket.statuses())
+
+    proc.send_signal(signal.SIGTERM)
+    assert procs.wait(proc) == 0
+    assert [e for e in read_events(events) if e["event"] == "sigterm"]
+    log = procs.log(proc)
+    assert "dsv4-prefill: healthy after " in log
+    assert f"dsv4-prefill: waiting for http://127.0.0.1:{port}/health (" in log
+    assert "dsv4-prefill: engine exited with status 0" in log
+    assert notify_socket.times("STOPPING=1")
+    assert "Traceback" not in log
+
+
+def test_engine_hung_child_gets_no_watchdog_pings(procs, notify_socket, tmp_path):
+    port, events = free_port(), tmp_path / "child.jsonl"
+    proc = procs.start(
+        engine_args(port, "dsv4-decode", "--liveness-timeout", "0.3", "--")
+        + procs.child(port, events),
+        notify=notify_socket,
+    )
+    wait_for(lambda: len(notify_socket.times("WATCHDOG=1")) >= 2, what="watchdog pings")
+    pid = child_pid(events)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.6)  # let a probe that was already answered land
+        stopped_at = time.time()
+        time.sleep(1.5)
+        assert [t for t in notify_socket.times("WATCHDOG=1") if t > stopped_at] == []
+        assert "dsv4-decode: liveness probe failed: timed out after 0.3 s" in procs.log(proc)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed_at = time.time()
+    wait_for(
+        lambda: [t for t in notify_socket.times("WATCHDOG=1") if t > resumed_at],
+        what="pings after SIGCONT",
+    )
+    assert "liveness probe OK again" in procs.log(proc)
+    proc.send_signal(signal.SIGTERM)
+    assert procs.wait(proc) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Router mode
+
+
+def test_router_ready_only_after_readiness_and_a_generation(procs, notify_socket, tmp_path):
+    port, events = free_port(), tmp_path / "router.jsonl"
+    base = f"http://127.0.0.1:{port}"
+    args = [
+        "router",
+        "--name",
+        "dsv4-router",
+        "--readiness-url",
+        f"{base}/readiness",
+        "--generate-url",
+        f"{base}/generate",
+        "--api-key-env",
+        "PDSVC_TEST_ROUTER_KEY",
+        "--poll-interval",
+        "0.1",
+        "--progress-every",
+        "0.3",
+        "--liveness-interval",
+        "0.2",
+        "--",
+        *procs.child(
+            port, events, "--mode", "router", "--healthy-after", "0.5", "--generate-after", "1.2"
+        ),
+    ]
+    proc = procs.start(args, notify=notify_socket, env={"PDSVC_TEST_ROUTER_KEY": "sk-test"})
+    wait_for(lambda: notify_socket.times("READY=1"), what="READY=1")
+    ready_at = notify_socket.times("READY=1")[0]
+    start = first_event(events, "start")
+    posts = [e for e in read_events(events) if e["event"] == "post"]
+    assert ready_at >= start["generate_from"] >= start["healthy_from"]
+    assert posts and all(p["t"] >= start["healthy_from"] for p in posts)  # gated on readiness
+    assert posts[-1]["code"] == 200 and posts[0]["code"] == 503
+    assert posts[-1]["auth"] == "Bearer sk-test"
+    assert posts[-1]["body"] == {
+        "text": "pdsvc readiness probe",
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+    }
+    log = procs.log(proc)
+    assert "readiness: HTTP 503" in log and "generation failed: HTTP 503" in log
+    wait_for(lambda: len(notify_socket.times("WATCHDOG=1")) >= 2, what="watchdog pings")
+    assert any(
+        e["path"] == "/liveness" for e in read_events(events) if e["event"] == "get"
+    )  # default liveness URL derived from --readiness-url
+    proc.send_signal(signal.SIGTERM)
+    assert procs.wait(proc) == 0
+    assert "dsv4-router: router exited with status 0" in procs.log(proc)
+
+
+def test_engine_exits_75_after_draining_when_its_peer_restarts(procs, notify_socket, tmp_path):
+    port, peer_port = free_port(), free_port()
+    events, peer_events = tmp_path / "child.jsonl", tmp_path / "peer.jsonl"
+    peer = subprocess.Popen(procs.child(peer_port, peer_events))  # the other host's prefill
+    try:
+        proc = procs.start(
+            engine_args(port, "dsv4-decode", "--restart-with",
+                        f"http://127.0.0.1:{peer_port}/health", "--peer-down-probes", "2",
+                        "--peer-interval", "0.2",
+                        "--watchdog-secs", "5",
+                        "--", *procs.child(port, events)),
+            notify=notify_socket,
+        )
+        wait_for(lambda: len(notify_socket.times("WATCHDOG=1")) >= 2, what="serving")
+        peer.kill()  # the peer host's engine dies: its port closes
+        peer.wait(5)
+        # two refused probes (every 0.2 s): this engine restarts while the peer does
+        assert procs.wait(proc) == 75
+    finally:
+        peer.kill()
+        peer.wait(5)
+    assert [e for e in read_events(events) if e["event"] == "sigterm"]  # drained, not killed
+    log = procs.log(proc)
+    assert f"peer http://127.0.0.1:{peer_port}/health is up" in log
+    assert f"peer http://127.0.0.1:{peer_port}/health: connection refused; watching" in log
+    assert f"http://127.0.0.1:{peer_port}/health failed 2 probes in a row" in log
+    assert "exiting 75 so that the process manager restarts it" in log
+
+
+def test_a_start_past_its_deadline_is_stopped_and_counts_as_a_failed_start(procs, tmp_path):
+    """--start-timeout: the runtime's own start deadline (before systemd's TimeoutStartSec=,
+    whose SIGTERM looks like any stop): the child is stopped, the start counts, and the last
+    of --start-attempts gives up with 78."""
+    port, events = free_port(), tmp_path / "child.jsonl"
+    codes = []
+    for _ in range(2):
+        proc = procs.start(engine_args(port, "dsv4-prefill", "--start-timeout", "1",
+                                       "--state-dir", str(tmp_path), "--start-attempts", "2",
+                                       "--", *procs.child(port, events, "--healthy-after", "60")))
+        codes.append(procs.wait(proc))
+    assert codes == [1, 78]
+    assert "not healthy within --start-timeout 1 s" in procs.log(proc)
+    assert "gave up after 2 starts in a row that never became healthy" in procs.log(proc)
+    assert [e["event"] for e in read_events(events)].count("sigterm") == 2  # stopped, not left

@@ -1,0 +1,159 @@
+"""The runtime's loops (pdsvc/ship/runtime/phases.py): the start phase, liveness and the peer
+watch, in-process on a fake clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from runtime_procs import (
+    FakeClock,
+)
+
+from pdsvc.ship.runtime.phases import Outcome, PeerWatch, liveness_loop, wait_until_healthy
+from pdsvc.ship.runtime.probe import ProbeResult
+
+
+def test_wait_until_healthy_logs_progress_and_returns_on_200():
+    clock = FakeClock()
+    answers = iter([ProbeResult(False, "HTTP 503")] * 40 + [ProbeResult(True, "HTTP 200")])
+    lines: list[str] = []
+    outcome = wait_until_healthy(
+        lambda: next(answers),
+        clock.wait,
+        what="http://x/health",
+        log=lines.append,
+        status=lambda text: None,
+        poll_interval=1.0,
+        progress_every=15.0,
+        should_stop=lambda: False,
+        clock=clock,
+    )
+    assert outcome.kind == "healthy" and outcome.elapsed == pytest.approx(40.0)
+    assert lines == [
+        "waiting for http://x/health (HTTP 503) — 15 s since start",
+        "waiting for http://x/health (HTTP 503) — 30 s since start",
+    ]
+
+
+def test_wait_until_healthy_returns_child_exit():
+    clock = FakeClock()
+    exits = iter([None, None, None, 3])
+    outcome = wait_until_healthy(
+        lambda: ProbeResult(False, "connection refused"),
+        lambda timeout: next(exits),
+        what="u",
+        log=lambda line: None,
+        status=lambda text: None,
+        poll_interval=1.0,
+        progress_every=15.0,
+        should_stop=lambda: False,
+        clock=clock,
+    )
+    assert outcome == Outcome("exited", 3)
+
+
+def test_liveness_loop_pings_only_on_200():
+    clock = FakeClock()
+    results = iter([True, False, False, True])
+    sent: list[tuple[str, ...]] = []
+    lines: list[str] = []
+
+    def child_wait(timeout: float):
+        clock.now += timeout
+        return 0 if clock.now > 4.5 else None
+
+    outcome = liveness_loop(
+        lambda: (
+            ProbeResult(True, "HTTP 200")
+            if next(results)
+            else ProbeResult(False, "timed out after 20 s")
+        ),
+        child_wait,
+        interval=1.0,
+        log=lines.append,
+        notify=lambda *fields: sent.append(fields),
+        serving_status="serving",
+        should_stop=lambda: False,
+        clock=clock,
+    )
+    assert outcome == Outcome("exited", 0)
+    pings = [fields for fields in sent if "WATCHDOG=1" in fields]
+    assert len(pings) == 2
+    assert lines == [
+        "liveness probe failed: timed out after 20 s",
+        "liveness probe failed: timed out after 20 s",
+        "liveness probe OK again after 2 failure(s)",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# --restart-with: a peer on another host restarted
+
+
+def _peer(results: list[str]):
+    """A probe answering from a script: 'ok', 'refused' or 'timeout' per call."""
+    it = iter(results)
+
+    def probe(url: str, timeout: float):
+        r = next(it)
+        return (ProbeResult(True, "HTTP 200") if r == "ok" else
+                ProbeResult(False, "connection refused") if r == "refused" else
+                ProbeResult(False, f"timed out after {timeout:g} s"))
+    return probe
+
+
+@pytest.mark.parametrize("script, restarts_at", [
+    (["ok", "refused", "refused", "refused", "ok"], 4),  # down 3x, port closed: at once
+    (["ok", "timeout", "timeout", "timeout", "ok", "ok"], None),  # slow or partitioned: not
+    (["ok", "refused", "refused", "ok", "ok"], None),  # fewer than down_after failures
+    (["refused", "refused", "refused", "ok", "ok"], None),  # never seen up: still loading
+    (["ok", "timeout", "refused", "timeout", "ok"], 4),  # one refusal in the run is enough
+])
+def test_peer_watch_tells_a_restart_from_slowness(script, restarts_at) -> None:
+    lines: list[str] = []
+    watch = PeerWatch(["http://10.0.0.2:30000/health"], down_after=3, timeout=1,
+                          probe=_peer(script), log=lines.append)
+    said = [watch.check() for _ in script]
+    if script[0] == "ok" and not restarts_at:  # a recovery that is not a restart is said so
+        assert any("not a restart" in line for line in lines), lines
+    at = next((i + 1 for i, s in enumerate(said) if s), None)
+    assert at == restarts_at, said
+    if at:
+        assert ("http://10.0.0.2:30000/health failed 3 probes in a row and its port was "
+                "closed" in said[at - 1])
+
+
+def test_liveness_loop_ends_when_a_duty_says_a_peer_restarted() -> None:
+    clock = FakeClock()
+
+    def child_wait(timeout: float):
+        clock.now += timeout
+        return None
+
+    watch = PeerWatch(["http://p/health"], down_after=1, timeout=1,
+                          probe=_peer(["ok", "refused", "ok"]))
+    outcome = liveness_loop(
+        lambda: ProbeResult(True, "HTTP 200"), child_wait, interval=1.0, log=lambda m: None,
+        notify=lambda *f: None, serving_status="serving", should_stop=lambda: False,
+        clock=clock,
+        duties=lambda alive: (Outcome("peer", detail=why) if (why := watch.check())
+                              else None),
+    )
+    assert outcome.kind == "peer" and "http://p/health failed 1 probes" in outcome.detail
+
+
+def test_peer_probes_run_at_once_so_many_dead_peers_cost_one_timeout() -> None:
+    def slow(url: str, timeout: float):
+        time.sleep(timeout)
+        return ProbeResult(False, f"timed out after {timeout:g} s")
+
+    urls = [f"http://10.0.0.{i}:30000/health" for i in range(2, 8)]  # 6 partitioned peers
+    watch = PeerWatch(urls, down_after=3, timeout=0.4, probe=slow)
+    t0 = time.monotonic()
+    assert watch.check() is None
+    assert time.monotonic() - t0 < 1.2  # one timeout (+ the join margin), not six
+    assert all(n == 1 for n in watch.failures.values())
+
+
