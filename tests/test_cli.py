@@ -55,7 +55,7 @@ def test_render_reports_the_runtime_in_one_line(runner, tmp_path: Path) -> None:
 
 
 def test_report_lines_of_a_runtime_that_changed_in_part() -> None:
-    from pdsvc.cli.commands import report_lines
+    from pdsvc.cli.render import report_lines
 
     report = [("lb/dsv4-pd.target", "updated"), ("lb/runtime/a.py", "unchanged"),
               ("lb/runtime/b.py", "updated"), ("lb/runtime/c.py", "created"),

@@ -92,8 +92,8 @@ def test_render_with_output_names_that_bundle_in_the_next_step(tmp_path: Path) -
 
 
 def test_the_default_render_in_the_checkout_needs_no_bundle_flag(monkeypatch) -> None:
-    from pdsvc.cli.commands import next_step
     from pdsvc.cli.kit import load_plan
+    from pdsvc.cli.render import next_step
 
     monkeypatch.chdir(REPO)
     plan = load_plan(Path("etc/pdsvc.yaml"), None, Path("etc/seed-host.topology.json"))

@@ -24,9 +24,9 @@ from pdsvc.apply.bundles import (
 from pdsvc.apply.execute import Bounds, Executor, Host, StepFailed
 from pdsvc.apply.rollout import Rollout, format_rollout, plan_rollout
 from pdsvc.apply.units import Unit
-from pdsvc.cli.commands import _canonical_command, install_script, shown
 from pdsvc.cli.kit import (
     DEFAULT_OUTPUT,
+    canonical_command,
     config_option,
     handle_errors,
     json_option,
@@ -35,6 +35,7 @@ from pdsvc.cli.kit import (
     topology_option,
     warn_plan,
 )
+from pdsvc.cli.render import install_script, shown
 from pdsvc.errors import ConfigError, OutputError
 from pdsvc.render.bundle import Origin, write_bundle
 from pdsvc.render.systemd import File, render_systemd
@@ -133,7 +134,7 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
                               hint="render, then on each host install.sh and restart one "
                               "engine at a time")
         warn_plan(plan)
-        files = render_systemd(plan, _canonical_command(config_path, sysfs_root,
+        files = render_systemd(plan, canonical_command(config_path, sysfs_root,
                                                         topology_file))
         origin_config = config_path
     old = read_bundle(output)

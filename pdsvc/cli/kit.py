@@ -7,7 +7,9 @@ imports its options from here, so an option means the same thing everywhere.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shlex
 import socket
 import sys
 from collections.abc import Callable
@@ -222,3 +224,18 @@ def _is_local(address: str) -> bool:
 def warn_plan(plan: Plan) -> None:
     for w in plan.warnings:
         click.secho(f"pdsvc: warning: {w}", fg="yellow", err=True)
+
+
+def canonical_command(config: Path, sysfs_root: Path | None, topology: Path | None) -> str:
+    """The render command written into each file's header (stable: output dir left out)."""
+    words = ["pdsvc", "render", "--config", str(config)]
+    if topology:
+        words += ["--topology", str(topology)]
+    elif sysfs_root:
+        words += ["--sysfs-root", str(sysfs_root)]
+    return shlex.join(words)
+
+
+def emit_json(command: str, **doc: Any) -> None:
+    """A --json document, tagged with its schema as doctor's and topology's are."""
+    click.echo(json.dumps({"format": f"pdsvc-{command}/1", **doc}, indent=2))
