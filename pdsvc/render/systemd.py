@@ -82,8 +82,8 @@ def sd_list_item(path: str) -> str:
 
 
 def il_field(value: object) -> str:
-    """One field of install.list, which install.sh splits with `IFS=$'\\t' read -r`: a tab or
-    a line break would add fields or lines that install.sh obeys as root. The schema refuses
+    """One field of install.list, which the installer splits at tabs and line breaks: a tab or
+    a line break would add fields or lines that the installer obeys as root. The schema refuses
     them in every value that gets here; this is the last guard."""
     text = str(value)
     why = uncarried(text, field=True)
