@@ -12,6 +12,8 @@ import importlib
 import os
 import sys
 
+# no __pycache__/ in the bundle it runs from (a checkout's units/, a copied bundle)
+sys.dont_write_bytecode = True
 if __package__:
     from .cli import main
 else:
