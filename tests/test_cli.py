@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from pdsvc.cli.commands import main
-from pdsvc.render.systemd import runtime_modules
+from pdsvc.render.systemd import runtime_modules, shipped_modules
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 CONFIG = ["--config", str(REPO / "etc/pdsvc.yaml")]
@@ -26,12 +26,17 @@ def test_render_writes_the_bundle_and_reports_each_file(runner, tmp_path: Path) 
         "dsv4-pd.target", "dsv4-pd-ready.service", "dsv4-prefill.service",
         "dsv4-decode.service", "dsv4-router.service", "runtime", "install.list",
         "monitoring",  # the scrape config, alert rules and dashboard
+        "install",  # the installer install.sh runs
+        "sysusers.d", "tmpfiles.d",  # the service account, directories and env files
     ])
     assert "created" in result.output
     again = runner.invoke(main, ["render", *CONFIG, *SEED, "-o", str(out)])
     assert again.exit_code == 0 and "created" not in again.output
-    assert again.output.count("unchanged") == 6 + 3 + 1  # units, install.list; monitoring; runtime
+    # units, install.list; monitoring; sysusers.d, tmpfiles.d; one line each for runtime/, install/
+    assert again.output.count("unchanged") == 6 + 3 + 2 + 2
     assert f"  unchanged  {out}/runtime/ ({len(runtime_modules())} files)" in \
+        again.output.splitlines()
+    assert f"  unchanged  {out}/install/ ({len(shipped_modules('install'))} files)" in \
         again.output.splitlines()
 
 

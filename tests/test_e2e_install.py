@@ -415,12 +415,22 @@ def test_dry_run_changes_nothing_and_prints_every_action(stack: FreshStack) -> N
     out = r.stdout
     assert "(dry run: nothing changes)" in out
     assert {verb for verb, _ in actions(out)} == {"would create", "would update", "would enable"}
+    # accounts, directories and env files: systemd's own tools where the host has them (this
+    # container has), else useradd/install/chown; either way each item is reported
+    if stack.c.run(["sh", "-c", "command -v systemd-sysusers"], check=False).returncode == 0:
+        made = [f"systemd-sysusers {BUNDLE}/sysusers.d/e2e.conf",
+                f"systemd-tmpfiles --create {BUNDLE}/tmpfiles.d/e2e.conf"]
+    else:
+        made = ["groupadd --system sglang",
+                "useradd --system --gid sglang --home-dir /var/lib/e2e",
+                "install -d -m 0750 /etc/e2e", "chown root:sglang /etc/e2e",
+                "install -d -m 0750 /var/cache/e2e/jit", "chown sglang:sglang /var/cache/e2e/jit",
+                "install -m 0640 /dev/null /etc/e2e/e2e-router.env"]
+    for what in ("group sglang", "user sglang", "/etc/e2e/", "/var/cache/e2e/jit/",
+                 "/etc/e2e/e2e-router.env (empty: put secrets such as API keys here)"):
+        assert ("would create", what) in actions(out), (what, out)
     for action in [
-        "groupadd --system sglang", "useradd --system --gid sglang --home-dir /var/lib/e2e",
-        "usermod -a -G video sglang",
-        "install -d -m 0750 /etc/e2e", "chown root:sglang /etc/e2e",
-        "install -d -m 0750 /var/cache/e2e/jit", "chown sglang:sglang /var/cache/e2e/jit",
-        "install -m 0640 /dev/null /etc/e2e/e2e-router.env",
+        *made, "usermod -a -G video sglang",
         *(f"install -m 0644 {BUNDLE}/{u} {UNIT_DIR}/{u}" for u in all_units(stack)),
         f"install -m 0644 {BUNDLE}/runtime/cli.py /opt/pdsvc/e2e/runtime/cli.py",
         "systemctl daemon-reload", f"systemctl enable --quiet {stack.target}",

@@ -142,8 +142,8 @@ def test_rendering_another_config_into_the_seed_units_is_refused(tmp_path: Path)
     assert r.stderr.splitlines() == [
         "pdsvc: error: units holds the systemd bundle of etc/pdsvc.yaml; rendering the "
         "systemd bundle of etc/examples/2p1d.yaml there would remove 1 of its files "
-        "(dsv4-prefill.service); replace 8 of its files (dsv4-pd.target, dsv4-pd-ready.service,"
-        " dsv4-decode.service, dsv4-router.service and 4 more); render into another directory "
+        "(dsv4-prefill.service); replace 10 of its files (dsv4-pd.target, dsv4-pd-ready.service,"
+        " dsv4-decode.service, dsv4-router.service and 6 more); render into another directory "
         "(--output DIR), or pass --force to replace it"]
     assert tree(cwd / "units") == before
     forced = run(cwd, "render", "-c", "etc/examples/2p1d.yaml", *SEED, "--force")
@@ -413,8 +413,9 @@ def test_every_json_document_carries_a_schema_tag(tmp_path: Path, sysfs_hosts) -
 
 
 def test_install_start_shows_progress_while_it_waits(tmp_path: Path) -> None:
-    """install.sh --start: while `systemctl start` waits for the stack, a line per unit not
-    yet up: elapsed time, its phase, the engine's last log line."""
+    """install.sh --start (the installer's start_with_progress): while `systemctl start`
+    waits for the stack, a line per unit not yet up: elapsed time, its phase, the engine's
+    last log line."""
     (tmp_path / "systemctl").write_text(
         "#!/bin/sh\ncase \"$1\" in start) sleep 3 ;; show) case \"$3\" in\n"
         "  ActiveState) echo activating ;; StatusText) echo 'loading weights' ;; esac ;;\n"
@@ -422,11 +423,12 @@ def test_install_start_shows_progress_while_it_waits(tmp_path: Path) -> None:
     (tmp_path / "journalctl").write_text("#!/bin/sh\necho 'Load weight end. mem=12.5 GB'\n")
     for tool in ("systemctl", "journalctl"):
         (tmp_path / tool).chmod(0o755)
-    script = (f"source {shlex.quote(str(REPO / 'install.sh'))}; TARGET=x.target; "
-              "UNITS=(x.target x-decode.service); start_with_progress")
-    r = subprocess.run(["bash", "-c", script], text=True, capture_output=True, timeout=60,
+    script = ("import sys; from pdsvc.ship.install.progress import start_with_progress; "
+              "sys.exit(start_with_progress('x.target', ['x.target', 'x-decode.service']))")
+    r = subprocess.run([sys.executable, "-c", script], text=True, capture_output=True,
+                       timeout=60, cwd=REPO,
                        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
-                            "PDSVC_PROGRESS_SECS": "1"})
+                            "PDSVC_PROGRESS_SECS": "1", "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == ("... 1s  x-decode.service: loading weights | log: Load weight end. "

@@ -222,7 +222,8 @@ def check_install_list(plan: Plan, path: Path) -> None:
     if not plan.router:  # where an engine host copies the key from
         assert ["keyhost", *plan.key_origin()] in rows
     assert {r[0] for r in rows} <= {"name", "config", "target", "user", "unit", "file", "dir",
-                                    "envfile", "secret", "keyhost"}
+                                    "envfile", "secret", "keyhost", "manifest", "sysusers",
+                                    "tmpfiles", "member"}
     assert len([r for r in rows if r[0] == "dir"]) == 3
 
 

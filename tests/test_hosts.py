@@ -79,8 +79,9 @@ def test_render_writes_one_bundle_per_host(runner, tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir() if p.name[0] != ".") == [
         "gpu-a", "gpu-b", "hosts.list", "lb"]
     assert sorted(p.name for p in (out / "lb").iterdir()) == [
-        "dsv4-pd-ready.service", "dsv4-pd.target", "dsv4-router.service", "install.list",
-        "monitoring", "runtime"]  # monitoring/: this host's targets (the router, node_exporter)
+        "dsv4-pd-ready.service", "dsv4-pd.target", "dsv4-router.service", "install",
+        "install.list", "monitoring", "runtime", "sysusers.d", "tmpfiles.d",
+    ]  # monitoring/: this host's targets (the router, node_exporter); install/: the installer
     assert "dsv4-prefill.service" in (out / "gpu-a/dsv4-pd.target").read_text()
     decode = (out / "gpu-b/dsv4-decode.service").read_text()
     assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3 --" in decode

@@ -27,7 +27,7 @@ from pdsvc.cli.kit import (
 )
 from pdsvc.plan.build import Plan
 from pdsvc.render.bundle import Origin, diff_bundle, hosts_index, write_bundle
-from pdsvc.render.systemd import RUNTIME_DIR, File, key_fetch_command, render_systemd
+from pdsvc.render.systemd import INSTALLER_DIR, RUNTIME_DIR, File, key_fetch_command, render_systemd
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -118,14 +118,14 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
 
 
 def report_lines(report: list[tuple[str, str]], output: Path) -> list[str]:
-    """A line per file written or removed, but one per runtime directory (runtime/,
-    HOST/runtime/): its modules are the package's, copied, so what counts is how many changed,
+    """A line per file written or removed, but one per shipped package (runtime/, install/,
+    HOST/runtime/, …): its modules are pdsvc/ship's, copied, so what counts is how many changed,
     e.g. `unchanged  units/runtime/ (19 files)`, `updated  units/runtime/ (3 of 19 files)`."""
-    entries: list[tuple[str, str] | str] = []  # (path, status), or a runtime directory
-    runtimes: dict[str, list[str]] = {}  # runtime directory -> its files' statuses
+    entries: list[tuple[str, str] | str] = []  # (path, status), or a shipped directory
+    runtimes: dict[str, list[str]] = {}  # shipped directory -> its files' statuses
     for path, status in report:
         parts = Path(path).parts
-        if len(parts) > 1 and parts[-2] == RUNTIME_DIR and path.endswith(".py"):
+        if len(parts) > 1 and parts[-2] in (RUNTIME_DIR, INSTALLER_DIR) and path.endswith(".py"):
             d = str(Path(path).parent)
             if d not in runtimes:
                 runtimes[d] = []

@@ -6,9 +6,7 @@ writer at a time (flock), and `--diff`'s preview of all that."""
 from __future__ import annotations
 
 import contextlib
-import difflib
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -20,6 +18,8 @@ from pathlib import Path
 from pdsvc.errors import OutputError
 from pdsvc.plan.build import Plan
 from pdsvc.render.systemd import MARKER, RUNTIME_DIR, File, header_lines
+from pdsvc.ship.install.manifest import edited as _edited
+from pdsvc.ship.install.manifest import sha256_bytes, unified
 
 #: In a bundle of several hosts (units/HOST/…), the file that lists them: it is how a later
 #: render knows which subdirectories are its own to clean up, and nothing else is ever scanned.
@@ -32,13 +32,8 @@ def diff_bundle(files: list[File], outdir: Path) -> str:
     for f in files:
         target = outdir / f.path
         old = target.read_text(encoding="utf-8") if target.is_file() else ""
-        if old != f.content:
-            chunks += difflib.unified_diff(
-                old.splitlines(keepends=True),
-                f.content.splitlines(keepends=True),
-                fromfile=f"a/{f.path}" if old else "/dev/null",
-                tofile=f"b/{f.path}",
-            )
+        chunks.append(unified(old, f.content, f"a/{f.path}" if old else "/dev/null",
+                              f"b/{f.path}"))
     for stale in _stale(files, outdir):
         rel = stale.relative_to(outdir)
         chunks.append(f"--- a/{rel}\n+++ /dev/null\n@@ stale file, would be removed @@\n")
@@ -63,18 +58,14 @@ class Origin:
         return f"the {self.format} bundle of {self.config}"
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def bundle_record(files: list[File], outdir: Path, origin: Origin | None) -> File:
     """The record written beside `files` (deterministic: no time, no absolute path)."""
     doc: dict = {"format": RECORD_SCHEMA}
     if origin is not None:
         config = os.path.relpath(os.path.abspath(origin.config), os.path.abspath(outdir))
         doc.update(bundle=origin.format, config=Path(config).as_posix())
-    doc["files"] = {f.path: _sha256(f.content.encode()) for f in sorted(files,
-                                                                       key=lambda f: f.path)}
+    doc["files"] = {f.path: sha256_bytes(f.content.encode())
+                    for f in sorted(files, key=lambda f: f.path)}
     return File(RECORD, json.dumps(doc, indent=2) + "\n")
 
 
@@ -260,19 +251,19 @@ def _write_locked(files: list[File], outdir: Path, origin: Origin | None,
         report.append((f.path, "unchanged" if same else "updated"))
         if data != f.content.encode():
             replaced.append(f.path)
-            if f.path in recorded and recorded[f.path] != _sha256(data):
+            if f.path in recorded and _edited(old, recorded[f.path]):
                 edited.append(f.path)
-    stale = _stale(files, outdir)
-    for p in stale:
+    gone = _stale(files, outdir)
+    for p in gone:
         rel = p.relative_to(outdir).as_posix()
         replaced.append(rel)
-        if rel in recorded and recorded[rel] != _sha256(p.read_bytes()):
+        if rel in recorded and _edited(p, recorded[rel]):
             edited.append(rel)
     there = _recorded_origin(outdir, record)
     other = there is not None and origin is not None and not _same_origin(there, origin)
     if not force and other and replaced:
         assert there is not None and origin is not None
-        removes = [str(p.relative_to(outdir)) for p in stale]
+        removes = [str(p.relative_to(outdir)) for p in gone]
         changes = [r for r in replaced if r not in removes]
         lose = "; ".join(
             f"{verb} {len(names)} of its files ({_some(names)})"
@@ -315,7 +306,7 @@ def _write_locked(files: list[File], outdir: Path, origin: Origin | None,
         raise OutputError(f"{outdir}: cannot write the bundle: {e.strerror}") from None
     for tmp, dest in staged:  # the record last: what it lists is in place
         os.replace(tmp, dest)
-    for p in stale:
+    for p in gone:
         p.unlink()
         rel = p.relative_to(outdir).as_posix()
         report.append((rel, "discarded" if rel in edited else "removed"))

@@ -82,8 +82,8 @@ def sd_list_item(path: str) -> str:
 
 
 def il_field(value: object) -> str:
-    """One field of install.list, which install.sh splits with `IFS=$'\\t' read -r`: a tab or
-    a line break would add fields or lines that install.sh obeys as root. The schema refuses
+    """One field of install.list, which the installer splits at tabs and line breaks: a tab or
+    a line break would add fields or lines that the installer obeys as root. The schema refuses
     them in every value that gets here; this is the last guard."""
     text = str(value)
     why = uncarried(text, field=True)
@@ -290,7 +290,9 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
     """The systemd bundle: target, one service per engine, the router, and their support files."""
     env = _environment()
     ctx = {"plan": plan, "header": header_lines(plan, command),
-           "runtime_modules": runtime_modules()}
+           "runtime_modules": runtime_modules(), "host_paths": host_paths(plan),
+           "gpu_groups": GPU_GROUPS, "manifest": f"{MANIFEST_DIR}/{plan.name}.manifest",
+           "sysusers": f"{SYSUSERS}/{plan.name}.conf", "tmpfiles": f"{TMPFILES}/{plan.name}.conf"}
     files = [File(plan.target, env.get_template("systemd/target.j2").render(**ctx)),
              File(plan.gate, env.get_template("systemd/gate.service.j2").render(
                  gate_command=gate_command(plan), **ctx))]
@@ -312,6 +314,8 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
                 flags=flags, key=KEY_CREDENTIAL,
                 command=router_command(plan, plan.router, "systemd"), **ctx)))
     files += runtime_files(plan)
+    files += installer_files(plan)
+    files += account_files(plan, env, ctx)
     files.append(File("install.list", env.get_template("systemd/install.list.j2").render(**ctx)))
     if not monitoring:  # the units alone (doctor --kv, on a host that may lack the dashboard's
         return files    # builder library)
@@ -321,16 +325,25 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
     return files
 
 
-#: The runtime package shipped into every bundle (pdsvc/ship/runtime), as plain files.
+#: What pdsvc/ship copies into every bundle, as plain files: the runtime (installed on the host,
+#: where the units run it) and the installer (run from the bundle: install.sh execs it).
 RUNTIME_DIR = "runtime"
-RUNTIME_SOURCE = "pdsvc/ship/runtime"
+INSTALLER_DIR = "install"
+#: Where they come from in pdsvc's source (the provenance line of each shipped file).
+SHIP_SOURCE = "pdsvc/ship"
+RUNTIME_SOURCE = f"{SHIP_SOURCE}/{RUNTIME_DIR}"
+
+
+def shipped_modules(package: str) -> list[tuple[str, str]]:
+    """(file name, source) of every module of pdsvc/ship/PACKAGE, the one source of it."""
+    pkg = resources.files("pdsvc.ship").joinpath(package)
+    return sorted((f.name, f.read_text(encoding="utf-8")) for f in pkg.iterdir()
+                  if f.name.endswith(".py"))
 
 
 def runtime_modules() -> list[tuple[str, str]]:
     """(file name, source) of every module of pdsvc/ship/runtime, the one source of the runtime."""
-    pkg = resources.files("pdsvc.ship").joinpath(RUNTIME_DIR)
-    return sorted((f.name, f.read_text(encoding="utf-8")) for f in pkg.iterdir()
-                  if f.name.endswith(".py"))
+    return shipped_modules(RUNTIME_DIR)
 
 
 #: Line 1 of every shipped module. Python reads a source's encoding from a comment matching
@@ -341,12 +354,75 @@ def runtime_modules() -> list[tuple[str, str]]:
 ENCODING_LINE = "# -*- coding: utf-8 -*-"
 
 
-def runtime_files(plan: Plan, where: str | None = None) -> list[File]:
-    """The runtime as shipped: each module verbatim after the encoding line and one provenance
-    line, in a directory that Python runs (``python DIR/runtime MODE``; ``where``: how the
-    bundle uses it, by default where install.sh installs it; written escaped, one line)."""
-    where = printable(where or f"installed to {plan.paths.runtime}")
-    return [File(f"{RUNTIME_DIR}/{name}",
-                 f"{ENCODING_LINE}\n# {MARKER} {plan.version} from {RUNTIME_SOURCE}/{name} "
+def shipped_files(plan: Plan, package: str, where: str) -> list[File]:
+    """pdsvc/ship/PACKAGE as shipped in the bundle's PACKAGE/: each module verbatim after the
+    encoding line and one provenance line (``where``: how the bundle uses it; written escaped,
+    one line), in a directory that Python runs (``python3 DIR …``)."""
+    where = printable(where)
+    return [File(f"{package}/{name}",
+                 f"{ENCODING_LINE}\n# {MARKER} {plan.version} from {SHIP_SOURCE}/{package}/{name} "
                  f"— do not edit; {where}\n" + body)
-            for name, body in runtime_modules()]
+            for name, body in shipped_modules(package)]
+
+
+def runtime_files(plan: Plan, where: str | None = None) -> list[File]:
+    """The runtime as shipped (``python DIR/runtime MODE``; ``where``: how the bundle uses it,
+    by default where the installer installs it)."""
+    return shipped_files(plan, RUNTIME_DIR, where or f"installed to {plan.paths.runtime}")
+
+
+def installer_files(plan: Plan) -> list[File]:
+    """The installer as shipped: run from the bundle by install.sh (``python3 BUNDLE/install``)."""
+    return shipped_files(plan, INSTALLER_DIR, "run from the bundle by install.sh")
+
+
+@dataclass(frozen=True)
+class HostPath:
+    """A directory, env file or secret the installer creates (install.list's dir, envfile and
+    secret lines; tmpfiles.d's d and f lines): mode and USER:GROUP from the plan."""
+
+    kind: str
+    path: str
+    mode: str
+    owner: str
+    how: str = "-"  # a secret's: make or copy
+
+    @property
+    def user(self) -> str:
+        return self.owner.split(":", 1)[0]
+
+    @property
+    def group(self) -> str:
+        return self.owner.split(":", 1)[1]
+
+
+def host_paths(plan: Plan) -> list[HostPath]:
+    """What the units need on the host besides their files, in install.list's order: the env
+    directory, the router's control-plane key (where a unit reads it), the JIT cache, the state
+    directory (HOME), one env file per unit."""
+    p, svc, root = plan.paths, f"{plan.user}:{plan.group}", f"root:{plan.group}"
+    out = [HostPath("dir", p.env_dir, "0750", root)]
+    if plan.key_use != "none":
+        out.append(HostPath("secret", p.router_key, "0640", root, plan.key_use))
+    out += [HostPath("dir", p.jit_cache, "0750", svc), HostPath("dir", p.state_dir, "0750", svc)]
+    names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
+    out += [HostPath("envfile", f"{p.env_dir}/{n}.env", "0640", root) for n in names]
+    return out
+
+
+#: Groups the GPU device nodes belong to on many distributions: the service user joins those
+#: the host has (install.list's member lines).
+GPU_GROUPS = ("video", "render")
+#: The installer's record of what it created, for --uninstall (manifest.py), one per deployment.
+MANIFEST_DIR = "/var/lib/pdsvc"
+SYSUSERS = "sysusers.d"
+TMPFILES = "tmpfiles.d"
+
+
+def account_files(plan: Plan, env: jinja2.Environment, ctx: dict) -> list[File]:
+    """The service user and group (sysusers.d(5)) and the directories and env files
+    (tmpfiles.d(5)), applied by the installer with systemd-sysusers / systemd-tmpfiles."""
+    return [File(f"{SYSUSERS}/{plan.name}.conf",
+                 env.get_template("systemd/sysusers.conf.j2").render(**ctx)),
+            File(f"{TMPFILES}/{plan.name}.conf",
+                 env.get_template("systemd/tmpfiles.conf.j2").render(**ctx))]

@@ -26,9 +26,9 @@ REGENERATE = "python tests/golden/regenerate.py"
 
 def seed_bundle() -> list:
     """The seed bundle's files as `pdsvc render` in the checkout makes them (paths in their
-    headers relative to the checkout), less the runtime copy."""
+    headers relative to the checkout), less the copies of pdsvc/ship (runtime/, install/)."""
     from pdsvc.cli.kit import load_plan
-    from pdsvc.render.systemd import RUNTIME_DIR, render_systemd
+    from pdsvc.render.systemd import INSTALLER_DIR, RUNTIME_DIR, render_systemd
 
     here = Path.cwd()
     os.chdir(REPO)
@@ -36,7 +36,7 @@ def seed_bundle() -> list:
         files = render_systemd(load_plan(CONFIG, None, TOPOLOGY), COMMAND)
     finally:
         os.chdir(here)
-    return [f for f in files if Path(f.path).parts[0] != RUNTIME_DIR]
+    return [f for f in files if Path(f.path).parts[0] not in (RUNTIME_DIR, INSTALLER_DIR)]
 
 
 def main() -> None:
