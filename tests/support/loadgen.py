@@ -247,6 +247,15 @@ class Load:
         with self._lock:
             return sum(1 for _, s in self._starts.values() if s or not streams_only)
 
+    def settle(self, t: float) -> None:
+        """Wait until every request sent before ``t`` has its result (bounded by its timeout)."""
+        deadline = time.monotonic() + self.timeout + 2
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(start >= t for start, _ in self._starts.values()):
+                    return
+            time.sleep(0.05)
+
     def between(self, t0: float, t1: float) -> list[Result]:
         """The requests in flight at any moment of [t0, t1] (sent before t1, ended after t0)."""
         with self._lock:
