@@ -247,6 +247,12 @@ class Load:
         with self._lock:
             return sum(1 for _, s in self._starts.values() if s or not streams_only)
 
+    def sent_between(self, t0: float, t1: float, streams_only: bool = False) -> int:
+        """How many requests were sent in [t0, t1], answered or not."""
+        with self._lock:
+            starts = [(r.start, r.stream) for r in self.results] + list(self._starts.values())
+        return sum(1 for t, s in starts if t0 <= t <= t1 and (s or not streams_only))
+
     def settle(self, t: float) -> None:
         """Wait until every request sent before ``t`` has its result (bounded by its timeout)."""
         deadline = time.monotonic() + self.timeout + 2

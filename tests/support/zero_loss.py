@@ -191,8 +191,8 @@ class Outcome:
     p99_before: float = float("nan")
     p99_during: float = float("nan")
     capacity_s: float = float("nan")
-    streams_in_flight: int = 0  # stack-wide, at the event
-    on_engine: int | None = None  # requests in flight on the hit engine, at the event
+    streams_in_flight: int = 0  # stack-wide, when the event hit
+    on_engine: int | None = None  # requests in flight on the hit engine (its own gauge), same
     skipped: str = ""  # why it did not run
     samples: list[Result] = field(default_factory=list)  # a few failures, for messages
 
@@ -257,10 +257,15 @@ def run_event(stack: Stack, ld: Load, event: Event) -> Outcome:
     t_before = steady(stack, ld)
     target = event.target
     old = pid_of(stack, target) if target else None
-    out.on_engine = running_on(stack, target) if event.goal == "kill" else None
-    out.streams_in_flight = ld.in_flight(streams_only=True)
+    t_sample = time.monotonic()
+    on_engine = running_on(stack, target) if event.goal == "kill" else None
+    in_flight = ld.in_flight(streams_only=True)
     t0 = time.monotonic()
     event.act(stack)
+    # what was in flight when it hit: what the counts said, plus what was sent meanwhile
+    since = ld.sent_between(t_sample, time.monotonic(), streams_only=True)
+    out.streams_in_flight = in_flight + since
+    out.on_engine = None if on_engine is None else on_engine + since
 
     def back() -> bool:
         if target and pid_of(stack, target) in (None, old):
