@@ -86,10 +86,13 @@ def judge_body(data: object) -> tuple[str, str]:
     return "ok", ""
 
 
-def request(url: str, stream: bool, timeout: float, tokens: int = 16) -> Result:
-    """One POST /generate judged by content (see the module's docstring)."""
+def request(url: str, stream: bool, timeout: float, tokens: int = 16, text: str = "") -> Result:
+    """One POST /generate judged by content (see the module's docstring). ``text``: the
+    prompt (a unique one by default: a cache-aware router spreads them rather than sending
+    every one to the engine that holds the shared prefix)."""
     parts = urlsplit(url)
-    body = json.dumps({"text": "zero loss", "stream": stream,
+    body = json.dumps({"text": text or f"{random.getrandbits(64):016x} zero loss",
+                       "stream": stream,
                        "sampling_params": {"max_new_tokens": tokens}})
     t0 = time.monotonic()
     res = Result(t0, t0, stream, "connection")
