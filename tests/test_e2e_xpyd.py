@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import stack as stack_module
 from conftest import require
 from nspawn import nspawn_available
 from stack import Stack
@@ -32,16 +31,13 @@ BOOTSTRAP = {"prefill-0": 8998, "prefill-1": 8999}  # allocated: 8998 + index
 @pytest.fixture(scope="module")
 def stack(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Stack]:
     require(nspawn_available())
-    three_gpus = stack_module.host_topology
-    with pytest.MonkeyPatch.context() as mp:  # Stack.up writes a 2-GPU topology by default
-        mp.setattr(stack_module, "host_topology", lambda: three_gpus(3))
-        s = Stack.up(tmp_path_factory.mktemp("e2e-xpyd"), serve_python.parent.parent, **{
-            "prefill": [{"gpus": [0], "env": {"FAKE_SGLANG_LOAD_SECS": SLOW_LOAD_SECS}},
-                        {"gpus": [1]}],
-            "decode": {"gpus": [2]},
-            "router.policy": "round_robin",  # both prefills take turns: both ports are used
-            "router.package": router_package,
-        })
+    s = Stack.up(tmp_path_factory.mktemp("e2e-xpyd"), serve_python.parent.parent, gpus=3, **{
+        "prefill": [{"gpus": [0], "env": {"FAKE_SGLANG_LOAD_SECS": SLOW_LOAD_SECS}},
+                    {"gpus": [1]}],
+        "decode": {"gpus": [2]},
+        "router.policy": "round_robin",  # both prefills take turns: both ports are used
+        "router.package": router_package,
+    })
     yield s
     s.down()
 

@@ -26,7 +26,7 @@ class Fault:
     extra: Callable[[dict], float] = lambda lifecycle: 0.0  # beyond the engines' starts
 
 
-def _kill(signal: str, role: str) -> Callable[[Stack], None]:
+def kill(signal: str, role: str) -> Callable[[Stack], None]:
     return lambda s: s.c.run(["kill", f"-{signal}", str(s.engine_pid(role))])
 
 
@@ -34,7 +34,7 @@ def _kill_runtime(role: str) -> Callable[[Stack], None]:
     return lambda s: s.c.run(["kill", "-9", s.prop(s.unit(role), "MainPID")])
 
 
-def _restart(role: str) -> Callable[[Stack], None]:
+def restart(role: str) -> Callable[[Stack], None]:
     return lambda s: s.c.systemctl("restart", s.unit(role))
 
 
@@ -48,14 +48,14 @@ def watchdog(lc: dict) -> float:
 
 
 MARATHON = (
-    Fault("systemctl restart decode", _restart("decode"), heal=True),
-    Fault("kill -9 decode engine", _kill("9", "decode"), heal=True),
-    Fault("kill -9 prefill engine", _kill("9", "prefill")),
+    Fault("systemctl restart decode", restart("decode"), heal=True),
+    Fault("kill -9 decode engine", kill("9", "decode"), heal=True),
+    Fault("kill -9 prefill engine", kill("9", "prefill")),
     Fault("kill -9 decode's runtime (MainPID)", _kill_runtime("decode"), heal=True),
-    Fault("SIGSTOP decode engine", _kill("STOP", "decode"), heal=True, extra=watchdog),
-    Fault("kill -9 router", _kill("9", "router")),
-    Fault("systemctl restart prefill", _restart("prefill")),
-    Fault("kill -9 decode engine, again", _kill("9", "decode"), heal=True),
+    Fault("SIGSTOP decode engine", kill("STOP", "decode"), heal=True, extra=watchdog),
+    Fault("kill -9 router", kill("9", "router")),
+    Fault("systemctl restart prefill", restart("prefill")),
+    Fault("kill -9 decode engine, again", kill("9", "decode"), heal=True),
     Fault("prefill replaced behind its address", _replace_prefill, heal=True,
           extra=lambda lc: lc["canary_interval_secs"]),
 )

@@ -116,8 +116,10 @@ class Stack:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def up(cls, work: Path, venv: Path, *, start: bool = True, **overrides: Any) -> Stack:
-        """Render, boot, install (and by default `systemctl start` the target)."""
+    def up(cls, work: Path, venv: Path, *, start: bool = True, gpus: int = 2,
+           **overrides: Any) -> Stack:
+        """Render, boot, install (and by default `systemctl start` the target); ``gpus``: the
+        stand-in GPUs of the topology (one per engine of an xPyD layout)."""
         name = overrides.pop("name", "e2e")
         netns = f"pdsvc-{uuid.uuid4().hex[:8]}"
         subprocess.run(["ip", "netns", "add", netns], check=True)
@@ -126,7 +128,7 @@ class Stack:
         model.chmod(0o755)
         (work / "config.yaml").write_text(yaml.safe_dump(
             e2e_config(name, venv, "/srv/e2e/model", **overrides)))
-        (work / "topology.json").write_text(json.dumps(host_topology()))
+        (work / "topology.json").write_text(json.dumps(host_topology(gpus)))
         render = subprocess.run(
             [sys.executable, "-m", "pdsvc.cli", "render", "-c", str(work / "config.yaml"),
              "--topology", str(work / "topology.json"), "-o", str(work / "units")],
@@ -170,8 +172,16 @@ class Stack:
         return time.monotonic() - t0
 
     @property
+    def engines(self) -> list[str]:
+        """The engines' instance names (``prefill``, or ``prefill-0``, ``prefill-1`` ... of an
+        xPyD layout), as the plan names them, for `unit()` and the helpers that take a role."""
+        if not self.plan:
+            return ["prefill", "decode"]
+        return [e["name"].removeprefix(f"{self.name}-") for e in self.plan["engines"]]
+
+    @property
     def units(self) -> list[str]:
-        return [self.unit(r) for r in ("prefill", "decode", "router")]
+        return [self.unit(r) for r in (*self.engines, "router")]
 
     def down(self) -> None:
         try:

@@ -1,0 +1,330 @@
+"""Zero failed requests (issue 23): one event at a time on a 2P2D stack under steady load, for
+benchmarks/zero_loss.py and tests/test_e2e_zero_loss.py alike.
+
+The stack: two prefills, two decodes (one stand-in GPU each), the real router in front, real
+systemd in nspawn (tests/support/stack.py). The stand-in engines take time: every generation
+waits ``GEN_DELAY`` (both sides, as a prefill's forward and a decode's first token do), then a
+decode streams its tokens one every ``ITL_MS`` (tests/support/fake_latency.py), so a stream
+has sent tokens for a while when an event hits it. The load (tests/support/loadgen.py):
+``RATE`` requests a second, half of them streamed, every one judged by content.
+
+For each event: the requests sent while it lasted (those in flight at any moment from the event
+until full capacity + ``TAIL``), the failed ones by kind, p99 latency of the good ones before
+(a steady window just before) and during, and the seconds until full capacity: every engine
+unit active, the hit one's engine a new process, and the router listing every engine healthy.
+The goals (`Outcome.misses`): 0 failed for a restart of one engine and for `apply`; for kill
+-9 of one engine 0 non-streamed and no stream failing otherwise than cut, and no more streams
+cut than were in flight on that engine; a router restart is measured (no goal but: no hang).
+
+`pdsvc apply` is not on main yet: the apply events are hooks (`apply_missing()` says why they
+do not run) to be filled when it lands.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from faults import kill, restart
+from loadgen import Load, Result, failures, get, p99
+from stack import REPO, Stack
+
+GEN_DELAY = 0.5  # s: every generation, both sides
+ITL_MS = 25  # a decode's stream: one token every 25 ms ...
+TOKENS = 16  # ... of 16 (a stream lasts ~0.95 s, a non-streamed request ~0.5 s)
+LOAD_SECS = 2.0  # the stand-in's weights; its warm compile is 0.1 s
+RATE = 6.0  # requests a second
+BEFORE = 6.0  # s of steady load before each event (the "before" p99)
+TAIL = 3.0  # s of load after full capacity still counted as the event's
+CAPACITY_TIMEOUT = 120.0
+
+
+def overrides(router_package: str) -> dict:
+    """Stack.up overrides of a 2P2D stack with the stand-in's latency model on."""
+    return {
+        "router.package": router_package,
+        "prefill": [{"gpus": [0]}, {"gpus": [1]}],
+        "decode": [{"gpus": [2]}, {"gpus": [3]}],
+        "runtime.env.FAKE_SGLANG_LOAD_SECS": LOAD_SECS,
+        "runtime.env.FAKE_SGLANG_GEN_DELAY": GEN_DELAY,
+        "runtime.env.FAKE_SGLANG_KNEE_RATE": 1000,  # the latency model on, never its knee
+        "runtime.env.FAKE_SGLANG_ITL_MS": ITL_MS,
+    }
+
+
+def boot(work: Path, venv: Path, router_package: str, **extra: object) -> Stack:
+    """A 2P2D stack, started and serving."""
+    s = Stack.up(work, venv, start=False, gpus=4, **{**overrides(router_package), **extra})
+    try:
+        s.start(timeout=240)
+        s.c.wait_for(lambda: at_capacity(s), 60, interval=0.5, what="2P2D at full capacity")
+    except BaseException:
+        s.down()
+        raise
+    return s
+
+
+def load(stack: Stack, seed: int = 0) -> Load:
+    """Steady load on the stack's router, from inside its network namespace."""
+    return Load(f"{stack.plan['router']['url']}/generate", rate=RATE, tokens=TOKENS,
+                netns=stack.netns, timeout=30, seed=seed)
+
+
+# ---------------------------------------------------------------------- the events
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    act: Callable[[Stack], None] | None  # None: a hook not filled yet (see ``missing``)
+    target: str = ""  # the instance hit (prefill-1, router); "" for an apply
+    goal: str = "none"  # "zero" | "kill" | "measure"
+    missing: Callable[[], str | None] = lambda: None  # why it cannot run here, or None
+
+
+def apply_missing() -> str | None:
+    """None once `pdsvc apply` exists; else why the apply events cannot run."""
+    r = subprocess.run([sys.executable, "-m", "pdsvc.cli", "apply", "--help"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    return None if r.returncode == 0 else "`pdsvc apply` is not on this branch (issue 23 item 1)"
+
+
+#: Changes for `apply`, set on every engine: one after which old and new engines still pair,
+#: one after which they cannot (SGLang checks the page size when prefill and decode connect).
+CHANGES = {
+    "pair-compatible": {"args": {"max-running-requests": 128}},
+    "pair-incompatible": {"args": {"page-size": 32}},
+}
+
+
+def changed_config(stack: Stack, change: str) -> Path:
+    """The stack's config with CHANGES[change] on every engine, written beside it."""
+    cfg = yaml.safe_load((stack.work / "config.yaml").read_text())
+    new = copy.deepcopy(cfg)
+    for role in ("prefill", "decode"):
+        for engine in new[role] if isinstance(new[role], list) else [new[role]]:
+            for key, value in CHANGES[change].items():
+                engine[key] = {**engine.get(key, {}), **value}
+    out = stack.work / f"config.{change}.yaml"
+    out.write_text(yaml.safe_dump(new))
+    return out
+
+
+def apply(change: str) -> Callable[[Stack], None]:
+    """HOOK, to be filled when `pdsvc apply` lands: apply CHANGES[change] to the running stack
+    as a user would (render, install, roll), blocking until apply says it is done."""
+    def act(stack: Stack) -> None:
+        path = changed_config(stack, change)
+        stack.c.run([str(stack.plan["python"]), "-m", "pdsvc.cli", "apply", "-c",
+                     f"/srv/e2e/{path.name}", "--topology", "/srv/e2e/topology.json", "--yes"],
+                    env={"PYTHONPATH": str(REPO)}, timeout=600)
+    return act
+
+
+EVENTS = (
+    Event("systemctl restart prefill-1", restart("prefill-1"), "prefill-1", "zero"),
+    Event("systemctl restart decode-1", restart("decode-1"), "decode-1", "zero"),
+    Event("kill -9 prefill-0's engine", kill("9", "prefill-0"), "prefill-0", "kill"),
+    Event("kill -9 decode-0's engine", kill("9", "decode-0"), "decode-0", "kill"),
+    Event("systemctl restart router", restart("router"), "router", "measure"),
+    Event("apply, pair-compatible change", apply("pair-compatible"), "", "zero",
+          apply_missing),
+    Event("apply, pair-incompatible change", apply("pair-incompatible"), "", "zero",
+          apply_missing),
+)
+
+
+# ---------------------------------------------------------------------- measuring one
+
+
+def engine_urls(stack: Stack) -> dict[str, str]:
+    return {e["name"].removeprefix(f"{stack.name}-"): e["url"] for e in stack.plan["engines"]}
+
+
+def at_capacity(stack: Stack) -> bool:
+    """Every unit active and the router lists every engine, healthy."""
+    if any(stack.prop(u, "ActiveState") != "active" for u in stack.units):
+        return False
+    code, body = stack.workers(timeout=3)
+    if code != 200:
+        return False
+    listed = {w["url"] for w in json.loads(body).get("workers", []) if w.get("is_healthy")}
+    return listed >= set(engine_urls(stack).values())
+
+
+def pid_of(stack: Stack, instance: str) -> int | None:
+    try:
+        return stack.engine_pid(instance)
+    except (AssertionError, ValueError, KeyError):
+        return None
+
+
+def running_on(stack: Stack, instance: str) -> int | None:
+    """The engine's own count of requests in flight (sglang:num_running_reqs), None if unread."""
+    url = engine_urls(stack).get(instance)
+    if url is None:
+        return None
+    code, text = get(f"{url}/metrics", stack.netns)
+    for line in text.splitlines() if code == 200 else ():
+        if line.startswith("sglang:num_running_reqs"):
+            return int(float(line.split()[-1]))
+    return None
+
+
+@dataclass
+class Outcome:
+    event: str
+    goal: str
+    sent: int = 0
+    failed: Counter = field(default_factory=Counter)  # by kind: "http 503", "cut", ...
+    failed_plain: int = 0  # non-streamed
+    failed_streams: int = 0
+    cut: int = 0
+    p99_before: float = float("nan")
+    p99_during: float = float("nan")
+    capacity_s: float = float("nan")
+    streams_in_flight: int = 0  # stack-wide, when the event hit
+    on_engine: int | None = None  # requests in flight on the hit engine (its own gauge), same
+    skipped: str = ""  # why it did not run
+    samples: list[Result] = field(default_factory=list)  # a few failures, for messages
+
+    @property
+    def cut_bound(self) -> int:
+        """Streams in flight on the hit engine, bounded from above by what both counts say."""
+        if self.on_engine is None:
+            return self.streams_in_flight
+        return min(self.streams_in_flight, self.on_engine)
+
+    def misses(self) -> list[str]:
+        """The goals this outcome misses (issue 23's table); [] when it meets them."""
+        if self.skipped:
+            return []
+        out = []
+        if self.failed.get("timeout"):
+            out.append(f"{self.failed['timeout']} request(s) hung until the client's timeout")
+        total = sum(self.failed.values())
+        if self.goal == "zero" and total:
+            out.append(f"{total} failed, goal 0")
+        if self.goal == "kill":
+            if self.failed_plain:
+                out.append(f"{self.failed_plain} non-streamed failed, goal 0")
+            if self.failed_streams - self.cut:
+                out.append(f"{self.failed_streams - self.cut} streams failed otherwise than cut")
+            if self.cut > self.cut_bound:
+                out.append(f"{self.cut} streams cut > {self.cut_bound} in flight on the engine")
+        return out
+
+    def row(self) -> str:
+        if self.skipped:
+            return f"  {self.event:<34} skipped: {self.skipped}"
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.failed.items())) or "-"
+        bound = f" (≤{self.cut_bound})" if self.goal == "kill" else ""
+        return (f"  {self.event:<34}{self.sent:>6}{sum(self.failed.values()):>7}{bound:<6}"
+                f" {kinds:<34}{self.p99_before:>8.2f}{self.p99_during:>8.2f}"
+                f"{self.capacity_s:>9.1f}")
+
+
+HEADER = (f"  {'event':<34}{'sent':>6}{'failed':>7}{'':<6} {'failed by kind':<34}"
+          f"{'p99 bef':>8}{'p99 dur':>8}{'capacity':>9}")
+
+
+def steady(stack: Stack, ld: Load, seconds: float = BEFORE, tries: int = 5) -> float:
+    """Wait for a window of ``seconds`` with no failure at full capacity (the stack has
+    recovered from the last event); returns its start."""
+    for _ in range(tries):
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        if at_capacity(stack) and not failures(ld.within(t0, time.monotonic())):
+            return t0
+    return t0  # not steady: the "before" figures say so
+
+
+def run_event(stack: Stack, ld: Load, event: Event) -> Outcome:
+    """Inflict ``event`` on the loaded stack and measure it (see the module's docstring)."""
+    out = Outcome(event.name, event.goal)
+    why = event.missing()
+    if why or event.act is None:
+        out.skipped = why or "hook not filled"
+        return out
+    t_before = steady(stack, ld)
+    target = event.target
+    old = pid_of(stack, target) if target else None
+    t_sample = time.monotonic()
+    on_engine = running_on(stack, target) if event.goal == "kill" else None
+    in_flight = ld.in_flight(streams_only=True)
+    t0 = time.monotonic()
+    event.act(stack)
+    # what was in flight when it hit: what the counts said, plus what was sent meanwhile
+    since = ld.sent_between(t_sample, time.monotonic(), streams_only=True)
+    out.streams_in_flight = in_flight + since
+    out.on_engine = None if on_engine is None else on_engine + since
+
+    def back() -> bool:
+        if target and pid_of(stack, target) in (None, old):
+            return False
+        return at_capacity(stack)
+
+    stack.c.wait_for(back, CAPACITY_TIMEOUT, interval=0.2, what=f"full capacity after {event.name}")
+    t_cap = time.monotonic()
+    time.sleep(TAIL)
+    t1 = time.monotonic()
+    ld.settle(t1)
+    during = ld.between(t0, t1)
+    out.sent = len(during)
+    out.failed = failures(during)
+    out.failed_plain = sum(1 for r in during if not r.ok and not r.stream)
+    out.failed_streams = sum(1 for r in during if not r.ok and r.stream)
+    out.cut = out.failed.get("cut", 0)
+    out.p99_before = p99(ld.within(t_before, t0))
+    out.p99_during = p99(during)
+    out.capacity_s = t_cap - t0
+    out.samples = [r for r in during if not r.ok][:5]
+    return out
+
+
+def outage(results: list[Result]) -> float:
+    """The longest time (s) between two good answers in a stretch of load (an outage)."""
+    ends = sorted(r.end for r in results if r.ok)
+    return max((b - a for a, b in zip(ends, ends[1:], strict=False)), default=float("nan"))
+
+
+def apply_outage_1p1d(work: Path, venv: Path, router_package: str) -> str:
+    """1P1D: `apply` of a pair-compatible change stops serving (nothing else can take the
+    load): the outage against the engine's load time (goal: ≤ LOAD_SECS + 2 s)."""
+    why = apply_missing()
+    if why:
+        return f"1P1D apply outage: skipped: {why}"
+    o = overrides(router_package)
+    del o["prefill"], o["decode"]
+    s = Stack.up(work, venv, **o)
+    try:
+        with load(s) as ld:
+            steady(s, ld)
+            t0 = time.monotonic()
+            apply("pair-compatible")(s)
+            s.c.wait_for(lambda: at_capacity(s), CAPACITY_TIMEOUT, interval=0.2,
+                         what="1P1D back after apply")
+            time.sleep(TAIL)
+            t1 = time.monotonic()
+            ld.settle(t1)
+            gap = outage(ld.between(t0, t1))
+    finally:
+        s.down()
+    return (f"1P1D apply outage: {gap:.1f} s against the engine's load time {LOAD_SECS:g} s "
+            f"(goal ≤ {LOAD_SECS + 2:g} s)")
+
+
+def describe(out: Outcome) -> str:
+    """One outcome with a few of its failures, for a test's message."""
+    lines = [HEADER, out.row()]
+    lines += [f"    {r.kind} {'stream' if r.stream else 'plain'} status={r.status} "
+              f"tokens={r.tokens}: {r.detail[:140]}" for r in out.samples]
+    return "\n".join(lines)

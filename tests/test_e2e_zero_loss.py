@@ -1,0 +1,58 @@
+"""Zero failed requests (issue 23's goals) on a 2P2D stack under steady load, under a real
+systemd, on both router generations: one event at a time, every request judged by content
+(tests/support/zero_loss.py, the same events and figures as benchmarks/zero_loss.py).
+
+One stack per router, the events in sequence, each after a steady window at full capacity:
+  systemctl restart of one prefill, of one decode: 0 failed;
+  kill -9 of one prefill's engine, of one decode's: 0 non-streamed failed, no stream failed
+    otherwise than cut, and no more cut than were in flight on that engine;
+  systemctl restart of the router: measured (`BENCH` line); no request hangs;
+  `pdsvc apply` of a pair-compatible and of a pair-incompatible change: 0 failed (skipped,
+    saying so, until `pdsvc apply` exists).
+No request of any event may hang until the client's timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zero_loss
+from conftest import require
+from loadgen import Load
+from nspawn import nspawn_available
+from stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def loaded(serve_python: Path, router_package: str,
+           tmp_path_factory) -> Iterator[tuple[Stack, Load]]:
+    require(nspawn_available())
+    s = zero_loss.boot(tmp_path_factory.mktemp("zero-loss"), serve_python.parent.parent,
+                       router_package)
+    ld = zero_loss.load(s)
+    ld.start()
+    print(f"\nzero-loss [{router_package}]: 2P2D, {zero_loss.RATE:g} requests/s, half streamed"
+          f"\n{zero_loss.HEADER}")
+    try:
+        yield s, ld
+    finally:
+        ld.stop(wait=5)
+        s.down()
+
+
+@pytest.mark.parametrize("event", zero_loss.EVENTS, ids=[e.name for e in zero_loss.EVENTS])
+def test_no_request_fails_beyond_the_goal(loaded: tuple[Stack, Load], router_package: str,
+                                          event: zero_loss.Event) -> None:
+    why = event.missing()
+    if why:
+        pytest.skip(why)
+    stack, ld = loaded
+    out = zero_loss.run_event(stack, ld, event)
+    print(f"BENCH [{router_package}] zero-loss:{out.row()}")
+    misses = out.misses()
+    assert not misses, (f"{event.name} [{router_package}]: {'; '.join(misses)}\n"
+                        f"{zero_loss.describe(out)}")
