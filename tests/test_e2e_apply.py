@@ -8,7 +8,6 @@ after the first was back), and every request of the loop was served.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -17,14 +16,13 @@ from pathlib import Path
 import pytest
 import stack as stack_module
 import yaml
-from conftest import REPO, require
+from conftest import require
 from nspawn import nspawn_available
-from stack import Stack
+from stack import APPLY_DIR, Stack
 
 pytestmark = pytest.mark.e2e
 
 ENGINES = ("prefill-0", "prefill-1", "decode-0", "decode-1")
-WORK = "/var/lib/apply-e2e"  # a writable copy of the config and bundle (/srv/e2e is read-only)
 
 
 @pytest.fixture(scope="module")
@@ -53,23 +51,14 @@ def request_loop(s: Stack, stop: threading.Event, results: list) -> None:
 def test_apply_restarts_only_the_changed_decodes_one_at_a_time_while_serving(
         stack: Stack, serve_python: Path) -> None:
     c = stack.c
-    c.run(["mkdir", "-p", WORK])
-    c.run(["cp", "-a", "/srv/e2e/units", f"{WORK}/units"])
     cfg = yaml.safe_load((stack.work / "config.yaml").read_text())
     for d in cfg["decode"]:
         d["args"] = {"max-running-requests": 64}
-    c.write_file(f"{WORK}/config.yaml", yaml.safe_dump(cfg))
-    # rendering needs the dashboard SDK, which the serve venv lacks: a copy beside the bundle
-    import grafana_foundation_sdk as sdk
-    shutil.copytree(Path(sdk.__file__).parent, stack.work / "pylib" / "grafana_foundation_sdk")
     units = {e: stack.unit(e) for e in ENGINES} | {"router": stack.unit("router")}
     before = {e: stack.invocation(e) for e in units}
-    apply = ["env", f"PYTHONPATH={REPO}:/srv/e2e/pylib", str(serve_python), "-m", "pdsvc.cli",
-             "apply",
-             "-c", f"{WORK}/config.yaml", "--topology", "/srv/e2e/topology.json",
-             "-o", f"{WORK}/units", "--drain-timeout", "20", "--step-timeout", "120"]
+    timeouts = ("--drain-timeout", "20", "--step-timeout", "120")
 
-    plan = c.run([*apply, "--dry-run"], check=False, timeout=120)
+    plan = stack.apply(cfg, *timeouts, "--dry-run", timeout=120)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     assert "serving: never stops" in plan.stdout, plan.stdout
 
@@ -78,7 +67,7 @@ def test_apply_restarts_only_the_changed_decodes_one_at_a_time_while_serving(
     loop.start()
     time.sleep(2)
     try:
-        r = c.run(apply, check=False, timeout=400)
+        r = stack.apply(cfg, *timeouts, timeout=400)
     finally:
         time.sleep(2)
         stop.set()
@@ -100,8 +89,8 @@ def test_apply_restarts_only_the_changed_decodes_one_at_a_time_while_serving(
     # served throughout
     failed = [x for x in results if not x[1]]
     assert len(results) > 20 and not failed, (len(results), failed[:5])
-    assert c.exists(f"{WORK}/units/.pdsvc-previous/e2e-decode-0.service")
+    assert c.exists(f"{APPLY_DIR}/units/.pdsvc-previous/e2e-decode-0.service")
     # that bundle came from `pdsvc render` of a config now edited: not kept, and said so
-    assert not c.exists(f"{WORK}/units/.pdsvc-previous/config.yaml")
+    assert not c.exists(f"{APPLY_DIR}/units/.pdsvc-previous/config.yaml")
     assert "the config of the running bundle is not kept" in r.stderr
-    assert c.exists(f"{WORK}/units/.pdsvc-applied.yaml")  # the next apply keeps this one
+    assert c.exists(f"{APPLY_DIR}/units/.pdsvc-applied.yaml")  # the next apply keeps this one

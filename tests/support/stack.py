@@ -106,6 +106,10 @@ def engine_pid(c: SystemdContainer, unit: str) -> int:
     return int(out[0])
 
 
+#: Where `Stack.apply` keeps its writable copy of the config and bundle inside the container.
+APPLY_DIR = "/var/lib/pdsvc-apply"
+
+
 @dataclass
 class Stack:
     c: SystemdContainer
@@ -156,6 +160,30 @@ class Stack:
     def install(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.c.run(["bash", str(REPO / "install.sh"), "--bundle", "/srv/e2e/units", *args],
                           timeout=120)
+
+    def pdsvc(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """`pdsvc ARGS` inside the container, as an operator on the host runs it: the serve
+        venv's python with this checkout on the path, and the dashboard SDK (a dependency of
+        pdsvc the serve venv lacks) from a copy beside the bundle; whatever its exit code."""
+        pylib = self.work / "pylib"
+        if not (pylib / "grafana_foundation_sdk").is_dir():
+            import grafana_foundation_sdk as sdk
+
+            shutil.copytree(Path(sdk.__file__).parent, pylib / "grafana_foundation_sdk")
+        return self.c.run(["env", f"PYTHONPATH={REPO}:/srv/e2e/pylib", self.plan["python"],
+                           "-m", "pdsvc.cli", *args], check=False, timeout=timeout)
+
+    def apply(self, config: dict, *args: str, timeout: float = 600
+              ) -> subprocess.CompletedProcess[str]:
+        """`pdsvc apply` of CONFIG to the running stack, from a writable copy of the installed
+        bundle (APPLY_DIR/units: /srv/e2e is read-only), as an operator would run it."""
+        if not self.c.exists(f"{APPLY_DIR}/units"):
+            self.c.run(["mkdir", "-p", APPLY_DIR])
+            self.c.run(["cp", "-a", "/srv/e2e/units", f"{APPLY_DIR}/units"])
+        self.c.write_file(f"{APPLY_DIR}/config.yaml", yaml.safe_dump(config))
+        return self.pdsvc("apply", "-c", f"{APPLY_DIR}/config.yaml", "--topology",
+                          "/srv/e2e/topology.json", "-o", f"{APPLY_DIR}/units", *args,
+                          timeout=timeout)
 
     def start(self, timeout: float = 180) -> float:
         """`systemctl start <name>-pd.target`; returns how long it blocked."""

@@ -119,15 +119,13 @@ def changed_config(stack: Stack, change: str) -> Path:
 
 
 def apply(change: str) -> Callable[[Stack], None]:
-    """HOOK, to be filled when `pdsvc apply` lands: apply CHANGES[change] to the running stack
-    as a user would (render, install, roll), blocking until apply says it is done."""
+    """Apply CHANGES[change] to the running stack as a user would (`pdsvc apply --yes`: render,
+    install, roll), blocking until apply says it is done; a failed apply fails the event."""
     def act(stack: Stack) -> None:
-        path = changed_config(stack, change)
-        stack.c.run([str(stack.plan["python"]), "-m", "pdsvc.cli", "apply", "-c",
-                     f"/srv/e2e/{path.name}", "--topology", "/srv/e2e/topology.json", "--yes"],
-                    env={"PYTHONPATH": str(REPO)}, timeout=600)
+        cfg = yaml.safe_load(changed_config(stack, change).read_text())
+        r = stack.apply(cfg, "--yes", "--drain-timeout", "20", "--step-timeout", "300")
+        assert r.returncode == 0, f"pdsvc apply exited {r.returncode}: {r.stderr[-2000:]}"
     return act
-
 
 EVENTS = (
     Event("systemctl restart prefill-1", restart("prefill-1"), "prefill-1", "zero"),
