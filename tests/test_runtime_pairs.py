@@ -548,3 +548,52 @@ def test_a_give_up_under_supervisord_waits_out_startsecs() -> None:
     t0 = time.monotonic()
     assert run(args, command) == EXIT_GAVE_UP
     assert time.monotonic() - t0 < 1.5  # systemd: no wait
+
+
+# --------------------------------------------------------------------------- coupling scope
+
+
+def _plan(prefills: int, decodes: int, backend: str = "nixl"):
+    from pdsvc.config.schema import parse_config
+    from pdsvc.plan.build import build_plan
+    from pdsvc.topology import load_topology_file
+    text = (f"model: {{path: /srv/m}}\ntransfer: {{backend: {backend}}}\n"
+            f"prefill: {[{'gpus': [i]} for i in range(prefills)]}\n"
+            f"decode: {[{'gpus': [4 + i]} for i in range(decodes)]}\n")
+    topo = load_topology_file(Path(__file__).parent.parent / "etc/seed-host.topology.json")
+    return build_plan(parse_config(text, "t.yaml"), topo, config_source="t.yaml",
+                      config_text=text)
+
+
+@pytest.mark.parametrize(("prefills", "decodes", "coupled"), [
+    (1, 1, True),   # 1P1D: the prefill's restart stops serving anyway; one step heals both
+    (1, 2, True),   # the only prefill: the same, the decodes reload in its shadow
+    (2, 1, False),  # the other prefill keeps serving with the decode
+    (2, 2, False),  # one engine's restart reloads that engine only (issue 23)
+])
+def test_auto_couples_decodes_only_to_a_single_prefill(prefills: int, decodes: int,
+                                                       coupled: bool) -> None:
+    plan = _plan(prefills, decodes)
+    for d in (e for e in plan.engines if e.role == "decode"):
+        assert bool(d.restarts_with) is coupled, d.name
+    for p in (e for e in plan.engines if e.role == "prefill"):
+        assert bool(p.followers) is coupled, p.name  # who heals: the prefill, or the stale side
+    assert not any(e.restarts_with for e in _plan(1, 1, "mooncake").engines)
+
+
+def test_a_fresh_side_of_several_pairs_waits_for_its_stale_peers_to_heal_in_turn() -> None:
+    """A prefill replaced in 2P2D fails with both decodes (they are stale toward it): it has
+    served neither, so it waits while they heal one at a time, instead of restarting at
+    2 x failures and becoming new again toward the decode that already healed."""
+    pairs = [Pair(P0, 8998, D), Pair(P0, 8998, "http://127.0.0.1:30003")]
+    fresh = Canary(P0, pairs, failures_to_act=3, log=lambda s: None)
+    for _ in range(2 * 3):
+        fresh.record([Round(p, False, "decode: HTTP 200 with finish_reason abort") for p in pairs])
+    assert fresh.verdict() is None
+    for _ in range(canary.LAST_RESORT * 3 - 2 * 3):
+        fresh.record([Round(p, False, "decode: abort") for p in pairs])
+    assert "no pair works" in (fresh.verdict() or "")
+    one = Canary(P0, pairs[:1], failures_to_act=3, log=lambda s: None)  # 1P1D: as before
+    for _ in range(2 * 3):
+        one.record([Round(pairs[0], False, "decode: abort")])
+    assert "no pair works" in (one.verdict() or "")

@@ -90,6 +90,15 @@ def build_plan(
 
     prefills, decodes = config.instances("prefill"), config.instances("decode")
     machines = {i.key: placement.get(i.key, ("",)) for i in (*prefills, *decodes)}
+    # Coupling (PartOf= on one host, --restart-with across hosts): a decode restarts with its
+    # prefill only where that prefill is the deployment's only one (`auto`, NIXL). Then the
+    # prefill's restart stops serving anyway, so the decode reloads in its shadow and both come
+    # back with fresh NIXL agents in one step, with no later heal (sglang #33789: a decode
+    # keeps the endpoints of a prefill replaced behind its address; smg #2382: a prefill keeps
+    # stale agent state of replaced decodes). With several prefills a coupled decode would go
+    # down with each of them, and with it every pair the other prefills serve: there one
+    # engine's restart reloads that engine only, and a partner the pair canary proves stale
+    # heals alone, one engine of a role at a time (pdsvc/ship/runtime/canary.py).
     prefill_units = {  # per host: the prefill units there (PartOf= reaches no further)
         m: tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills
                  if m in machines[p.key])
@@ -103,7 +112,7 @@ def build_plan(
         for inst in insts:
             couple = inst.role == "decode" and inst.cfg.restart_with_prefill
             if couple == "auto":
-                couple = config.transfer.backend == "nixl"
+                couple = config.transfer.backend == "nixl" and len(prefills) == 1
             where = machines[inst.key]
             for rank, machine in enumerate(where):
                 restarts_with = prefill_units[machine] if couple else ()

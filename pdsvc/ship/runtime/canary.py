@@ -40,9 +40,10 @@ one. So:
   engines answer /health, and it has had a good round with that peer since its engine started
   (the round at ready makes that the case within a second of both being up). A side without
   that history leaves the pair to the peer, unless it has no working pair at all for twice as
-  long (both sides fresh and still failing: each side restarts on its own word). A side with
-  other healthy pairs never restarts for a pair it has never served, so one flapping pair does
-  not take down the healthy pairs of an xPyD deployment.
+  long (both sides fresh and still failing: each side restarts on its own word; with several
+  pairs, as long as a last resort: the stale peers heal one at a time, ``unserved_after``).
+  A side with other healthy pairs never restarts for a pair it has never served, so one
+  flapping pair does not take down the healthy pairs of an xPyD deployment.
 
 The restart policy's heal budget bounds the rest in time (policy.py).
 """
@@ -242,11 +243,20 @@ class Canary:
                         f"engines are healthy ({s.last_error}); this engine served that pair "
                         "before, so it holds the stale NIXL state of a replaced peer "
                         "(sglang #33789, smg #2382): restarting it")
-            if not working and s.failures >= 2 * self.failures_to_act:
+            if not working and s.failures >= self.unserved_after():
                 return (f"no pair works from this engine: {s.pair} failed {s.failures} canary "
                         f"rounds in a row ({s.last_error}) and neither side has served it "
                         "since it started: restarting this side of the pair")
         return None
+
+    def unserved_after(self) -> int:
+        """Failed rounds in a row after which a side that has served none of its failing
+        pairs restarts anyway. One pair (1P1D): 2 x failures, the peer had its chance. Several
+        pairs (xPyD, uncoupled): this side is the fresh one, replaced while its peers stayed,
+        and each stale peer heals in its turn, one engine of a role at a time (each reloads:
+        minutes with real engines). Restarting this side meanwhile would only make it new
+        again toward the peers that already healed: wait as long as a last resort."""
+        return (LAST_RESORT if len(self.pairs) > 1 else 2) * self.failures_to_act
 
     def _save(self) -> None:
         """The states as JSON beside the restart policy's file, for `pdsvc status`; written
