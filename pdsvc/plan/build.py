@@ -369,6 +369,9 @@ def _router(
         # not up within it is dropped for good by router 0.3.2
         "--worker-startup-timeout-secs", str(config.lifecycle.start_timeout_secs),
     ]
+    options += routers.resilience_options(
+        rc.retry.attempts, rc.retry.initial_backoff_ms, rc.retry.max_backoff_ms,
+        rc.circuit_breaker)
     pkg = routers.package(rc.package)
     options += [*pkg.options, *flag_args(rc.args)]
     # an explicit runtime.router_module (a wrapper, say) wins over the package's module
