@@ -203,10 +203,17 @@ def _members(plan: Plan) -> Plan:
     def mine(e: EnginePlan) -> tuple[tuple[str, int, str], ...]:
         return tuple(x for x in pairs if e.url in (x[0], x[2]))
 
+    def siblings(e: EnginePlan) -> tuple[str, ...]:
+        return tuple(o.url for o in serving if o.role == e.role and o.url != e.url)
+
+    def turn(e: EnginePlan) -> int:
+        return [o.url for o in serving if o.role == e.role].index(e.url)
+
     return replace(plan, engines=tuple(
         e if e.node_rank else replace(
             e, router_url=reach, pairs=mine(e),
-            followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)))
+            followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)),
+            siblings=siblings(e), heal_turn=turn(e))
         for e in plan.engines))
 
 

@@ -77,6 +77,9 @@ RETRY_S = 1.0
 WATCH_S = 0.5
 #: seconds between looks at this engine's own failure counters (its /metrics)
 COUNTERS_S = 2.0
+#: seconds between the heals of engines of one role that found the same peer stale at once
+#: (their rounds start on the same event): each waits its turn x this, then asks the router
+HEAL_STAGGER_S = 3.0
 FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
                     "sglang:num_bootstrap_failed_reqs_total")
 
@@ -249,6 +252,24 @@ class Canary:
                 return (f"no pair works from this engine: {s.pair} failed {s.failures} canary "
                         f"rounds in a row ({s.last_error}) and neither side has served it "
                         "since it started: restarting this side of the pair")
+        return None
+
+    def admits(self, registered: set[str]) -> str | None:
+        """Why this engine must not join the router yet, or None. The router pairs every
+        prefill with every decode it lists, and a stale pair fails as HTTP 200 with
+        finish_reason abort, which neither router retries (both retry 408/429/5xx only:
+        is_retryable_status, sglang-router src/core/retry.rs, smg routers/common/retry.rs). So
+        an engine joins only once its last round with each engine the router lists was good:
+        a replaced engine never takes traffic on a pair that is stale. Peers the router does
+        not list do not hold it back: each checks its pairs with us before it joins."""
+        for p in self.pairs:
+            peer = self.peer(p).rstrip("/")
+            if peer not in registered:
+                continue
+            s = self.states[p.name]
+            if s.state != "ok":
+                why = s.last_error or "no canary round yet"
+                return f"pair {s.pair} is {s.state} ({why})"
         return None
 
     def unserved_after(self) -> int:
