@@ -88,6 +88,41 @@ _SMG_OWNED = {
 }
 
 
+#: How a PD request that failed is retried, the same in both generations (sglang-router 0.3.2 =
+#: lightseekorg/smg commit c7f9bf9f563c, src/routers/http/pd_router.rs `execute_dual_dispatch`
+#: and src/core/retry.rs; smg model_gateway/src/routers/http/pd_router.rs and
+#: routers/common/retry.rs, v1.9.0, the newest source stored; 1.13.0 measured in
+#: tests/test_e2e_coupling.py):
+#:
+#: * every try calls `select_pd_pair` afresh, so a retry may land on another prefill AND another
+#:   decode, with a new bootstrap_room: a dead engine on either side is retried around;
+#: * retried: a try whose status is 408, 429, 500, 502, 503 or 504 (`is_retryable_status`); a
+#:   dead engine's connection error is a 502 (`bad_gateway("decode_server_error")`, and the
+#:   prefill's likewise). NOT retried: SGLang's HTTP 200 with finish_reason abort (a stale NIXL
+#:   pair, smg #2382): the router sees a success, so the runtime keeps an engine out of the
+#:   router until its pairs with the registered engines pass the canary (membership.py);
+#: * `--retry-max-retries N` counts tries, the first included; the pause before try k+1 is
+#:   initial × multiplier^k, capped, with jitter;
+#: * a stream is retried only until its headers are sent: after that the decode's stream is
+#:   copied chunk by chunk (`create_streaming_response`), and a read error ends the body with
+#:   an error (`tx.send(Err(..))`), so the client's chunked read fails: it does not hang;
+#: * the circuit breaker is charged both sides of each try (`prefill.record_outcome(..)`,
+#:   `decode.record_outcome(..)`): one dead prefill opens the breaker of every decode it was
+#:   tried with, and an open breaker holds for --cb-timeout-duration-secs (60 s) whatever the
+#:   engines do. So pdsvc renders --disable-circuit-breaker unless router.circuit_breaker.
+RETRY_BACKOFF_MULTIPLIER = 2
+
+
+def resilience_options(attempts: int, initial_ms: int, max_ms: int,
+                       circuit_breaker: bool) -> tuple[str, ...]:
+    """The retry and circuit-breaker flags, for either package (same names, same meaning)."""
+    out = ("--retry-max-retries", str(attempts),
+           "--retry-initial-backoff-ms", str(initial_ms),
+           "--retry-max-backoff-ms", str(max(max_ms, initial_ms)),
+           "--retry-backoff-multiplier", str(RETRY_BACKOFF_MULTIPLIER))
+    return out if circuit_breaker else (*out, "--disable-circuit-breaker")
+
+
 @dataclass(frozen=True)
 class RouterPackage:
     name: PackageName

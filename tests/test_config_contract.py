@@ -268,3 +268,42 @@ def test_force_leaves_exactly_the_new_bundle(before: tuple[Path, str], after: tu
     assert _tree(tmp_path / "out") == _tree(tmp_path / "fresh")
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == sorted(
         p.name for p in (tmp_path / "fresh").iterdir() if p.is_dir())
+
+
+# --------------------------------------------------------------- 6. router retries and breaker
+
+
+@pytest.mark.parametrize("package", ["sglang-router", "smg"])
+@pytest.mark.parametrize("retry", [
+    {"attempts": 1, "initial_backoff_ms": 1, "max_backoff_ms": 1},
+    {"attempts": 100, "initial_backoff_ms": 60000, "max_backoff_ms": 1},  # cap below the first
+    {},
+])
+@pytest.mark.parametrize("breaker", [True, False])
+def test_router_retry_and_breaker_reach_both_routers_parsers(
+        package: str, retry: dict, breaker: bool, serve_python: Path) -> None:
+    """router.retry.* and router.circuit_breaker render flags each router generation's own
+    argparse reads as the option meant, with the value given (the backoff cap never below
+    the first pause)."""
+    plan = plan_of(BASE + yaml.safe_dump({"router": {
+        "package": package, "retry": retry, "circuit_breaker": breaker}}))
+    argv = list(plan.router.argv[3:])
+    kind = {"sglang-router": "router", "smg": "smg"}[package]
+    dests = argv_check.resolve_options(serve_python, kind, argv, [])["dests"]
+    want = {"--retry-max-retries": str(retry.get("attempts", 6)),
+            "--retry-initial-backoff-ms": str(retry.get("initial_backoff_ms", 200)),
+            "--retry-max-backoff-ms": str(max(retry.get("max_backoff_ms", 3000),
+                                              retry.get("initial_backoff_ms", 200))),
+            "--retry-backoff-multiplier": "2"}
+    for flag, value in want.items():
+        assert flag in dests, (package, flag)
+        assert argv[argv.index(flag) + 1] == value
+    assert ("--disable-circuit-breaker" in argv) is not breaker
+    assert "--disable-circuit-breaker" in dests
+
+
+@pytest.mark.parametrize("flag", ["disable-circuit-breaker", "retry-max-retries",
+                                  "disable-retries"])
+def test_router_args_may_not_reach_around_retry_or_breaker(flag: str) -> None:
+    with pytest.raises(ConfigError, match="router"):
+        parse_config(BASE + yaml.safe_dump({"router": {"args": {flag: True}}}))

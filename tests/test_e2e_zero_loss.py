@@ -1,4 +1,4 @@
-"""Zero failed requests (issue 23's goals) on a 2P2D stack under steady load, under a real
+"""Zero failed requests on a 2P2D stack under steady load, under a real
 systemd, on both router generations: one event at a time, every request judged by content
 (tests/support/zero_loss.py, the same events and figures as benchmarks/zero_loss.py).
 

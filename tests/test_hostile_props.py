@@ -382,6 +382,8 @@ OTHER_FIELDS = [
     "router.port", "router.prometheus_port", "router.policy",
     "router.health_check.interval_secs", "router.health_check.timeout_secs",
     "router.health_check.failure_threshold", "router.health_check.success_threshold",
+    "router.retry.attempts", "router.retry.initial_backoff_ms", "router.retry.max_backoff_ms",
+    "router.circuit_breaker",
     *(f"lifecycle.{f}" for f in LifecycleConfig.model_fields),
     *(f"metrics.{f}" for f in MetricsConfig.model_fields),
     "supervisord.logs", "supervisord.drop_privileges", "k8s.router_service_type",

@@ -278,6 +278,11 @@ def test_coupling_is_per_host_partof_plus_a_watch_of_the_remote_prefills() -> No
     cfg["hosts"]["gpu-a"]["run"] = ["prefill[0]"]
     cfg["hosts"]["gpu-b"]["run"] = ["prefill[1]", "decode"]
     cfg["decode"]["gpus"] = [4, 5, 6, 7]
+    # auto couples to a single prefill only: with two, one prefill's restart must not take
+    # the decode, and the other prefill's pair with it, down
+    decode = next(e for e in plan_of(yaml.safe_dump(cfg)).engines if e.role == "decode")
+    assert decode.restarts_with == () and decode.peer_health == ()
+    cfg["decode"]["restart_with_prefill"] = True  # asked for: coupled to every prefill
     plan = plan_of(yaml.safe_dump(cfg))
     decode = next(e for e in plan.engines if e.role == "decode")
     assert decode.restarts_with == ("dsv4-prefill-1.service",)  # same host: PartOf=

@@ -548,3 +548,108 @@ def test_a_give_up_under_supervisord_waits_out_startsecs() -> None:
     t0 = time.monotonic()
     assert run(args, command) == EXIT_GAVE_UP
     assert time.monotonic() - t0 < 1.5  # systemd: no wait
+
+
+# --------------------------------------------------------------------------- coupling scope
+
+
+def _plan(prefills: int, decodes: int, backend: str = "nixl"):
+    from pdsvc.config.schema import parse_config
+    from pdsvc.plan.build import build_plan
+    from pdsvc.topology import load_topology_file
+    text = (f"model: {{path: /srv/m}}\ntransfer: {{backend: {backend}}}\n"
+            f"prefill: {[{'gpus': [i]} for i in range(prefills)]}\n"
+            f"decode: {[{'gpus': [4 + i]} for i in range(decodes)]}\n")
+    topo = load_topology_file(Path(__file__).parent.parent / "etc/seed-host.topology.json")
+    return build_plan(parse_config(text, "t.yaml"), topo, config_source="t.yaml",
+                      config_text=text)
+
+
+@pytest.mark.parametrize(("prefills", "decodes", "coupled"), [
+    (1, 1, True),   # 1P1D: the prefill's restart stops serving anyway; one step heals both
+    (1, 2, True),   # the only prefill: the same, the decodes reload in its shadow
+    (2, 1, False),  # the other prefill keeps serving with the decode
+    (2, 2, False),  # one engine's restart reloads that engine only
+])
+def test_auto_couples_decodes_only_to_a_single_prefill(prefills: int, decodes: int,
+                                                       coupled: bool) -> None:
+    plan = _plan(prefills, decodes)
+    for d in (e for e in plan.engines if e.role == "decode"):
+        assert bool(d.restarts_with) is coupled, d.name
+    for p in (e for e in plan.engines if e.role == "prefill"):
+        assert bool(p.followers) is coupled, p.name  # who heals: the prefill, or the stale side
+    assert not any(e.restarts_with for e in _plan(1, 1, "mooncake").engines)
+
+
+def test_a_fresh_side_of_several_pairs_waits_for_its_stale_peers_to_heal_in_turn() -> None:
+    """A prefill replaced in 2P2D fails with both decodes (they are stale toward it): it has
+    served neither, so it waits while they heal one at a time, instead of restarting at
+    2 x failures and becoming new again toward the decode that already healed."""
+    pairs = [Pair(P0, 8998, D), Pair(P0, 8998, "http://127.0.0.1:30003")]
+    fresh = Canary(P0, pairs, failures_to_act=3, log=lambda s: None)
+    for _ in range(2 * 3):
+        fresh.record([Round(p, False, "decode: HTTP 200 with finish_reason abort") for p in pairs])
+    assert fresh.verdict() is None
+    for _ in range(canary.LAST_RESORT * 3 - 2 * 3):
+        fresh.record([Round(p, False, "decode: abort") for p in pairs])
+    assert "no pair works" in (fresh.verdict() or "")
+    one = Canary(P0, pairs[:1], failures_to_act=3, log=lambda s: None)  # 1P1D: as before
+    for _ in range(2 * 3):
+        one.record([Round(pairs[0], False, "decode: abort")])
+    assert "no pair works" in (one.verdict() or "")
+
+
+# --------------------------------------------------------------------------- admission, turns
+
+
+D1 = "http://127.0.0.1:30003"
+
+
+@pytest.mark.parametrize("smg", [False, True], ids=["sglang-router", "smg"])
+def test_a_replaced_engine_joins_only_once_its_pairs_with_listed_engines_are_good(
+        smg: bool) -> None:
+    """HTTP 200 + finish_reason abort is not retried by either router: a prefill replaced in
+    2P2D stays out of the router while a pair with a listed decode fails its canary; decodes
+    the router does not list (healing) do not hold it back."""
+    router, lines = FakeRouter(smg), []
+    for url in (D, D1):
+        router.workers.append({"id": url, "url": url, "worker_type": "decode",
+                               "is_healthy": True})
+    pairs = [Pair(P1, 8999, D), Pair(P1, 8999, D1)]
+    c = Canary(P1, pairs, failures_to_act=3, log=lambda s: None)
+    m = Membership("http://r", Worker(P1, "prefill", 8999), "k", lines.append, call=router)
+    m.admit = c.admits
+    assert not m.join() and "no canary round yet" in lines[-1]  # before its first round
+    c.record([Round(pairs[0], True), Round(pairs[1], False, "decode: abort")])
+    assert not m.join() and P1 not in [w["url"] for w in router.workers]
+    router.workers = [w for w in router.workers if w["url"] != D1]  # D1 heals: leaves
+    assert m.join() and P1 in [w["url"] for w in router.workers]
+
+
+class Args:
+    def __init__(self, sibling: list[str], turn: int) -> None:
+        self.sibling, self.heal_turn = sibling, turn
+
+
+def test_engines_of_one_role_heal_one_at_a_time(monkeypatch) -> None:
+    """Two decodes stale toward the same replaced prefill: the first in turn heals at once,
+    the second waits its turn, then sees the first gone from the router and waits on."""
+    from pdsvc.ship.runtime.lifecycle import Unit as Runtime
+    router = FakeRouter()
+    for wid, url in (("d0", D), ("d1", D1)):
+        router.workers.append({"id": wid, "url": url, "worker_type": "decode",
+                               "is_healthy": True})
+    first, second = object.__new__(Runtime), object.__new__(Runtime)
+    first.args, second.args = Args([D1], 0), Args([D], 1)
+    first.membership = Membership("http://r", Worker(D, "decode", None), "k", print, call=router)
+    second.membership = Membership("http://r", Worker(D1, "decode", None), "k", print,
+                                   call=router)
+    assert first.not_my_turn(0.0) is None  # D1 is listed: D heals now
+    first.membership.leave()  # as a heal does first
+    assert "turn" in (second.not_my_turn(0.0) or "")
+    assert "no other healthy engine" in (second.not_my_turn(canary.HEAL_STAGGER_S) or "")
+    router.workers.append({"id": "x", "url": D, "worker_type": "decode", "is_healthy": True})
+    assert second.not_my_turn(canary.HEAL_STAGGER_S) is None  # D is back and listed
+    alone = object.__new__(Runtime)
+    alone.args, alone.membership = Args([], 0), second.membership
+    assert alone.not_my_turn(0.0) is None  # the only engine of its role waits for no one

@@ -114,7 +114,7 @@ def owns(target: Target) -> str | None:
 @click.option("--num-prompts", type=click.IntRange(min=1), default=200, show_default=True,
               help="Requests per run. With --slo, ≥ 99 % of fewer than 100 requests is every "
               "one of them, and under Poisson arrivals a rate just past the capacity is told "
-              "apart only once a run queues enough requests: a few hundred (README).")
+              "apart only once a run queues enough requests: a few hundred (docs/bench.md).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run the same load N times and show the spread (mean ± stdev, min, max).")
 @click.option("--slo", metavar="ttft=MS,itl=MS", default=None, callback=parse_slo,

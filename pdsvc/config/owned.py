@@ -51,6 +51,12 @@ OWNED_ROUTER_FLAGS = {
     "health-failure-threshold": "router.health_check.failure_threshold",
     "health-success-threshold": "router.health_check.success_threshold",
     "worker-startup-timeout-secs": "lifecycle.start_timeout_secs",
+    "retry-max-retries": "router.retry.attempts",
+    "retry-initial-backoff-ms": "router.retry.initial_backoff_ms",
+    "retry-max-backoff-ms": "router.retry.max_backoff_ms",
+    "retry-backoff-multiplier": "router.retry (the pause doubles)",
+    "disable-retries": "router.retry.attempts: 1",
+    "disable-circuit-breaker": "router.circuit_breaker",
     "control-plane-api-keys": "router.control_plane_key (a file; engines register with it)",
 }
 #: environment variables pdsvc owns: the plan sets them, a user value would contradict it.

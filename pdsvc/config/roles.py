@@ -101,15 +101,16 @@ class DecodeConfig(RoleConfig):
     restart_with_prefill: Literal["auto"] | bool = Field(
         "auto",
         description="Restart decode whenever prefill restarts — any prefill, when there are "
-        "several (auto: on for nixl, sglang #33789).",
+        "several (auto: on for nixl with one prefill, sglang #33789; with several, a stale "
+        "pair is healed by the pair canary instead, one engine at a time).",
     )
 
 
 # List form: `prefill: [{gpus: …}, {gpus: …}]` runs one engine per item (xPyD on one host). An
 # item takes the keys of the single mapping; it must name its GPUs, and the ports it leaves out
-# are allocated from its index. Each item has its own args/env (no role-level defaults), and a
-# decode item's restart_with_prefill couples it to *every* prefill: a decode holds transfer
-# state per prefill (sglang #33789).
+# are allocated from its index. Each item has its own args/env (no role-level defaults). A
+# decode item's restart_with_prefill: true couples it to *every* prefill (a decode holds
+# transfer state per prefill, sglang #33789); `auto` couples only to a single prefill.
 
 
 class PrefillInstance(PrefillConfig):
@@ -148,7 +149,8 @@ class DecodeInstance(DecodeConfig):
     restart_with_prefill: Literal["auto"] | bool = Field(
         "auto",
         description="Per decode instance: restart it whenever ANY prefill (re)starts "
-        "(auto: on for nixl, sglang #33789).",
+        "(auto: on for nixl with one prefill, sglang #33789; true with several prefills takes "
+        "this decode, and the other prefills' pairs with it, down with each of them).",
     )
 
 

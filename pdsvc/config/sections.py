@@ -147,6 +147,22 @@ class HealthCheckConfig(Strict):
     )
 
 
+class RetryConfig(Strict):
+    """What a request that failed on a dead or dying engine gets: another try, on a pair the
+    router selects afresh."""
+
+    attempts: Count100 = Field(
+        6, description="Tries per request, the first included (--retry-max-retries counts "
+        "tries). 1: no retry. A try that fails with 408, 429, 5xx or a connection error is "
+        "retried on a pair selected afresh, both sides; a stream only before its headers.")
+    initial_backoff_ms: Annotated[int, StrictType(), Field(ge=1, le=60000)] = Field(
+        200, description="Pause before the 2nd try; each later pause doubles, up to "
+        "max_backoff_ms. The defaults span 6 s: past a dead engine's deregistration by its "
+        "runtime (at once) and the router's own health check (interval × failures).")
+    max_backoff_ms: Annotated[int, StrictType(), Field(ge=1, le=600000)] = Field(
+        3000, description="Longest pause between two tries.")
+
+
 class RouterConfig(Strict):
     package: routers.PackageName = Field(
         routers.DEFAULT,
@@ -168,6 +184,12 @@ class RouterConfig(Strict):
         "cache_aware", description="--policy."
     )
     health_check: HealthCheckConfig = HealthCheckConfig()
+    retry: RetryConfig = RetryConfig()
+    circuit_breaker: bool = Field(
+        False, description="The router's circuit breaker (--disable-circuit-breaker when "
+        "false). Both router generations charge a failed PD try to the prefill AND the decode "
+        "it went to, so one dead engine opens the breaker of its healthy partners too, for "
+        "60 s after it is back (sglang-router's pd_router.rs).")
     args: dict[FlagName, ArgValue] = Field(
         default_factory=dict, description="Extra launch_router flags, `flag-name: value`."
     )

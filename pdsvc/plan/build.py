@@ -90,6 +90,15 @@ def build_plan(
 
     prefills, decodes = config.instances("prefill"), config.instances("decode")
     machines = {i.key: placement.get(i.key, ("",)) for i in (*prefills, *decodes)}
+    # Coupling (PartOf= on one host, --restart-with across hosts): a decode restarts with its
+    # prefill only where that prefill is the deployment's only one (`auto`, NIXL). Then the
+    # prefill's restart stops serving anyway, so the decode reloads in its shadow and both come
+    # back with fresh NIXL agents in one step, with no later heal (sglang #33789: a decode
+    # keeps the endpoints of a prefill replaced behind its address; smg #2382: a prefill keeps
+    # stale agent state of replaced decodes). With several prefills a coupled decode would go
+    # down with each of them, and with it every pair the other prefills serve: there one
+    # engine's restart reloads that engine only, and a partner the pair canary proves stale
+    # heals alone, one engine of a role at a time (pdsvc/ship/runtime/canary.py).
     prefill_units = {  # per host: the prefill units there (PartOf= reaches no further)
         m: tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills
                  if m in machines[p.key])
@@ -103,7 +112,7 @@ def build_plan(
         for inst in insts:
             couple = inst.role == "decode" and inst.cfg.restart_with_prefill
             if couple == "auto":
-                couple = config.transfer.backend == "nixl"
+                couple = config.transfer.backend == "nixl" and len(prefills) == 1
             where = machines[inst.key]
             for rank, machine in enumerate(where):
                 restarts_with = prefill_units[machine] if couple else ()
@@ -194,10 +203,17 @@ def _members(plan: Plan) -> Plan:
     def mine(e: EnginePlan) -> tuple[tuple[str, int, str], ...]:
         return tuple(x for x in pairs if e.url in (x[0], x[2]))
 
+    def siblings(e: EnginePlan) -> tuple[str, ...]:
+        return tuple(o.url for o in serving if o.role == e.role and o.url != e.url)
+
+    def turn(e: EnginePlan) -> int:
+        return [o.url for o in serving if o.role == e.role].index(e.url)
+
     return replace(plan, engines=tuple(
         e if e.node_rank else replace(
             e, router_url=reach, pairs=mine(e),
-            followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)))
+            followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)),
+            siblings=siblings(e), heal_turn=turn(e))
         for e in plan.engines))
 
 
@@ -360,6 +376,9 @@ def _router(
         # not up within it is dropped for good by router 0.3.2
         "--worker-startup-timeout-secs", str(config.lifecycle.start_timeout_secs),
     ]
+    options += routers.resilience_options(
+        rc.retry.attempts, rc.retry.initial_backoff_ms, rc.retry.max_backoff_ms,
+        rc.circuit_breaker)
     pkg = routers.package(rc.package)
     options += [*pkg.options, *flag_args(rc.args)]
     # an explicit runtime.router_module (a wrapper, say) wins over the package's module

@@ -68,6 +68,10 @@ class EnginePlan:
     # the decodes of those pairs that restart with their prefills (restarts_with/peer_health):
     # the prefill heals such a pair, whichever side is stale
     followers: tuple[str, ...] = ()
+    # the other serving engines of this role, and this one's place among them: its heal waits
+    # for its turn and for one of them to be in the router (engines of a role heal one at a time)
+    siblings: tuple[str, ...] = ()
+    heal_turn: int = 0
 
     @property
     def unit(self) -> str:

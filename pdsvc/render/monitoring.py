@@ -79,7 +79,7 @@ def scrape_config(plan: Plan, header: list[str], rules: str) -> str:
     m = plan.metrics
     lines = [f"# {h}" for h in header] + [
         "# The jobs are the fragment to merge into an existing prometheus.yml; node_exporter must",
-        f"# run with --collector.textfile.directory={metrics_dir('RUN_DIR')} (see README).",
+        f"# run with --collector.textfile.directory={metrics_dir('RUN_DIR')} (docs/metrics.md).",
         "global:",
         f"  scrape_interval: {m.scrape_interval_secs}s",
         f"  evaluation_interval: {m.scrape_interval_secs}s",

@@ -245,6 +245,10 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
         flags += ["--pair", prefill, str(port), decode]
     for url in e.followers:
         flags += ["--follower", url]
+    for url in e.siblings:  # engines of one role heal one at a time
+        flags += ["--sibling", url]
+    if e.siblings:
+        flags += ["--heal-turn", str(e.heal_turn)]
     if e.pairs:
         flags += ["--canary-interval", str(lc.canary_interval_secs),
                   "--canary-failures", str(lc.canary_failures),

@@ -61,7 +61,7 @@ def e2e_config(name: str, venv: Path, model_dir: str, **overrides: Any) -> dict:
         "router": {
             "health_check": {"interval_secs": 1, "timeout_secs": 1, "failure_threshold": 1,
                              "success_threshold": 1},
-            "args": {"disable-circuit-breaker": True, "request-timeout-secs": 10},
+            "args": {"request-timeout-secs": 10},
             # never reach for a hub: the router's tokenizer autoload (the Rust hf_hub crate
             # reads HF_ENDPOINT)
             "env": {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": 1},

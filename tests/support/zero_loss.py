@@ -1,4 +1,4 @@
-"""Zero failed requests (issue 23): one event at a time on a 2P2D stack under steady load, for
+"""Zero failed requests: one event at a time on a 2P2D stack under steady load, for
 benchmarks/zero_loss.py and tests/test_e2e_zero_loss.py alike.
 
 The stack: two prefills, two decodes (one stand-in GPU each), the real router in front, real
@@ -94,7 +94,7 @@ def apply_missing() -> str | None:
     """None once `pdsvc apply` exists; else why the apply events cannot run."""
     r = subprocess.run([sys.executable, "-m", "pdsvc.cli", "apply", "--help"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
-    return None if r.returncode == 0 else "`pdsvc apply` is not on this branch (issue 23 item 1)"
+    return None if r.returncode == 0 else "`pdsvc apply` is not on this branch"
 
 
 #: Changes for `apply`, set on every engine: one after which old and new engines still pair,
@@ -202,7 +202,7 @@ class Outcome:
         return min(self.streams_in_flight, self.on_engine)
 
     def misses(self) -> list[str]:
-        """The goals this outcome misses (issue 23's table); [] when it meets them."""
+        """The goals this outcome misses; [] when it meets them."""
         if self.skipped:
             return []
         out = []

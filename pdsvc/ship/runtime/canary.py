@@ -40,9 +40,10 @@ one. So:
   engines answer /health, and it has had a good round with that peer since its engine started
   (the round at ready makes that the case within a second of both being up). A side without
   that history leaves the pair to the peer, unless it has no working pair at all for twice as
-  long (both sides fresh and still failing: each side restarts on its own word). A side with
-  other healthy pairs never restarts for a pair it has never served, so one flapping pair does
-  not take down the healthy pairs of an xPyD deployment.
+  long (both sides fresh and still failing: each side restarts on its own word; with several
+  pairs, as long as a last resort: the stale peers heal one at a time, ``unserved_after``).
+  A side with other healthy pairs never restarts for a pair it has never served, so one
+  flapping pair does not take down the healthy pairs of an xPyD deployment.
 
 The restart policy's heal budget bounds the rest in time (policy.py).
 """
@@ -74,6 +75,9 @@ RETRY_S = 1.0
 WATCH_S = 0.5
 #: seconds between looks at this engine's own failure counters (its /metrics)
 COUNTERS_S = 2.0
+#: seconds between the heals of engines of one role that found the same peer stale at once
+#: (their rounds start on the same event): each waits its turn x this, then asks the router
+HEAL_STAGGER_S = 3.0
 FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
                     "sglang:num_bootstrap_failed_reqs_total")
 
@@ -242,11 +246,38 @@ class Canary:
                         f"engines are healthy ({s.last_error}); this engine served that pair "
                         "before, so it holds the stale NIXL state of a replaced peer "
                         "(sglang #33789, smg #2382): restarting it")
-            if not working and s.failures >= 2 * self.failures_to_act:
+            if not working and s.failures >= self.unserved_after():
                 return (f"no pair works from this engine: {s.pair} failed {s.failures} canary "
                         f"rounds in a row ({s.last_error}) and neither side has served it "
                         "since it started: restarting this side of the pair")
         return None
+
+    def admits(self, registered: set[str]) -> str | None:
+        """Why this engine must not join the router yet, or None. The router pairs every
+        prefill with every decode it lists, and a stale pair fails as HTTP 200 with
+        finish_reason abort, which neither router retries (both retry 408/429/5xx only:
+        is_retryable_status, sglang-router src/core/retry.rs, smg routers/common/retry.rs). So
+        an engine joins only once its last round with each engine the router lists was good:
+        a replaced engine never takes traffic on a pair that is stale. Peers the router does
+        not list do not hold it back: each checks its pairs with us before it joins."""
+        for p in self.pairs:
+            peer = self.peer(p).rstrip("/")
+            if peer not in registered:
+                continue
+            s = self.states[p.name]
+            if s.state != "ok":
+                why = s.last_error or "no canary round yet"
+                return f"pair {s.pair} is {s.state} ({why})"
+        return None
+
+    def unserved_after(self) -> int:
+        """Failed rounds in a row after which a side that has served none of its failing
+        pairs restarts anyway. One pair (1P1D): 2 x failures, the peer had its chance. Several
+        pairs (xPyD, uncoupled): this side is the fresh one, replaced while its peers stayed,
+        and each stale peer heals in its turn, one engine of a role at a time (each reloads:
+        minutes with real engines). Restarting this side meanwhile would only make it new
+        again toward the peers that already healed: wait as long as a last resort."""
+        return (LAST_RESORT if len(self.pairs) > 1 else 2) * self.failures_to_act
 
     def _save(self) -> None:
         """The states as JSON beside the restart policy's file, for `pdsvc status`; written

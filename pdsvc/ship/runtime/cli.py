@@ -8,6 +8,7 @@ import sys
 import urllib.parse
 from collections.abc import Sequence
 
+from .canary import HEAL_STAGGER_S
 from .codes import EXIT_GAVE_UP, EXIT_PEER, EXIT_REFUSED
 
 
@@ -349,6 +350,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         help="a decode of these pairs that restarts whenever its prefill does "
                         "(PartOf= or --restart-with): its prefill heals their pair, whichever "
                         "side is stale, and both come back fresh at once (repeatable)")
+    canary.add_argument("--sibling", action="append", default=[], metavar="URL",
+                        help="another engine of this role (repeatable): a heal waits until the "
+                        "router lists one of them, so that another pair serves meanwhile, and "
+                        "engines of one role heal one at a time")
+    canary.add_argument("--heal-turn", type=_whole_number, default=0, metavar="N",
+                        help="this engine's place among its role: a heal waits N x "
+                        f"{HEAL_STAGGER_S:g} s after the verdict, then looks at the router "
+                        "again, so that two engines that find the same peer stale at once do "
+                        "not both leave (default: %(default)s)")
     canary.add_argument("--canary-interval", type=_positive_float, default=30.0, metavar="S",
                         help="seconds between canary rounds while they are good; a round also "
                         "runs once ready, whenever a peer's port opens again, and every second "

@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from .canary import Canary, CanaryThread, Pair, own_failures
+from .canary import HEAL_STAGGER_S, Canary, CanaryThread, Pair, own_failures
 from .child import Child, exit_status, runtime_exit_code
 from .codes import (
     EXIT_GAVE_UP,
@@ -372,6 +372,7 @@ class Unit:
             peers.check()  # from the first second: a peer killed now is seen go and return
         next_peer = time.monotonic() + a.peer_interval if peers else float("inf")
         said_wait = [""]
+        verdict_since: list[float | None] = [None]
 
         def run(alive: bool) -> Outcome | None:
             nonlocal next_check, next_peer
@@ -394,6 +395,19 @@ class Unit:
                     if any(one.ok for one in r):
                         self.policy.on_pair_good()
                 why = self.canary.canary.verdict() if rounds and alive else None
+                if not rounds:
+                    pass
+                elif not why:
+                    verdict_since[0] = None
+                else:
+                    verdict_since[0] = verdict_since[0] or now
+                    turn = self.not_my_turn(now - verdict_since[0])
+                    if turn:
+                        if turn != said_wait[0]:
+                            log(f"{why} — but not now: {turn}")
+                            self.notifier.status(f"pair failing, heal waits: {turn}")
+                        said_wait[0] = turn
+                        why = None
                 if why:
                     heal, wait = self.policy.may_heal(a.canary_heals)
                     if heal:
@@ -407,6 +421,20 @@ class Unit:
 
         return run
 
+    def not_my_turn(self, waited: float) -> str | None:
+        """Why a heal of this engine must wait, so that engines of one role heal one at a
+        time and another pair serves meanwhile, or None. Only with siblings (other
+        engines of this role): the only engine of its role has no one to wait for."""
+        a = self.args
+        if not a.sibling or self.membership is None:
+            return None
+        if waited < a.heal_turn * HEAL_STAGGER_S:
+            return f"its turn among its role comes {a.heal_turn * HEAL_STAGGER_S:g} s in"
+        if not self.membership.lists_any(a.sibling):
+            return ("the router lists no other healthy engine of this role (one is down or "
+                    "healing): healing now would leave no pair serving")
+        return None
+
     def start_canary(self) -> None:
         a = self.args
         if self.role != "engine" or not a.pair:
@@ -419,6 +447,8 @@ class Unit:
         failures = own_failures(f"{base_url(a.health_url)}/metrics")
         self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout,
                                    failures=failures)
+        if self.membership is not None:
+            self.membership.admit = canary.admits
         self.canary.start()
 
     def serve(self) -> State:
@@ -430,6 +460,10 @@ class Unit:
         if self.jit is not None and self.jit.held:
             self.jit.mark_warm()
             log(f"JIT cache for {a.jit_key} marked warm; compile lock released")
+        # the canary first: a replaced engine joins the router only once its pairs with the
+        # engines the router lists are good (Canary.admits); the first round runs now, and a
+        # join it holds back is retried every MEMBERSHIP_RETRY_S by the serving duties
+        self.start_canary()
         if self.membership is not None:
             self.membership.join()  # before READY=1: ordering waits for a routable engine
         serving = f"serving on {base_url(liveness_url)} (healthy after {healthy.elapsed:.1f} s)"
@@ -442,7 +476,6 @@ class Unit:
         if not self.gave_up:
             log(f"healthy after {healthy.elapsed:.1f} s")
         _watchdog_hint(a, log)
-        self.start_canary()
         self.outcome = liveness_loop(
             lambda left=a.liveness_timeout: http_probe(
                 liveness_url, max(0.05, round(min(a.liveness_timeout, left), 2))

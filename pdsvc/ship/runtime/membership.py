@@ -65,6 +65,11 @@ class Membership:
         self.log = log
         self.call = call
         self.clock = clock
+        #: why not to join yet, given the URLs of the healthy workers the router lists
+        #: (None: join); the pair canary's, Canary.admits
+        self.admit: Callable[[set[str]], str | None] | None = None
+        #: the healthy workers the router listed at the last look: {url: role}
+        self.listed: dict[str, str] = {}
         self.joined = False
         self.unhealthy_since: float | None = None
         self._said = ""  # the last problem logged, so a long outage is one line, not hundreds
@@ -81,10 +86,19 @@ class Membership:
         if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
             why = reply.detail if reply.status != 200 else "GET /workers: not a worker list"
             return None, why
+        self.listed = {
+            str(e.get("url", "")).rstrip("/"): str(e.get("worker_type", ""))
+            for e in doc["workers"] if isinstance(e, dict) and e.get("is_healthy") is not False
+            and str(e.get("status", "")).lower() not in ("draining", "failed")}
         for entry in doc["workers"]:
             if isinstance(entry, dict) and entry.get("url", "").rstrip("/") == self.worker.url:
                 return entry, None
         return None, None
+
+    def lists_any(self, urls: list[str]) -> bool:
+        """Whether the router, asked now, lists one of ``urls`` as a healthy worker."""
+        _, error = self._entry()
+        return error is None and any(u.rstrip("/") in self.listed for u in urls)
 
     def _post(self) -> bool:
         reply = self.call(f"{self.router}/workers", CALL_TIMEOUT_S, self.worker.payload(),
@@ -104,6 +118,12 @@ class Membership:
         cannot, or still holds this URL's previous entry while it drains (smg lists a
         deleted worker as `draining` until its requests settle, and answers a POST of the
         URL meanwhile with 409): the next check posts again."""
+        if self.admit is not None:
+            _, error = self._entry()
+            why = self.admit(set(self.listed)) if error is None else None
+            if why:
+                self._say(f"not joining the router yet: {why}")
+                return False
         if not self._post():
             return False
         entry, _ = self._entry()
