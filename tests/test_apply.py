@@ -229,8 +229,7 @@ class FakeHost:
 
     def run(self, argv: list[str], timeout: float = 0) -> tuple[int, str]:
         if argv[1] == "show":
-            prop = argv[3]
-            return 0, {"InvocationID": self.invocation, "ActiveState": "active"}[prop]
+            return 0, f"ActiveState=active\nInvocationID={self.invocation}\n"
         self.log.append(" ".join(argv[1:]))
         self.invocation = "new"
         return 0, ""

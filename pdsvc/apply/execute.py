@@ -1,10 +1,12 @@
-"""Running a rollout's steps on this host: systemd and the router, one step at a time.
+"""Running a rollout's steps on this host: its service manager (systemd or supervisord,
+managers.py) and the router, one step at a time.
 
 Each engine step: take its engines out of the router (`DELETE /workers/{id}` on the control
 plane both router generations have: sglang-router 0.3.2 and smg; the runtime's membership.py
 does the same at every stop), wait until their in-flight requests have finished (the engine's
 `sglang:num_running_reqs`; bounded here, since SGLang's own SIGTERM drain has no bound), then
-`systemctl restart`, and wait until each unit is active again in a new invocation, its /health
+restart (`systemctl restart`; supervisord: managers.py), and wait until each unit is active
+again in a new invocation (systemd's InvocationID; supervisord's pid and start time), its /health
 answers 200, the router lists it healthy (the runtime registers it again by itself) and its own
 pair canary has judged every pair good since the restart (the runtime's NAME.canary.json).
 A step that does not get there within its bound fails, and the rollout stops there.
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdsvc.apply.managers import Manager, Systemd
 from pdsvc.apply.rollout import Step
 from pdsvc.apply.units import Unit
 
@@ -95,20 +98,17 @@ def running_requests(metrics: str) -> int | None:
 
 
 class Executor:
-    """Runs steps against one host's systemd and the router the units name."""
+    """Runs steps against one host's service manager (managers.py: systemd or supervisord)
+    and the router the units name. A unit of a deployment over several hosts (HOST/UNIT) is
+    asked for by its own name on its host."""
 
     def __init__(self, units: dict[str, Unit], host: Host, bounds: Bounds,
-                 say: Callable[[str], None], systemctl: str = "systemctl") -> None:
+                 say: Callable[[str], None], manager: Manager | None = None) -> None:
         self.units = units
         self.host = host
         self.bounds = bounds
         self.say = say
-        self.systemctl = systemctl
-
-    # ------------------------------------------------------------------ systemd
-    def _show(self, unit: str, prop: str) -> str:
-        _, out = self.host.run([self.systemctl, "show", "-p", prop, "--value", unit], 30)
-        return out.strip()
+        self.manager = manager or Systemd(host)
 
     # ------------------------------------------------------------------ router
     def _headers(self, u: Unit) -> dict[str, str]:
@@ -148,14 +148,15 @@ class Executor:
         t0 = self.host.now()
         down = [self.units[n] for n in step.down if n in self.units]
         engines = [u for u in down if u.kind == "engine"]
-        before = {u.name: self._show(u.name, "InvocationID") for u in down}
+        before = {u.name: self.manager.invocation(u.local_name) for u in down}
         if step.action != "start":
             self._drain(engines)
         verb = "start" if step.action == "start" else "restart"
         since = self.host.wall()
-        rc, out = self.host.run([self.systemctl, verb, *step.units], self.bounds.ready_secs)
+        names = [self.units[n].local_name if n in self.units else n for n in step.units]
+        rc, out = self.manager.act(verb, names, self.bounds.ready_secs)
         if rc != 0:
-            raise StepFailed(f"systemctl {verb} {' '.join(step.units)} failed ({rc}): "
+            raise StepFailed(f"{self.manager.name}: {verb} {' '.join(names)} failed ({rc}): "
                              f"{out.splitlines()[-1] if out else ''}")
         self._wait_ready(down, before, since)
         return self.host.now() - t0
@@ -216,10 +217,10 @@ class Executor:
 
     def _not_ready(self, u: Unit, invocation: str, since: float) -> str | None:
         """None when the unit serves again; else what it still lacks ('FAILED …': never)."""
-        state = self._show(u.name, "ActiveState")
+        state = self.manager.state(u.local_name)
         if state == "failed":
-            return f"FAILED (systemctl status {u.name}; journalctl -u {u.name})"
-        if state != "active" or self._show(u.name, "InvocationID") == invocation:
+            return f"FAILED ({self.manager.look(u.local_name)})"
+        if state != "active" or self.manager.invocation(u.local_name) == invocation:
             return f"not active in a new run yet ({state})"
         if u.kind == "router":
             url = u.option("--readiness-url")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from pdsvc.apply.hosts import bundle_units
 from pdsvc.apply.units import Unit, flag_values
 from pdsvc.sglang import PAIR_ENV, PAIR_FLAGS
 
@@ -131,8 +132,9 @@ def pair_settings(unit: Unit) -> dict[str, str | None]:
 
 
 def _units(bundle: dict[str, str]) -> dict[str, Unit]:
-    return {path: Unit.parse(path, text) for path, text in bundle.items()
-            if "/" not in path and path.endswith((".service", ".target"))}
+    """The units of a bundle: a systemd bundle's unit files, a supervisord bundle's programs,
+    or, for a deployment over several hosts, every host's (named HOST/UNIT: hosts.py)."""
+    return bundle_units(bundle)
 
 
 def _changes(old_units: dict[str, Unit], new_units: dict[str, Unit],

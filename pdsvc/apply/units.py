@@ -129,9 +129,20 @@ class Unit:
 
     @property
     def key_file(self) -> str:
-        """The router's control-plane key on this host (LoadCredential=router-key:PATH)."""
+        """The router's control-plane key on this host (LoadCredential=router-key:PATH; a
+        supervisord program's runtime reads it from --control-plane-key)."""
         for value in self.values("LoadCredential"):
             name, _, path = value.partition(":")
             if name == "router-key":
                 return path
-        return ""
+        return self.option("--control-plane-key")
+
+    @property
+    def host(self) -> str:
+        """The host of a unit of a deployment over several hosts (named HOST/UNIT); ""."""
+        return self.name.rpartition("/")[0]
+
+    @property
+    def local_name(self) -> str:
+        """The name its service manager knows it by, on its host."""
+        return self.name.rpartition("/")[2]

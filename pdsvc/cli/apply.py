@@ -22,8 +22,17 @@ from pdsvc.apply.bundles import (
     save_applied,
 )
 from pdsvc.apply.execute import Bounds, Executor, Host, StepFailed
-from pdsvc.apply.rollout import Rollout, format_rollout, plan_rollout
-from pdsvc.apply.units import Unit
+from pdsvc.apply.hosts import bundle_units, hosts_of
+from pdsvc.apply.order import host_steps
+from pdsvc.apply.order import plan as plan_apply
+from pdsvc.apply.rollout import Rollout, format_rollout
+from pdsvc.apply.targets import (
+    apply_command,
+    format_hosts,
+    host_commands,
+    make_manager,
+    manager_name,
+)
 from pdsvc.cli.kit import (
     DEFAULT_OUTPUT,
     canonical_command,
@@ -35,8 +44,9 @@ from pdsvc.cli.kit import (
     topology_option,
     warn_plan,
 )
-from pdsvc.cli.render import install_script, shown
+from pdsvc.cli.render import install_script, per_host, shown
 from pdsvc.errors import ConfigError, OutputError
+from pdsvc.plan.build import Plan
 from pdsvc.render.bundle import Origin, write_bundle
 from pdsvc.render.systemd import File, render_systemd
 
@@ -81,10 +91,15 @@ def _rollback_command(output: Path) -> str:
 @click.option("--rollback", is_flag=True,
               help=f"Go back to the bundle and config kept in OUTPUT/{PREVIOUS}/ by the last "
               "apply, with the same steps.")
+@click.option("--host", "on_host", metavar="HOST",
+              help="A deployment over several hosts: run the steps of HOST (this machine) in "
+              "the global order; --dry-run prints every host's command, in order.")
+@click.option("--socket", metavar="PATH", help="supervisord's control socket (default: the "
+              "bundle's, supervisord.run_dir/NAME-supervisord.sock).")
 @handle_errors
 def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_file: Path | None,
           dry_run: bool, as_json: bool, yes: bool, drain_timeout: float, step_timeout: float,
-          force: bool, rollback: bool) -> None:
+          force: bool, rollback: bool, on_host: str | None, socket: str | None) -> None:
     """Render the edited config, install it, and restart only what changed, in an order that
     keeps serving.
 
@@ -124,51 +139,66 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
         origin_config = previous_origin_config(output, config_path)
     else:
         plan = load_plan(config_path, sysfs_root, topology_file)
-        if plan.format != "systemd":
+        if plan.format not in ("systemd", "supervisord"):
             raise ConfigError(f"{config_path}: format is {plan.format}; pdsvc apply rolls out "
-                              "systemd bundles only so far",
-                              hint="render, then restart the programs with supervisorctl")
-        if plan.hosts:
-            raise ConfigError(f"{config_path}: a deployment over several hosts; pdsvc apply "
-                              "rolls out one host's bundle so far",
-                              hint="render, then on each host install.sh and restart one "
-                              "engine at a time")
+                              "systemd and supervisord bundles",
+                              hint="Kubernetes rolls its own: kubectl apply -k")
         warn_plan(plan)
-        files = render_systemd(plan, canonical_command(config_path, sysfs_root,
-                                                        topology_file))
+        files = render_for(plan, canonical_command(config_path, sysfs_root, topology_file))
         origin_config = config_path
     old = read_bundle(output)
-    if not any(p.endswith(".service") for p in old):
+    if not bundle_units(old):
         raise ConfigError(f"{output}: no rendered bundle here to compare with",
                           hint="the first time: pdsvc render && sudo ./install.sh "
                           "--start; later: pdsvc apply")
     new = as_bundle(files)
-    rollout = plan_rollout(old, new)
+    rollout = plan_apply(old, new)
+    hosts = hosts_of(new)
+    if on_host and on_host not in hosts:
+        raise ConfigError(f"--host {on_host}: not a host of this deployment",
+                          hint=f"one of: {', '.join(hosts)}" if hosts else "drop --host")
     same_files = {p: t for p, t in old.items() if p in new} == new and old.keys() <= new.keys()
+    sequence = host_commands(rollout, apply_command(config_path, output)) if hosts else []
     if as_json:
-        click.echo(json.dumps({"format": "pdsvc-apply/1", "output": str(output),
-                               "dry_run": dry_run, **rollout.to_dict()}, indent=2))
+        doc = {"format": "pdsvc-apply/1", "output": str(output), "dry_run": dry_run,
+               "manager": manager_name(new), **rollout.to_dict()}
+        if hosts:
+            doc["hosts"] = [{"host": h, "steps": n, "command": c} for h, n, c in sequence]
+        click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(format_rollout(rollout))
+        for line in format_hosts(sequence):
+            click.echo(line)
     if dry_run:
         return
+    if hosts and not on_host:
+        raise ConfigError(f"{config_path}: a deployment over several hosts: pdsvc apply runs "
+                          "one host's steps where it runs (no remote execution)",
+                          hint="run the commands above on each host, in that order "
+                          "(--dry-run prints them)")
     if rollout.nothing_to_do and same_files:
         _say("pdsvc apply: nothing to do")
         return
     if rollout.outage and not yes:
         _confirm_outage(rollout)
-    _install(files, output, config_path, origin_config, old, force, rollback)
-    units = {n: Unit.parse(n, t) for n, t in new.items() if "/" not in n
-             and n.endswith(".service")}
-    executor = Executor(units, Host(), Bounds(drain_timeout, step_timeout), _say)
+    _install(files, output, config_path, origin_config, old, force, rollback, on_host,
+             manager_name(new))
+    units = bundle_units(new)
+    host = Host()
+    mine = host_steps(rollout, on_host) if on_host else list(enumerate(rollout.steps, 1))
+    executor = Executor(units, host, Bounds(drain_timeout, step_timeout), _say,
+                        make_manager(new, on_host, host, output, socket))
     total = len(rollout.steps)
-    for i, step in enumerate(rollout.steps, 1):
+    if on_host:
+        _say(f"pdsvc apply: on {on_host}: steps {', '.join(str(i) for i, _ in mine) or 'none'}"
+             f" of {total}")
+    for i, step in mine:
         _say(f"pdsvc apply: step {i}/{total}: {step.action} {', '.join(step.units)}"
              + (f" (with {', '.join(step.takes)})" if step.takes else ""))
         try:
             secs = executor.run_step(step)
         except StepFailed as e:
-            left = [u for s in rollout.steps[i:] for u in s.units]
+            left = [u for _, s in mine if _ > i for u in s.units]
             _say(f"pdsvc apply: step {i}/{total} failed: {e}")
             if left:
                 _say(f"pdsvc apply: stopped; not restarted (still the previous definition): "
@@ -180,6 +210,14 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
         save_applied(output, Path(config_path).read_bytes())
     _say(f"pdsvc apply: applied ({total} steps); the previous bundle is in "
          f"{shown(output / PREVIOUS)} ({_rollback_command(output)})")
+
+
+def render_for(plan: Plan, command: str) -> list[File]:
+    """The bundle `pdsvc render` writes for this plan (one per host with `hosts:`)."""
+    if plan.format == "supervisord":
+        from pdsvc.render.supervisord import render_supervisord
+        return per_host(plan, command, lambda p: render_supervisord(p, command))
+    return per_host(plan, command, lambda p: render_systemd(p, command))
 
 
 def _confirm_outage(rollout: Rollout) -> None:
@@ -196,11 +234,13 @@ def _confirm_outage(rollout: Rollout) -> None:
 
 
 def _install(files: list[File], output: Path, config: Path, origin: Path,
-             old: dict[str, str], force: bool, rollback: bool) -> None:
+             old: dict[str, str], force: bool, rollback: bool, on_host: str | None,
+             manager: str) -> None:
     """Keep the running bundle, write the new one (recorded as `origin`'s), install it (no
-    restart)."""
+    restart): install.sh for systemd (this host's bundle of several); a supervisord bundle
+    runs where it lies, and its supervisord re-reads it at each step."""
     script = install_script()
-    if script is None:
+    if script is None and manager == "systemd":
         raise OutputError("install.sh not found beside pdsvc", hint="run from a pdsvc checkout")
     previous_config = running_config(output, old, config) if not rollback else None
     if rollback:  # the config the bundle comes back with: becomes the applied one first
@@ -213,10 +253,14 @@ def _install(files: list[File], output: Path, config: Path, origin: Path,
                  f"since it was rendered): --rollback will need it in "
                  f"{shown(output / PREVIOUS)}/config.yaml")
     # a rollback's bundle comes from another config file than the one its record names
-    write_bundle(files, output, origin=Origin("systemd", origin), force=force or rollback)
-    _say(f"pdsvc apply: installing {shown(output)} "
-         f"({shlex.join([str(script), '--bundle', str(output)])})")
-    rc, lines = install(script, output, config, force=force)
+    write_bundle(files, output, origin=Origin(manager, origin), force=force or rollback)
+    if manager != "systemd" or script is None:
+        _say(f"pdsvc apply: wrote {shown(output)}; supervisord re-reads it at each step")
+        return
+    bundle = output / on_host if on_host else output
+    _say(f"pdsvc apply: installing {shown(bundle)} "
+         f"({shlex.join([str(script), '--bundle', str(bundle)])})")
+    rc, lines = install(script, bundle, config, force=force)
     for line in lines:
         _say(f"  {line}")
     if rc != 0:

@@ -1,0 +1,63 @@
+"""Where apply's steps go: the service manager that restarts units on this host, and, for
+several hosts, the command each host runs, in the global order (pdsvc runs no remote
+command itself)."""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+from pathlib import Path
+
+from pdsvc.apply.execute import Host
+from pdsvc.apply.hosts import sub_bundle
+from pdsvc.apply.managers import Manager, Supervisord, Systemd
+from pdsvc.apply.order import host_sequence
+from pdsvc.apply.programs import CONF
+from pdsvc.apply.rollout import Rollout
+
+
+def manager_name(bundle: dict[str, str]) -> str:
+    return "supervisord" if CONF in bundle or any(
+        p.endswith("/" + CONF) for p in bundle) else "systemd"
+
+
+def control_socket(conf: str) -> str:
+    """[unix_http_server] file= of a supervisord.conf (the path supervisorctl talks to)."""
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";", "#"), strict=False)
+    parser.read_string(conf)
+    return parser.get("unix_http_server", "file", fallback="")
+
+
+def make_manager(bundle: dict[str, str], on_host: str | None, host: Host, output: Path,
+                 socket: str | None) -> Manager:
+    if manager_name(bundle) == "systemd":
+        return Systemd(host)
+    mine = sub_bundle(bundle, on_host) if on_host else bundle
+    path = socket or control_socket(mine.get(CONF, ""))
+    conf = output / on_host / CONF if on_host else output / CONF
+
+    def api():  # noqa: ANN202  (an XML-RPC namespace)
+        from pdsvc.ship.runtime.listener import supervisor_rpc
+        return supervisor_rpc(f"unix://{path}", 30).supervisor
+
+    return Supervisord(api, str(conf))
+
+
+def apply_command(config: Path, output: Path) -> str:
+    return f"sudo pdsvc apply -c {shlex.quote(str(config))} -o {shlex.quote(str(output))}"
+
+
+def host_commands(r: Rollout, base: str) -> list[tuple[str, list[int], str]]:
+    """(host, its global step numbers, the command it runs) in the order the hosts run."""
+    return [(h, steps, f"{base} --host {shlex.quote(h)}")
+            for h, steps in host_sequence(r)]
+
+
+def format_hosts(sequence: list[tuple[str, list[int], str]]) -> list[str]:
+    if not sequence:
+        return []
+    lines = ["hosts, one after another (each host's command waits until its steps serve; "
+             "run the next only then; pdsvc runs no remote command: ssh, or your tool):"]
+    for n, (host, steps, command) in enumerate(sequence, 1):
+        lines.append(f"  {n}. on {host} (steps {', '.join(map(str, steps))}): {command}")
+    return lines

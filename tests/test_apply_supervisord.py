@@ -1,0 +1,130 @@
+"""`pdsvc apply` on a supervisord bundle: its programs read back as units, the rollout that
+supervisord allows (a program whose definition changes rolls alone only in a group of its
+own: supervisor 4.3.0 re-reads a definition only by re-creating the group), and the
+supervisord manager's calls against a fake XML-RPC interface."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pdsvc.apply.managers import Supervisord
+from pdsvc.apply.order import plan
+from pdsvc.apply.programs import CONF, group_members, program_units
+from pdsvc.cli.kit import load_plan
+from pdsvc.render.supervisord import render_supervisord
+
+REPO = Path(__file__).resolve().parent.parent
+TOPO = REPO / "etc" / "seed-host.topology.json"
+
+TWO_TWO = """\
+name: dsv4
+format: supervisord
+model: {path: /srv/models/x}
+transfer: {backend: mooncake}
+prefill:
+  - {gpus: [0, 1]}
+  - {gpus: [2, 3]}
+decode:
+  - {gpus: [4, 5]%s}
+  - {gpus: [6, 7]%s}
+"""
+
+
+def bundle(tmp_path: Path, d: str = "", name: str = "c.yaml") -> dict[str, str]:
+    cfg = tmp_path / name
+    cfg.write_text(TWO_TWO % (d, d))
+    return {f.path: f.content for f in render_supervisord(load_plan(cfg, None, TOPO), "r")}
+
+
+def own_groups(b: dict[str, str]) -> dict[str, str]:
+    """The same bundle with every program a group of its own (no [group:] section)."""
+    return {**b, CONF: re.sub(r"(?m)^\[group:[^\]]*\]\nprograms=.*\n", "", b[CONF])}
+
+
+def test_programs_read_back_as_units_with_their_argv_env_and_router(tmp_path) -> None:
+    conf = bundle(tmp_path)[CONF]
+    units = program_units(conf)
+    d0 = units["dsv4-pd:dsv4-decode-0"]
+    assert d0.kind == "engine" and d0.role == "decode"
+    assert d0.url == "http://127.0.0.1:30001" and len(d0.pairs) == 2
+    assert d0.option("--router") == "http://127.0.0.1:8000"
+    assert d0.key_file == "/etc/dsv4/router.key"
+    assert d0.env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert "--disaggregation-mode" in d0.engine_argv
+    assert units["dsv4-pd:dsv4-router"].kind == "router"
+    assert group_members(conf, "dsv4-pd:dsv4-decode-0") == (
+        "dsv4-prefill-0", "dsv4-prefill-1", "dsv4-decode-0", "dsv4-decode-1", "dsv4-router")
+
+
+def test_a_shared_group_makes_one_step_and_says_serving_stops(tmp_path) -> None:
+    r = plan(bundle(tmp_path, name="a.yaml"),
+             bundle(tmp_path, ", args: {max-running-requests: 64}", "b.yaml"))
+    [step] = r.steps
+    assert step.action == "update group" and step.serving_stops
+    assert len(step.units) == 5 and "supervisorctl update dsv4-pd" in step.why
+    assert any("group of its own" in n for n in r.notes)
+
+
+def test_programs_in_groups_of_their_own_roll_one_at_a_time(tmp_path) -> None:
+    r = plan(own_groups(bundle(tmp_path, name="a.yaml")),
+             own_groups(bundle(tmp_path, ", args: {max-running-requests: 64}", "b.yaml")))
+    assert [(s.action, s.units) for s in r.steps] == [
+        ("restart", ("dsv4-decode-0",)), ("restart", ("dsv4-decode-1",))]
+    assert not r.outage
+
+
+def test_a_runtime_only_change_rolls_one_program_at_a_time_even_in_a_shared_group(
+        tmp_path) -> None:
+    old = bundle(tmp_path)
+    new = {**old, "runtime/policy.py": old.get("runtime/policy.py", "") + "\n# changed\n"}
+    r = plan(old, new)
+    assert [s.units for s in r.steps][:2] == [("dsv4-pd:dsv4-prefill-0",),
+                                              ("dsv4-pd:dsv4-prefill-1",)]
+    assert r.steps[-1].action == "restart router"
+
+
+class FakeSupervisor:
+    """supervisor's XML-RPC namespace: a log of the calls."""
+
+    def __init__(self, programs: dict[str, str], changed: list[str]) -> None:
+        self.programs = programs  # name -> group
+        self.changed = changed
+        self.log: list[str] = []
+
+    def reloadConfig(self):  # noqa: N802
+        self.log.append("reloadConfig")
+        return [[[], self.changed, []]]
+
+    def getAllProcessInfo(self):  # noqa: N802
+        return [{"name": n, "group": g} for n, g in self.programs.items()]
+
+    def getProcessInfo(self, name):  # noqa: N802
+        return {"statename": "RUNNING", "pid": 1, "start": 1, "now": 2}
+
+    def __getattr__(self, verb):
+        return lambda *a: self.log.append(f"{verb} {a[0]}")
+
+
+def test_supervisord_recreates_a_programs_own_group_and_leaves_the_others() -> None:
+    api = FakeSupervisor({"dsv4-decode-0": "dsv4-decode-0", "dsv4-decode-1": "dsv4-decode-1"},
+                         ["dsv4-decode-0", "dsv4-decode-1"])
+    rc, _ = Supervisord(lambda: api).act("restart", ["dsv4-decode-0"], 10)
+    assert rc == 0
+    assert api.log == ["reloadConfig", "stopProcessGroup dsv4-decode-0",
+                       "removeProcessGroup dsv4-decode-0", "addProcessGroup dsv4-decode-0"]
+
+
+def test_supervisord_refuses_to_recreate_a_shared_group_for_one_program() -> None:
+    api = FakeSupervisor({"dsv4-decode-0": "dsv4-pd", "dsv4-decode-1": "dsv4-pd"}, ["dsv4-pd"])
+    rc, out = Supervisord(lambda: api).act("restart", ["dsv4-pd:dsv4-decode-0"], 10)
+    assert rc == 1 and "would stop dsv4-pd:dsv4-decode-1 too" in out
+    assert api.log == ["reloadConfig"]
+
+
+def test_supervisord_restarts_a_program_whose_definition_did_not_change() -> None:
+    api = FakeSupervisor({"dsv4-decode-0": "dsv4-pd", "dsv4-decode-1": "dsv4-pd"}, [])
+    rc, _ = Supervisord(lambda: api).act("restart", ["dsv4-pd:dsv4-decode-0"], 10)
+    assert rc == 0
+    assert api.log == ["reloadConfig", "stopProcess dsv4-pd:dsv4-decode-0",
+                       "startProcess dsv4-pd:dsv4-decode-0"]
