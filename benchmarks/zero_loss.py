@@ -1,4 +1,4 @@
-"""Zero failed requests (issue 23): what a client sees while one engine of a running 2P2D
+"""Zero failed requests: what a client sees while one engine of a running 2P2D
 deployment restarts, dies or is changed, under a real systemd (nspawn), the stand-in engines
 and both real routers (sglang-router 0.3.2, smg 1.13.0).
 
@@ -10,12 +10,12 @@ empty fails, a stream without its final chunk and [DONE] is cut), then one event
   systemctl restart of one prefill, then of one decode;
   kill -9 of one prefill's engine, then of one decode's;
   systemctl restart of the router;
-  `pdsvc apply` of a pair-compatible change and of a pair-incompatible change (hooks: they
-  run once `pdsvc apply` exists), and a 1P1D apply's outage against the engine's load time.
+  `pdsvc apply` of a pair-compatible change and of a pair-incompatible change, and a 1P1D
+  apply's outage against the engine's load time.
 
 For each: requests sent while it lasted, failed (by kind), p99 latency of the good requests
 before and during, and the seconds until full capacity (every engine active, the hit one a
-new process, the router listing every engine healthy). Goals (issue 23): 0 failed for an
+new process, the router listing every engine healthy). Goals: 0 failed for an
 apply or a restart of one engine; for kill -9 of one engine 0 non-streamed and no more
 streams cut than were in flight on that engine (the bound is printed as ≤N); a router
 restart as few as the routers allow.
