@@ -28,15 +28,10 @@ from pdsvc.config.sections import MetricsConfig
 from pdsvc.encode import printable
 from pdsvc.errors import ConfigError, OutputError, TopologyError
 from pdsvc.plan.build import Plan, build_plan
+from pdsvc.plan.runtime_argv import KEY_CREDENTIAL, router_command
 from pdsvc.render.k8s import pod_argv, render_k8s
 from pdsvc.render.supervisord import check_bundle_dir, render_supervisord
-from pdsvc.render.systemd import (
-    KEY_CREDENTIAL,
-    RUNTIME_DIR,
-    render_systemd,
-    router_command,
-    runtime_modules,
-)
+from pdsvc.render.systemd import RUNTIME_DIR, render_systemd, runtime_modules
 from pdsvc.ship.runtime.cli import parse_args as runtime_parse_args
 from pdsvc.topology import load_topology_file
 

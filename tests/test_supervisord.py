@@ -44,6 +44,7 @@ from runtime_procs import (
 from pdsvc.config.schema import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan, build_plan
+from pdsvc.plan.runtime_argv import router_command
 from pdsvc.render.bundle import write_bundle
 from pdsvc.render.supervisord import (
     STARTSECS,
@@ -52,7 +53,7 @@ from pdsvc.render.supervisord import (
     sv_env,
     sv_word,
 )
-from pdsvc.render.systemd import MARKER, router_command, runtime_modules
+from pdsvc.render.systemd import MARKER, runtime_modules
 from pdsvc.ship.runtime.cli import parse_args
 from pdsvc.ship.runtime.codes import EXIT_HUNG
 from pdsvc.ship.runtime.listener import run_eventlistener

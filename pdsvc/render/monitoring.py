@@ -27,7 +27,8 @@ import json
 import re
 
 from pdsvc.plan.build import Plan
-from pdsvc.render.systemd import File, metrics_dir
+from pdsvc.plan.runtime_argv import metrics_dir
+from pdsvc.render.systemd import File
 
 DIR = "monitoring"
 MONITORING_CUSTOMISE = ("Customise without editing: copy the jobs and rules into your own "

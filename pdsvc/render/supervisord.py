@@ -32,21 +32,23 @@ from typing import Any
 from pdsvc.encode import printable
 from pdsvc.errors import ConfigError, OutputError
 from pdsvc.plan.build import EnginePlan, Plan
-from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
-from pdsvc.render.systemd import (
-    POLL_INTERVAL,
-    RUNTIME_DIR,
-    File,
+from pdsvc.plan.runtime_argv import (
     engine_runtime_flags,
-    header_lines,
-    jinja_environment,
-    key_fetch_command,
     liveness_flags,
     member_flags,
     peer_watch_flags,
     policy_flags,
     router_command,
     router_runtime_flags,
+)
+from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
+from pdsvc.render.systemd import (
+    POLL_INTERVAL,
+    RUNTIME_DIR,
+    File,
+    header_lines,
+    jinja_environment,
+    key_fetch_command,
     runtime_files,
 )
 from pdsvc.topology import format_cpulist

@@ -21,7 +21,17 @@ import jinja2
 
 from pdsvc.encode import continues_line, printable, uncarried
 from pdsvc.errors import ConfigError
-from pdsvc.plan.build import EnginePlan, Plan, RouterPlan
+from pdsvc.plan.build import Plan
+from pdsvc.plan.runtime_argv import (
+    KEY_CREDENTIAL,
+    engine_runtime_flags,
+    liveness_flags,
+    member_flags,
+    peer_watch_flags,
+    policy_flags,
+    router_command,
+    router_runtime_flags,
+)
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -169,110 +179,11 @@ def header_lines(plan: Plan, command: str, customise: str | None = None) -> list
     ]
 
 
-# The runtime's options, composed once for every bundle; each manager adds its own (systemd:
-# the poll interval; supervisord: the watchdog and kill bounds systemd has of its own).
-
-
-def engine_runtime_flags(plan: Plan, e: EnginePlan) -> list[str]:
-    """What the runtime must know of an engine: name, health gate, GPUs, JIT cache."""
-    return ["--name", e.name, "--health-url", e.health_url,
-            "--gpus", ",".join(map(str, e.gpus)),
-            "--jit-cache", plan.paths.jit_cache, "--jit-key", e.name]
-
-
-def router_runtime_flags(plan: Plan, r: RouterPlan) -> list[str]:
-    """What the runtime must know of the router: its readiness, generation and liveness URLs,
-    and the engines of its host, whose giving up ends its wait for a generation."""
-    engines = [x for e in plan.engines for x in ("--engine", e.name)]
-    return ["--name", r.name, "--readiness-url", r.readiness_url,
-            "--generate-url", r.generate_url, "--liveness-url", r.liveness_url, *engines]
-
-
-def liveness_flags(plan: Plan) -> list[str]:
-    lc = plan.lifecycle
-    return ["--liveness-interval", str(lc.liveness_interval_secs),
-            "--liveness-timeout", str(lc.liveness_timeout_secs)]
-
-
-#: The name of the router's control-plane key among a unit's credentials (LoadCredential=).
-KEY_CREDENTIAL = "router-key"
-
-
-def key_spec(plan: Plan, manager: str) -> str:
-    """How the runtime finds the control-plane key: a systemd credential (copied by systemd
-    into the unit's private $CREDENTIALS_DIRECTORY, systemd.exec(5)), or the file itself."""
-    return f"credential:{KEY_CREDENTIAL}" if manager == "systemd" else plan.paths.router_key
-
-
 def key_fetch_command(plan: Plan) -> str:
     """How an engine host of several fetches the router's control-plane key from the router's
     host, where it was made (root reads it there): into ./router.key, to install from."""
     _host, address = plan.key_origin()
     return f"scp {shlex.quote(f'root@{address}:{plan.paths.router_key}')} router.key"
-
-
-def policy_flags(plan: Plan, state_dir: str) -> list[str]:
-    """The restart policy's knobs and where it keeps its state (every unit): a tmpfs directory
-    that outlives a restart, not a reboot (a boot is a first start), and leaves no file behind
-    on disk."""
-    lc = plan.lifecycle
-    textfile = ["--metrics-dir", metrics_dir(state_dir), "--deployment", plan.name] \
-        if plan.metrics.textfile else []
-    return ["--state-dir", state_dir, "--start-timeout", str(lc.start_timeout_secs),
-            "--restart-delay", str(lc.restart_secs),
-            "--restart-max-delay", str(lc.restart_backoff_max_secs),
-            "--restart-reset", str(lc.restart_reset_secs),
-            "--start-attempts", str(lc.start_attempts), *textfile]
-
-
-def metrics_dir(state_dir: str) -> str:
-    """Where the runtimes write their textfiles (node_exporter's --collector.textfile.directory)."""
-    return f"{state_dir}/metrics"
-
-
-def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
-    """The busy-GPU wait, router membership and the pair canary of one engine (the last two
-    for rank 0 only: the process serving HTTP)."""
-    lc = plan.lifecycle
-    flags = ["--gpu-wait", str(lc.gpu_wait_secs)]
-    if not e.router_url:
-        return flags
-    flags += ["--router", e.router_url, "--role", e.role, "--advertise", e.url]
-    if e.role == "prefill":
-        flags += ["--bootstrap-port", str(e.bootstrap_port)]
-    flags += ["--control-plane-key", key_spec(plan, manager)]
-    for prefill, port, decode in e.pairs:
-        flags += ["--pair", prefill, str(port), decode]
-    for url in e.followers:
-        flags += ["--follower", url]
-    for url in e.siblings:  # engines of one role heal one at a time
-        flags += ["--sibling", url]
-    if e.siblings:
-        flags += ["--heal-turn", str(e.heal_turn)]
-    if e.pairs:
-        flags += ["--canary-interval", str(lc.canary_interval_secs),
-                  "--canary-failures", str(lc.canary_failures),
-                  "--canary-timeout", str(lc.canary_timeout_secs),
-                  "--canary-heals", str(lc.canary_heal_attempts)]
-    return flags
-
-
-def router_command(plan: Plan, r: RouterPlan, manager: str) -> tuple[str, ...]:
-    """The router's command under the runtime: its launcher run by `runtime launch`, which adds
-    the control-plane key in-process, with no workers: the engines register themselves."""
-    return (r.argv[0], plan.paths.runtime, "launch", "--control-plane-key",
-            key_spec(plan, manager), *r.argv[2:])
-
-
-def peer_watch_flags(plan: Plan, e: EnginePlan) -> list[str]:
-    """--restart-with for each prefill on another host (NIXL, sglang #33789): the recovery of
-    one after liveness_failures failed probes is a restart."""
-    flags: list[str] = []
-    for url in e.peer_health:
-        flags += ["--restart-with", url]
-    if e.peer_health:
-        flags += ["--peer-down-probes", str(plan.lifecycle.liveness_failures)]
-    return flags
 
 
 #: The target's gate, a POSIX sh script run as root (it only asks systemd). Each unit is asked
