@@ -98,10 +98,19 @@ def test_pair_incompatible_change_restarts_every_pair_it_touches_as_one_step(tmp
 
 def test_a_prefill_restart_takes_its_partof_decodes_along_and_says_serving_stops(
         tmp_path) -> None:
-    """NIXL: each decode is PartOf= every prefill (sglang #33789), so a prefill's restart
-    restarts both decodes: the plan says so instead of promising capacity."""
-    r = rollout(tmp_path, two_two(backend="nixl"),
-                two_two(p=", args: {chunked-prefill-size: 4096}", backend="nixl"))
+    """NIXL with two prefills: no decode is PartOf= a prefill, so each prefill restarts alone
+    and serving never stops; a decode set to restart with every prefill (sglang #33789) is
+    taken along by each, and the plan says serving stops instead of promising capacity."""
+    change = ", args: {chunked-prefill-size: 4096}"
+    (tmp_path / "auto").mkdir()
+    (tmp_path / "coupled").mkdir()
+    alone = rollout(tmp_path / "auto", two_two(backend="nixl"), two_two(p=change, backend="nixl"))
+    assert [(s.units, s.takes) for s in alone.steps] == [
+        (("dsv4-prefill-0.service",), ()), (("dsv4-prefill-1.service",), ())]
+    assert not any(s.serving_stops for s in alone.steps)
+    coupled = ", restart_with_prefill: true"
+    r = rollout(tmp_path / "coupled", two_two(d=coupled, backend="nixl"),
+                two_two(p=change, d=coupled, backend="nixl"))
     assert [(s.units, s.takes) for s in r.steps] == [
         (("dsv4-prefill-0.service",), ("dsv4-decode-0.service", "dsv4-decode-1.service")),
         (("dsv4-prefill-1.service",), ("dsv4-decode-0.service", "dsv4-decode-1.service"))]

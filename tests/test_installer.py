@@ -5,6 +5,7 @@ Under a real systemd: tests/test_e2e_install.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -42,7 +43,8 @@ def test_the_seed_bundles_list_parses_into_what_it_says() -> None:
     assert b.manifest == "/var/lib/pdsvc/dsv4.manifest"
     assert (b.sysusers, b.tmpfiles) == ("sysusers.d/dsv4.conf", "tmpfiles.d/dsv4.conf")
     assert b.members == ["video", "render"]
-    assert len(b.envfiles) == 3 and b.config_sha.startswith("a6bd6f77")
+    assert len(b.envfiles) == 3 and b.config_sha == hashlib.sha256(
+        (REPO / "etc/pdsvc.yaml").read_bytes()).hexdigest()
 
 
 def test_every_directory_and_env_file_is_in_the_tmpfiles_file_too() -> None:
