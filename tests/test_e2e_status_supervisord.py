@@ -75,7 +75,7 @@ def test_a_started_stack_is_serving(stack: SupervisordStack) -> None:
                         ("router", "/readiness 200")):
         name = stack.names[role]
         assert re.search(rf"^{name}\s+active \(running\)\s+\d+[sm]\S*\s+-\s+{probe} \(\d+ ms\)"
-                         rf"\s+pid {stack.supervise_pid(role)}, uptime ", out, re.M), out
+                         rf"\s+pid {stack.runtime_pid(role)}, uptime ", out, re.M), out
     for role, engine in zip(("prefill", "decode"), stack.plan.engines, strict=True):
         assert re.search(rf"^\s+{role}\s+{re.escape(engine.url)}\s+healthy$", out, re.M), out
 
