@@ -55,6 +55,7 @@ the config; values are compared after supervisord's expansion (tests/support/svc
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Callable
@@ -132,9 +133,10 @@ class Supervisord:
         self.here = str(out)
         self.conf = SupervisordConf(path.read_text(), self.here)
         groups = [s for s in self.conf.sections() if s.startswith("group:")]
-        if len(groups) != 1:
-            raise CaseError(f"expected one [group:NAME-pd], got {groups}")
-        name = groups[0].removeprefix("group:").removesuffix("-pd")
+        if groups:  # each program is a group of its own, so that one can be re-read alone
+            raise CaseError(f"expected no [group:] section, got {groups}")
+        pidfile = self.conf.get("supervisord", "pidfile") or ""
+        name = posixpath.basename(pidfile).removesuffix("-supervisord.pid")
         self.sections = {s.split(":", 1)[1].removeprefix(f"{name}-"): s
                          for s in self.conf.sections()
                          if s.startswith(("program:", "eventlistener:"))}

@@ -23,7 +23,7 @@ from test_e2e_supervisord import NAME, SupervisordStack, wait_for
 pytestmark = pytest.mark.e2e
 
 STATUS_TIMEOUT = 60  # one status call: python start + 4 RPCs + 4 probes, on a busy box
-GROUP = f"{NAME}-pd"
+SUPERVISORD = f"{NAME}-supervisord"  # the row in place of the target
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +68,14 @@ def test_a_started_stack_is_serving(stack: SupervisordStack) -> None:
     assert result.stderr == ""
     assert out.startswith(f"{NAME} PD stack (supervisord)\n"), out
     assert verdict(out) == "serving"
-    # no target under supervisord: the group, and the supervisord that runs it
-    assert re.search(rf"^{GROUP}\s+active \(running\)\s+-\s+-\s+-\s+supervisord pid "
+    # no target under supervisord: the supervisord that runs the bundle
+    assert re.search(rf"^{SUPERVISORD}\s+active \(running\)\s+-\s+-\s+-\s+supervisord pid "
                      rf"{stack.proc.pid}: 3 of 3 programs running$", out, re.M), out
     for role, probe in (("prefill", "/health 200"), ("decode", "/health 200"),
                         ("router", "/readiness 200")):
         name = stack.names[role]
         assert re.search(rf"^{name}\s+active \(running\)\s+\d+[sm]\S*\s+-\s+{probe} \(\d+ ms\)"
-                         rf"\s+pid {stack.supervise_pid(role)}, uptime ", out, re.M), out
+                         rf"\s+pid {stack.runtime_pid(role)}, uptime ", out, re.M), out
     for role, engine in zip(("prefill", "decode"), stack.plan.engines, strict=True):
         assert re.search(rf"^\s+{role}\s+{re.escape(engine.url)}\s+healthy$", out, re.M), out
 
@@ -86,7 +86,7 @@ def test_auto_takes_supervisord_from_the_config_format(stack: SupervisordStack) 
     doc = json.loads(result.stdout)
     assert (doc["backend"], doc["serving"], doc["problems"]) == ("supervisord", True, [])
     assert [(u["unit"], u["state"], u["sub"]) for u in doc["units"]] == [
-        (GROUP, "active", "running"),
+        (SUPERVISORD, "active", "running"),
         *((stack.names[r], "active", "running") for r in ("prefill", "decode", "router"))]
     assert all(u["restarts"] is None and u["error"] is None for u in doc["units"])
     assert all(u["since_secs"] >= 0 for u in doc["units"][1:])
@@ -113,5 +113,5 @@ def test_a_stopped_supervisord_is_rows_with_the_error(stack: SupervisordStack) -
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert "Traceback" not in out + result.stderr
-    assert re.search(rf"^{GROUP}\s+unknown\s.*supervisord: ", out, re.M), out
+    assert re.search(rf"^{SUPERVISORD}\s+unknown\s.*supervisord: ", out, re.M), out
     assert verdict(out).startswith("not serving: unit states unknown (supervisord: "), out

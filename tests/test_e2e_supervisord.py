@@ -16,6 +16,7 @@ import grp
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -50,12 +51,13 @@ MARKER = "PDSVC_SV_E2E"  # env var carried by every process of one stack (value:
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def dist_init_bases(taken: list[int]) -> tuple[int, int]:
-    """Two dist-init bases 100 apart whose 100-port spans hold none of `taken` (the stand-in
-    binds none of them; the config check only wants them clear of the other ports)."""
-    for base in range(20000, 60000, 200):
-        if not any(base <= p < base + 200 for p in taken):
-            return base, base + 100
+def dist_init_bases(taken: list[int], count: int = 2) -> tuple[int, ...]:
+    """`count` dist-init bases 100 apart whose 100-port spans hold none of `taken` (the
+    stand-in binds none of them; the config check only wants them clear of the other ports)."""
+    span = 100 * count
+    for base in range(20000, 60000, span):
+        if not any(base <= p < base + span for p in taken):
+            return tuple(base + 100 * i for i in range(count))
     raise AssertionError("no free dist-init span")
 
 
@@ -74,14 +76,29 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
 class SupervisordStack:
     """One rendered bundle under a real supervisord, and what a user does with it."""
 
-    def __init__(self, work: Path, venv: Path, logs: str = "files", **overrides: Any) -> None:
+    def __init__(self, work: Path, venv: Path, logs: str = "files", engines: int = 1,
+                 **overrides: Any) -> None:
+        """`engines` of each role: 1 (the scalar form: names by role) or more (the list
+        form, one GPU each: names prefill-0, decode-1, …)."""
         self.work = work
         self.venv = venv
         self.id = uuid.uuid4().hex[:12]
         self.run_dir = Path(tempfile.mkdtemp(prefix="pdsvc-sv-"))  # short: a socket path
-        prefill, decode, bootstrap, router, prom = free_ports(5)
+        prefill, decode, bootstrap, router, prom, *more = free_ports(5 + 3 * (engines - 1))
         self.router_port = router
-        di_p, di_d = dist_init_bases([prefill, decode, bootstrap, router, prom])
+        ports = [prefill, decode, bootstrap, router, prom, *more]
+        di_p, di_d, *di_more = dist_init_bases(ports, 2 * engines)
+        if engines > 1:
+            p_ports, d_ports, b_ports = [prefill, *more[0::3]], [decode, *more[1::3]], \
+                [bootstrap, *more[2::3]]
+            overrides = {
+                "prefill": [{"gpus": [i], "port": p_ports[i], "bootstrap_port": b_ports[i],
+                             "dist_init_port": ([di_p, *di_more[0::2]])[i]}
+                            for i in range(engines)],
+                "decode": [{"gpus": [engines + i], "port": d_ports[i],
+                            "dist_init_port": ([di_d, *di_more[1::2]])[i]}
+                           for i in range(engines)],
+                **overrides}
         numactl = shutil.which("numactl")
         model = work / "model"
         model.mkdir(parents=True, exist_ok=True)
@@ -93,9 +110,9 @@ class SupervisordStack:
             "runtime.pinning": "numa" if numactl else "off",
             f"runtime.env.{MARKER}": self.id,
             "runtime.env.FAKE_SGLANG_SPAWN_ORPHAN": 1,
-            "prefill.port": prefill, "prefill.bootstrap_port": bootstrap,
-            "prefill.dist_init_port": di_p,
-            "decode.port": decode, "decode.dist_init_port": di_d,
+            **({"prefill.port": prefill, "prefill.bootstrap_port": bootstrap,
+                "prefill.dist_init_port": di_p,
+                "decode.port": decode, "decode.dist_init_port": di_d} if engines == 1 else {}),
             "router.host": "127.0.0.1", "router.port": router, "router.prometheus_port": prom,
             f"router.env.{MARKER}": self.id,
             "supervisord": {"numactl": numactl, "logs": logs,
@@ -105,7 +122,7 @@ class SupervisordStack:
         })
         (work / "logs").mkdir(exist_ok=True)
         (work / "config.yaml").write_text(yaml.safe_dump(cfg))
-        (work / "topology.json").write_text(json.dumps(host_topology()))
+        (work / "topology.json").write_text(json.dumps(host_topology(max(2, 2 * engines))))
         config = parse_config(read_config_text(work / "config.yaml"), str(work / "config.yaml"))
         self.plan: Plan = build_plan(
             config, load_topology_file(work / "topology.json"),
@@ -119,7 +136,8 @@ class SupervisordStack:
         assert len((work / "router.key").read_text()) == 64
         self.conf = self.bundle / "supervisord.conf"
         by_unit = program_names(self.plan)
-        self.names = {e.role: by_unit[e.unit] for e in self.plan.engines}
+        # by role (prefill) in the scalar form, by engine (prefill-0) in the list form
+        self.names = {e.name.removeprefix(f"{NAME}-"): by_unit[e.unit] for e in self.plan.engines}
         self.names["router"] = by_unit[self.plan.router.unit]
         self.proc: subprocess.Popen | None = None
         self.rpc = supervisor_rpc(
@@ -210,7 +228,7 @@ class SupervisordStack:
             return ""
 
     def log(self, role: str) -> str:
-        name = self.names[role].split(":")[-1]
+        name = self.names[role]
         path = self.work / "logs" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
@@ -370,6 +388,18 @@ def test_stop_leaves_no_process_not_even_an_escaped_child(stack: SupervisordStac
     for role in ("prefill", "decode"):
         assert "treating it as a clean stop" in stack.log(role)
         assert "killed 1 process(es) the engine left behind" in stack.log(role)
+
+
+def test_start_all_brings_the_whole_deployment_back(stack: SupervisordStack) -> None:
+    """The header's one command for all of it: each program is a group of its own, and this
+    supervisord runs this deployment only, so `start all` is the deployment (after the `stop
+    all` above); `supervisorctl status` lists each program by its own name."""
+    result = stack.ctl("start", "all", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    stack.wait_serving(180, "serving again after `supervisorctl start all`")
+    status = stack.ctl("status").stdout
+    for name in (*stack.names.values(), f"{NAME}-restarts"):
+        assert re.search(rf"^{re.escape(name)}\s+RUNNING", status, re.M), status
 
 
 def test_broken_engine_stops_retrying_and_shows_its_own_error(serve_python: Path,

@@ -238,8 +238,10 @@ def test_supervisord_bundles_one_per_host(runner, tmp_path: Path) -> None:
         "gpu-a", "gpu-b", "hosts.list", "lb"]
     assert f"on each host: supervisord -c {out}/HOST/supervisord.conf" in result.output
     lb, b = ((out / h / "supervisord.conf").read_text() for h in ("lb", "gpu-b"))
-    assert "programs=dsv4-router\n" in lb and "[program:dsv4-prefill]" not in lb
-    assert "programs=dsv4-decode\n" in b and "[program:dsv4-router]" not in b
+    # each program a group of its own: no [group:] section on any host
+    assert "[program:dsv4-router]" in lb and "[program:dsv4-prefill]" not in lb
+    assert "[program:dsv4-decode]" in b and "[program:dsv4-router]" not in b
+    assert "[group:" not in lb + b
     assert "Host gpu-b of several: its engines only" in b
     # NIXL coupling across hosts: the decode's runtime watches gpu-a's prefill
     assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3" in b

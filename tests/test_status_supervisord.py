@@ -16,6 +16,7 @@ import yaml
 from status_stands import (
     NOT_READY,
     PROGRAMS,
+    SUPERVISORD,
     Deployment,
     FakeSupervisord,
     row,
@@ -35,9 +36,9 @@ def test_supervisord_all_running_serves_and_shows_the_group(dep: Deployment,
     out = result.output
     assert result.exit_code == 0, out
     assert out.startswith("dsv4 PD stack (supervisord)\n")
-    # no target under supervisord: the first row is the group and the supervisord running it
-    assert re.search(r"^dsv4-pd\s+active \(running\)\s+-\s+-\s+-\s+"
-                     r"supervisord pid 4000: 3 of 3 programs running$", row(out, "dsv4-pd ")), out
+    # no target under supervisord: the first row is the supervisord running the bundle
+    assert re.search(r"^dsv4-supervisord\s+active \(running\)\s+-\s+-\s+-\s+"
+                     r"supervisord pid 4000: 3 of 3 programs running$", row(out, SUPERVISORD)), out
     for role, probe in (("prefill", "/health 200"), ("decode", "/health 200"),
                         ("router", "/readiness 200")):
         # supervisord counts no restarts: `-`
@@ -57,9 +58,9 @@ def test_supervisord_fatal_decode_is_not_serving_and_named(dep: Deployment,
     assert result.exit_code == 1, result.output
     assert re.search(r"failed \(fatal\)\s+42s\s+-\s+/health connection refused\s+"
                      r"Exited too quickly", row(result.output, PROGRAMS["decode"])), result.output
-    assert "2 of 3 programs running" in row(result.output, "dsv4-pd ")
+    assert "2 of 3 programs running" in row(result.output, SUPERVISORD)
     assert verdict(result.output).startswith(
-        "not serving: dsv4-pd:dsv4-decode is failed (fatal); router not ready: /readiness 503")
+        "not serving: dsv4-decode is failed (fatal); router not ready: /readiness 503")
 
 
 def test_supervisord_starting_prefill_is_activating(dep: Deployment,
@@ -70,7 +71,7 @@ def test_supervisord_starting_prefill_is_activating(dep: Deployment,
     assert result.exit_code == 1, result.output
     assert re.search(r"activating \(starting\)\s+5s\s+-\s+/health 503",
                      row(result.output, PROGRAMS["prefill"])), result.output
-    assert verdict(result.output) == "not serving: dsv4-pd:dsv4-prefill is activating (starting)"
+    assert verdict(result.output) == "not serving: dsv4-prefill is activating (starting)"
 
 
 def test_supervisord_json_has_the_same_facts(dep: Deployment, sv: FakeSupervisord) -> None:
@@ -80,13 +81,13 @@ def test_supervisord_json_has_the_same_facts(dep: Deployment, sv: FakeSupervisor
     doc = json.loads(result.output)
     assert doc["backend"] == "supervisord"
     assert [(u["role"], u["unit"], u["state"], u["sub"]) for u in doc["units"]] == [
-        ("target", "dsv4-pd", "active", "running"),
+        ("target", SUPERVISORD, "active", "running"),
         ("prefill", PROGRAMS["prefill"], "active", "running"),
         ("decode", PROGRAMS["decode"], "active", "running"),
         ("router", PROGRAMS["router"], "failed", "backoff")]
     assert all(u["restarts"] is None for u in doc["units"])
     assert doc["units"][1]["since_secs"] == 192.0
-    assert doc["problems"] == ["dsv4-pd:dsv4-router is failed (backoff)"]
+    assert doc["problems"] == ["dsv4-router is failed (backoff)"]
 
 
 def test_supervisord_absent_socket_is_rows_with_the_error_not_a_traceback(
@@ -96,7 +97,7 @@ def test_supervisord_absent_socket_is_rows_with_the_error_not_a_traceback(
     assert result.exit_code == 1, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     why = f"supervisord: {missing}: no such socket — is supervisord running?"
-    for unit in ("dsv4-pd ", *PROGRAMS.values()):
+    for unit in (SUPERVISORD, *PROGRAMS.values()):
         assert "unknown" in row(result.output, unit) and why in row(result.output, unit)
     assert verdict(result.output).startswith(f"not serving: unit states unknown ({why}")
 
@@ -120,7 +121,7 @@ def test_supervisord_hung_socket_is_bounded_by_the_timeout(short_dir: Path) -> N
         s.listen()  # accepts connections, never answers
         backend = SupervisordBackend(str(hung), {}, timeout=0.3)
         t0 = time.monotonic()
-        state = backend.state("dsv4-pd:dsv4-decode")
+        state = backend.state("dsv4-decode")
         assert time.monotonic() - t0 < 2
     assert state.error == f"supervisord: {hung}: no answer within 0.3s"
 
@@ -131,7 +132,7 @@ def test_supervisord_unknown_program_is_not_installed(dep: Deployment,
     result = sv_invoke(dep, sv)
     assert result.exit_code == 1
     assert "not installed" in row(result.output, PROGRAMS["router"])
-    assert verdict(result.output) == "not serving: dsv4-pd:dsv4-router is not installed"
+    assert verdict(result.output) == "not serving: dsv4-router is not installed"
 
 
 def test_auto_backend_follows_the_config_format_and_its_run_dir(dep: Deployment,

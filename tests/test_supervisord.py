@@ -83,6 +83,14 @@ PARSE = textwrap.dedent('''
 ''')
 
 
+def programs_of(out: dict) -> dict[str, dict]:
+    """The programs supervisord would run, each of which must be alone in a group named as it
+    (so that `supervisorctl update NAME` re-reads one program: docs/apply.md)."""
+    groups = out["groups"]
+    assert all(list(g["programs"]) == [name] for name, g in groups.items()), groups
+    return {name: g["programs"][name] for name, g in groups.items()}
+
+
 def plan_of(text: str, topology=SEED) -> Plan:
     config = parse_config(text, "test.yaml")
     return build_plan(config, topology, config_source="test.yaml", config_text=text)
@@ -165,7 +173,7 @@ def test_every_word_and_value_survives_supervisords_own_reader(serve_python: Pat
     text = with_(**{"model.path": "/srv/my models/100% DeepSeek", "prefill.args":
                     {"extra-words": nasty}, "runtime.env": env})
     plan, out = parsed(serve_python, tmp_path, text)
-    programs = out["groups"]["dsv4-pd"]["programs"]
+    programs = programs_of(out)
     for e in plan.engines:
         prog = programs[e.name]
         assert after_dashes(prog["argv"]) == list(e.argv)
@@ -194,10 +202,10 @@ def test_conf_d_overrides_options_without_editing(serve_python: Path, tmp_path: 
     (tmp_path / "bundle" / "conf.d" / "local.conf").write_text(
         "[program:dsv4-decode]\nstartsecs=99\nenvironment=ONLY=\"this\"\n")
     _, out = parsed(serve_python, tmp_path, DEFAULT_CONFIG)
-    decode = out["groups"]["dsv4-pd"]["programs"]["dsv4-decode"]
+    decode = programs_of(out)["dsv4-decode"]
     assert decode["startsecs"] == 99 and decode["environment"] == {"ONLY": "this"}
     assert decode["argv"][0] == "/usr/bin/numactl"  # the rest as rendered
-    assert out["groups"]["dsv4-pd"]["programs"]["dsv4-prefill"]["startsecs"] == STARTSECS
+    assert programs_of(out)["dsv4-prefill"]["startsecs"] == STARTSECS
 
 
 def test_pinning_without_numactl_is_a_config_error_naming_the_key_and_the_fix() -> None:
@@ -246,9 +254,10 @@ def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> No
     assert copy.split("\n", 2)[2] == (RUNTIME / name).read_text()  # verbatim
     write_bundle(files, tmp_path)
     assert {status for _, status in write_bundle(files, tmp_path)} == {"unchanged"}
-    assert program_names(plan) == {"dsv4-prefill.service": "dsv4-pd:dsv4-prefill",
-                                   "dsv4-decode.service": "dsv4-pd:dsv4-decode",
-                                   "dsv4-router.service": "dsv4-pd:dsv4-router"}
+    # each program alone in a group of its own, named as it (supervisor's split_namespec)
+    assert program_names(plan) == {"dsv4-prefill.service": "dsv4-prefill",
+                                   "dsv4-decode.service": "dsv4-decode",
+                                   "dsv4-router.service": "dsv4-router"}
 
 
 # --------------------------------------------------------------------------- the runtime
@@ -514,6 +523,21 @@ def test_listener_restarts_an_older_decode_when_prefill_restarts():
     assert rpc.calls == [("stop", "g:decode", True), ("start", "g:decode", False)]
     assert out == b"READY\nRESULT 2\nOKREADY\n"  # the protocol: READY, RESULT, READY again
     assert "g:prefill (re)started (from EXITED): restarting g:decode" in err
+
+
+def test_listener_names_a_program_alone_in_its_group_by_itself():
+    """The bundle's programs are groups of their own: supervisord's event says
+    groupname:prefill processname:prefill, and `prefill` is its supervisorctl name."""
+    rpc = FakeSupervisor({"prefill": {"start": 1000, "statename": "STARTING", "pid": 2},
+                          "decode": {"start": 900, "statename": "RUNNING", "pid": 3}})
+    args, _ = parse_args(["eventlistener", "--name", "t", "--restart-with", "decode=prefill"])
+    old, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        event = _event("prefill", "prefill", "EXITED")
+        assert run_eventlistener(args, io.BytesIO(event), io.BytesIO(), rpc) == 0
+    finally:
+        sys.stderr = old
+    assert rpc.calls == [("stop", "decode", True), ("start", "decode", False)]
 
 
 @pytest.mark.parametrize(("decode", "event"), [

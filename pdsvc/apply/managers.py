@@ -10,6 +10,7 @@ restarts only that program when it is a group of its own; a program whose defini
 not change (the shipped runtime's code only) is stopped and started (`supervisorctl restart
 G:P`: it respawns from the definition its group holds). Re-creating a group that holds
 programs the step does not name is refused here: order.py makes such a group one step.
+pdsvc renders each program into a group of its own (render/supervisord.py program_names).
 """
 
 from __future__ import annotations
@@ -92,7 +93,15 @@ class Supervisord:
         api = self.api()
         said: list[str] = []
         try:
-            [[added, changed, _removed]] = api.reloadConfig()
+            [[added, changed, removed]] = api.reloadConfig()
+            if any((u.rpartition(":")[0] or u) in added for u in units):
+                # a program that moved out of a group no longer in the config (order.py
+                # _regroup): that group goes first, as supervisorctl.py do_update does, so
+                # that no two copies of an engine run at once
+                for group in removed:
+                    api.stopProcessGroup(group)
+                    api.removeProcessGroup(group)
+                    said.append(f"group {group} stopped and removed")
             programs = api.getAllProcessInfo()
             for group in dict.fromkeys(u.rpartition(":")[0] or u for u in units):
                 mine = [u for u in units if (u.rpartition(":")[0] or u) == group]

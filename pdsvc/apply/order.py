@@ -27,13 +27,44 @@ from pdsvc.apply.rollout import Rollout, Step, plan_rollout
 
 def plan(old: dict[str, str], new: dict[str, str]) -> Rollout:
     r = plan_rollout(old, new)
-    r = _whole_groups(r, old, new)
+    r = _regroup(r, old, new) or _whole_groups(r, old, new)
     return by_host(r) if hosts_of(new) else r
 
 
 def _conf_of(bundle: dict[str, str], name: str) -> str:
     host = name.rpartition("/")[0]
     return (sub_bundle(bundle, host) if host else bundle).get(CONF, "")
+
+
+def _regroup(r: Rollout, old: dict[str, str], new: dict[str, str]) -> Rollout | None:
+    """A running bundle whose programs share a group (pdsvc's render before each program got
+    a group of its own) and a new one where they stand alone: the names change (G:P -> P),
+    so nothing can roll. One step per host does what `supervisorctl update` does
+    (supervisorctl.py do_update): the removed group stops and goes, every program starts
+    anew alone, the restart listener too (its --restart-with names change). Serving stops
+    once; every later apply rolls one program at a time."""
+    if CONF not in new and not any(CONF in sub_bundle(new, h) for h in hosts_of(new)):
+        return None
+    old_units, new_units = bundle_units(old), bundle_units(new)
+    grouped = {n.rpartition("/")[0] + "/" + n.rpartition(":")[2] for n in old_units if ":" in n}
+    moved = [n for n in new_units if n not in old_units and ":" not in n
+             and n.rpartition("/")[0] + "/" + n.rpartition("/")[2] in grouped]
+    if not moved:
+        return None
+    order = {"other": 0, "prefill": 1, "decode": 2, "router": 3}
+    steps = []
+    for host in dict.fromkeys(n.rpartition("/")[0] for n in moved):
+        names = sorted((n for n in new_units if n.rpartition("/")[0] == host),
+                       key=lambda n: (order.get(new_units[n].role, 0), n))
+        on = f" on {host}" if host else ""
+        steps.append(Step(
+            "regroup", tuple(names), (), tuple(dict.fromkeys(
+                p for s in r.steps for p in s.pairs_down)), 0, True,
+            f"the running bundle{on} puts its programs in one supervisord group and this render "
+            "gives each a group of its own: supervisord stops that group and starts each "
+            "program alone, once (supervisorctl update); later changes roll one at a time"))
+    return replace(r, steps=tuple(steps), notes=(*r.notes, "supervisord: once regrouped, "
+                   "a changed program is re-read alone (docs/supervisord.md)"))
 
 
 def _whole_groups(r: Rollout, old: dict[str, str], new: dict[str, str]) -> Rollout:

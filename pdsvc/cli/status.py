@@ -80,8 +80,9 @@ def status(config_path: Path, sysfs_root: Path | None, topology_file: Path | Non
 
     With --json the same facts as one JSON document (one line per frame with --watch).
 
-    Under supervisord the first row is the bundle's group and the supervisord that runs it
-    (there is no target), and RESTARTS is `-`: supervisord does not count restarts.
+    Under supervisord the first row is the supervisord that runs the bundle, NAME-supervisord,
+    with how many of its programs run (there is no target), and RESTARTS is `-`: supervisord
+    does not count restarts.
     """
     whole, plan, misfit = load_host_plan_anyway(config_path, sysfs_root, topology_file,
                                                 host_name)

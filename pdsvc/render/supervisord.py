@@ -234,7 +234,6 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
     represent, a control socket path too long for a unix socket.
     """
     s = plan.supervisord
-    group = group_name(plan)
     run_dir = s.run_dir.rstrip("/")
     socket = s.control_socket
     if len(socket.encode()) > MAX_SOCKET_PATH:
@@ -254,7 +253,8 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
         name = f"{plan.name}-restarts"
         flags = ["eventlistener", "--name", name]
         for dependent, trigger in couples:
-            flags += ["--restart-with", f"{group}:{dependent}={group}:{trigger}"]
+            # a program alone in its group is named by itself (runtime/listener.py namespec)
+            flags += ["--restart-with", f"{dependent}={trigger}"]
         listener = {
             "name": name,
             "couples": couples,
@@ -273,7 +273,6 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
             customise="Customise without editing: put overrides in conf.d/*.conf beside this "
             f"file (read last; e.g. [program:{plan.name}-decode] with the options to change).",
         ),
-        "group": group,
         "socket": sv_value(socket, "supervisord.run_dir"),
         "pidfile": sv_value(f"{run_dir}/{plan.name}-supervisord.pid", "supervisord.run_dir"),
         "files_logs": files_logs,
@@ -281,6 +280,8 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
         "user": sv_value(plan.user, "runtime.user") if s.drop_privileges else None,
         "engines": engines,
         "router": router,
+        # the program the header's supervisorctl lines name: a decode where there is one
+        "example": next((e["name"] for e in reversed(engines)), router and router["name"]),
         "listener": listener,
         "strict": strict,
         "startsecs": STARTSECS,
@@ -348,16 +349,22 @@ def _union_cpus(engines: list[EnginePlan]) -> str:
     return format_cpulist(sorted({c for e in engines for c in e.pinning.cpus}))
 
 
-def group_name(plan: Plan) -> str:
-    """The supervisord group of the plan's programs (`supervisorctl restart GROUP:*`)."""
-    return f"{plan.name}-pd"
+def supervisord_name(plan: Plan) -> str:
+    """The name `pdsvc status` gives the supervisord that runs the bundle (the row in place of
+    the systemd target), as its socket and pid file are named."""
+    return f"{plan.name}-supervisord"
 
 
 def program_names(plan: Plan) -> Mapping[str, str]:
-    """{systemd unit: supervisorctl name (group:program)} of the bundle's programs — keyed by
-    unit, so N prefill + M decode engines each keep their own."""
-    group = group_name(plan)
-    names = {e.unit: f"{group}:{e.name}" for e in plan.engines}
+    """{systemd unit: supervisorctl name} of the bundle's programs — keyed by unit, so N
+    prefill + M decode engines each keep their own. Each program is a group of its own (no
+    [group:] section): supervisord names such a group, and the process in it, after the
+    program (supervisor 4.3.0 options.py process_groups_from_parser, "homogeneous" groups),
+    and supervisorctl's bare `NAME` means group NAME, process NAME (options.py split_namespec).
+    Why alone: supervisord reads a changed definition only by re-creating the whole group
+    (supervisorctl.py do_update; options.py ProcessGroupConfig.__eq__), so a shared group
+    would restart every engine for one engine's change (docs/apply.md)."""
+    names = {e.unit: e.name for e in plan.engines}
     if plan.router:
-        names[plan.router.unit] = f"{group}:{plan.router.name}"
+        names[plan.router.unit] = plan.router.name
     return names

@@ -158,10 +158,11 @@ class SupervisordBackend:
     unix socket, as supervisorctl does): ``supervisor.getProcessInfo(group:program)`` per
     program, one connection per call (a ServerProxy keeps its connection: not for threads).
 
-    The units of the plan map to programs of the bundle (``units``: {unit: group:program});
-    the plan's target has no counterpart in supervisord, so its row is the bundle's group and
-    the supervisord that runs it (``target``, ``group``). Never raises for a supervisord that
-    cannot be reached: the ServiceState carries the error instead.
+    The units of the plan map to programs of the bundle (``units``: {unit: supervisorctl
+    name}; each program is a group of its own, named as the program). The plan's target has no
+    counterpart in supervisord, so its row is the supervisord that runs the bundle and how many
+    of the plan's programs run (``target``; the row is named ``row``, NAME-supervisord). Never
+    raises for a supervisord that cannot be reached: the ServiceState carries the error.
     """
 
     name = "supervisord"
@@ -172,13 +173,13 @@ class SupervisordBackend:
         units: Mapping[str, str],
         *,
         target: str = "",
-        group: str = "",
+        row: str = "supervisord",
         timeout: float = RPC_TIMEOUT,
     ) -> None:
         self.socket_path = socket_path
         self.units = dict(units)
         self.target = target
-        self.group = group
+        self.row = row
         self.timeout = timeout
 
     @classmethod
@@ -187,10 +188,10 @@ class SupervisordBackend:
         """The bundle's socket ({supervisord.run_dir}/{name}-supervisord.sock) unless
         ``socket_path`` is given, and the bundle's program names."""
         # the renderer imports jinja2: only when this backend is used
-        from pdsvc.render.supervisord import group_name, program_names
+        from pdsvc.render.supervisord import program_names, supervisord_name
 
         return cls(socket_path or plan.supervisord.control_socket, program_names(plan),
-                   target=plan.target, group=group_name(plan), timeout=timeout)
+                   target=plan.target, row=supervisord_name(plan), timeout=timeout)
 
     def _api(self) -> Any:
         from pdsvc.ship.runtime.listener import supervisor_rpc  # its AF_UNIX transport; stdlib only
@@ -199,7 +200,7 @@ class SupervisordBackend:
 
     def state(self, unit: str) -> ServiceState:
         if self.target and unit == self.target:
-            return self.group_state()
+            return self.supervisord_state()
         name = self.units.get(unit, unit)
         try:
             info = self._api().getProcessInfo(name)
@@ -215,32 +216,37 @@ class SupervisordBackend:
                                 error=f"supervisord: unexpected answer {info!r:.60}")
         return state_from_process_info(name, info)
 
-    def group_state(self) -> ServiceState:
+    def supervisord_state(self) -> ServiceState:
         """The row in place of the target: supervisord itself (RUNNING -> active) and how many
-        of the group's programs run; not installed when supervisord has no such group."""
-        group = self.group
+        of the plan's programs run; not installed when supervisord runs none of them."""
+        row = self.row
         try:
             api = self._api()
             daemon = api.getState()
             pid = api.getPID()
             infos = api.getAllProcessInfo()
         except xmlrpc.client.Fault as e:
-            return ServiceState(group, "unknown", error=f"supervisord: {e.faultString}")
+            return ServiceState(row, "unknown", error=f"supervisord: {e.faultString}")
         except Exception as e:
-            return ServiceState(group, "unknown", error=self._why(e))
+            return ServiceState(row, "unknown", error=self._why(e))
+        ours = set(self.units.values())
         try:
             statename = str(daemon["statename"])
-            mine = [i for i in infos if i.get("group") == group]
+            # supervisorctl's name of each: GROUP:NAME, or NAME alone in its own group
+            # (runtime/listener.py namespec; supervisor options.py split_namespec)
+            mine = [i for i in infos if (i["name"] if i["group"] == i["name"]
+                                         else f"{i['group']}:{i['name']}") in ours]
         except (TypeError, KeyError, AttributeError) as e:
-            return ServiceState(group, "unknown", error=f"supervisord: unexpected answer ({e})")
+            return ServiceState(row, "unknown", error=f"supervisord: unexpected answer ({e})")
         state = SUPERVISORD_STATES.get(statename, "unknown")
         if not mine:
-            return ServiceState(group, state, sub=statename.lower(), loaded=False,
-                                status_text=f"supervisord pid {pid} runs no group {group}")
+            return ServiceState(row, state, sub=statename.lower(), loaded=False,
+                                status_text=f"supervisord pid {pid} runs none of this "
+                                "deployment's programs")
         running = sum(i.get("statename") == "RUNNING" for i in mine)
         return ServiceState(
-            group, state, sub=statename.lower(),
-            status_text=f"supervisord pid {pid}: {running} of {len(mine)} programs running",
+            row, state, sub=statename.lower(),
+            status_text=f"supervisord pid {pid}: {running} of {len(ours)} programs running",
         )
 
     def _why(self, e: BaseException) -> str:

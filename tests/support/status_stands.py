@@ -192,9 +192,10 @@ def row(output: str, unit: str) -> str:
 # --------------------------------------------------------------------------- supervisord
 
 
-GROUP = "dsv4-pd"
-PROGRAMS = {"prefill": f"{GROUP}:dsv4-prefill", "decode": f"{GROUP}:dsv4-decode",
-            "router": f"{GROUP}:dsv4-router"}
+#: The row in place of the target: the supervisord that runs the bundle.
+SUPERVISORD = "dsv4-supervisord"
+#: Each program is a group of its own, named as it (supervisorctl's name is the program's).
+PROGRAMS = {"prefill": "dsv4-prefill", "decode": "dsv4-decode", "router": "dsv4-router"}
 
 
 class _UnixHandler(SimpleXMLRPCRequestHandler):
@@ -209,7 +210,7 @@ class _UnixXMLRPCServer(ThreadingMixIn, SimpleXMLRPCServer):
 
 class FakeSupervisord:
     """supervisord's XML-RPC interface (the part status asks) on a unix socket: `procs[name]`
-    is what getProcessInfo('group:name') answers; an unknown name is supervisord's BAD_NAME."""
+    is what getProcessInfo(name) answers; an unknown name is supervisord's BAD_NAME."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -226,7 +227,7 @@ class FakeSupervisord:
 
     def set(self, role: str, statename: str, *, age: int = 192, description: str | None = None,
             exitstatus: int = 0, started: bool = True) -> None:
-        group, name = PROGRAMS[role].split(":")
+        group = name = PROGRAMS[role]
         start = self.now - age if started else 0
         running = statename in ("RUNNING", "STARTING", "STOPPING")
         if description is None:

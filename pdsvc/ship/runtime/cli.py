@@ -477,8 +477,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         action="append",
         required=True,
         metavar="DEPENDENT=TRIGGER",
-        help="supervisorctl names (group:program), e.g. dsv4-pd:dsv4-decode=dsv4-pd:dsv4-prefill"
-        " (NIXL: a restarted prefill does not serve with the old decode, sglang #33789)",
+        help="supervisorctl names (program alone in its group, or group:program), e.g. "
+        "dsv4-decode=dsv4-prefill (NIXL: a restarted prefill does not serve with the old "
+        "decode, sglang #33789)",
     )
     listener.add_argument(
         "--server-url",
