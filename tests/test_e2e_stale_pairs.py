@@ -81,6 +81,20 @@ class Listing:
         return [t for t, urls in self.samples if url not in urls]
 
 
+def timeline(seen: Listing, urls: dict[str, str], t0: float) -> list:
+    """(seconds since t0, the engines listed) per sample since t0."""
+    return [(round(t - t0, 1), sorted(n for n, u in urls.items() if u in listed))
+            for t, listed in seen.samples if t >= t0]
+
+
+def heal_lines(s: Stack) -> str:
+    """The last few lines of each engine's journal about its pairs, heals and membership."""
+    keys = ("not joining", "but not now", "restarting to heal", "registered")
+    return "\n".join(f"--- {e}:\n" + "\n".join(
+        [ln for ln in s.c.journal(s.unit(e), lines=3000).splitlines()
+         if any(k in ln for k in keys)][-4:]) for e in zero_loss.engine_urls(s))
+
+
 def test_a_restarted_prefill_joins_only_once_the_stale_decodes_healed_one_at_a_time(
         stack: Stack, router_package: str) -> None:
     urls = zero_loss.engine_urls(stack)
@@ -95,8 +109,12 @@ def test_a_restarted_prefill_joins_only_once_the_stale_decodes_healed_one_at_a_t
             return all(stack.invocation(d) != before[d] for d in ("decode-0", "decode-1")) \
                 and zero_loss.at_capacity(stack)
 
-        stack.c.wait_for(healed, 180, interval=0.25,
-                         what="both decodes healed and all four engines in the router")
+        try:
+            stack.c.wait_for(healed, 180, interval=0.25,
+                             what="both decodes healed and all four engines in the router")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nlisted: {timeline(seen, urls, t0)[-3:]}\n"
+                                 f"{heal_lines(stack)}") from None
         capacity = time.monotonic() - t0
         time.sleep(zero_loss.TAIL)
         t1 = time.monotonic()
@@ -111,18 +129,17 @@ def test_a_restarted_prefill_joins_only_once_the_stale_decodes_healed_one_at_a_t
     gone = next(t for t, u in after if p1 not in u)  # the old prefill-1 left
     joined = next(t for t, u in after if t > gone and p1 in u)
     out = {d: [t for t in seen.absent(d) if t >= t0] for d in (d0, d1)}
-    timeline = [(round(t - t0, 1), sorted(n for n, u in urls.items() if u in s))
-                for t, s in after]
-    assert out[d0] and out[d1], f"a decode never left the router to heal: {timeline}"
+    listed = timeline(seen, urls, t0)
+    assert out[d0] and out[d1], f"a decode never left the router to heal: {listed}"
     # prefill-1 is never listed beside a decode that has not healed yet (its pair with that
     # decode is stale); beside one that is out healing it may be: that one checks its own
     # pairs before it joins again
-    for t, listed in after:
+    for t, names in after:
         if t >= joined:
             stale = [n for n, d in (("decode-0", d0), ("decode-1", d1))
-                     if d in listed and not any(a < t for a in out[d])]
-            assert not stale, f"prefill-1 listed beside stale {stale}: {timeline}"
-    assert not set(out[d0]) & set(out[d1]), f"both decodes out of the router at once: {timeline}"
+                     if d in names and not any(a < t for a in out[d])]
+            assert not stale, f"prefill-1 listed beside stale {stale}: {listed}"
+    assert not set(out[d0]) & set(out[d1]), f"both decodes out of the router at once: {listed}"
     assert any("not joining the router yet" in line
                for line in stack.c.journal(stack.unit("prefill-1"), lines=2000).splitlines())
     for other in ("prefill-0", "router"):
