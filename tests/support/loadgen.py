@@ -63,6 +63,7 @@ class Result:
     status: int = 0
     tokens: int = 0  # chunks a stream sent before it ended
     detail: str = ""
+    port: int | None = None  # the engine that answered (the stand-in's meta_info.port)
 
     @property
     def latency(self) -> float:
@@ -71,6 +72,14 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.kind == "ok"
+
+
+def served_by(data: object) -> int | None:
+    """The port of the engine that wrote a generation (or a stream's chunk): the stand-in's
+    ``meta_info.port``; None where it does not say (SGLang itself does not)."""
+    out = data[0] if isinstance(data, list) and data else data
+    port = (out.get("meta_info") or {}).get("port") if isinstance(out, dict) else None
+    return port if isinstance(port, int) and not isinstance(port, bool) else None
 
 
 def judge_body(data: object) -> tuple[str, str]:
@@ -105,7 +114,9 @@ def request(url: str, stream: bool, timeout: float, tokens: int = 16, text: str 
         if resp.status != 200:
             res.kind, res.detail = "http", resp.read(300).decode(errors="replace")
         elif not stream:
-            res.kind, res.detail = judge_body(json.loads(resp.read()))
+            data = json.loads(resp.read())
+            res.port = served_by(data)
+            res.kind, res.detail = judge_body(data)
         else:
             res.kind, res.detail = "cut", "ended without its final chunk"
             last: object = None
@@ -122,6 +133,7 @@ def request(url: str, stream: bool, timeout: float, tokens: int = 16, text: str 
                     break
                 chunk = json.loads(payload)
                 res.tokens += 1
+                res.port = res.port or served_by(chunk)
                 if (chunk.get("meta_info") or {}).get("finish_reason") is not None:
                     last = chunk
                 elif isinstance(chunk, dict) and "error" in chunk:
