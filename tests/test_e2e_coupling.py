@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import stack as stack_module
 from conftest import require
 from nspawn import nspawn_available
 from stack import Stack
@@ -31,16 +30,13 @@ GEN_DELAY = 0.3
 @pytest.fixture(scope="module")
 def stack(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Stack]:
     require(nspawn_available())
-    gpus = stack_module.host_topology
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stack_module, "host_topology", lambda: gpus(4))
-        s = Stack.up(tmp_path_factory.mktemp("e2e-2p2d"), serve_python.parent.parent, **{
-            "prefill": [{"gpus": [0]}, {"gpus": [1]}],
-            "decode": [{"gpus": [2]}, {"gpus": [3]}],
-            "runtime.env.FAKE_SGLANG_GEN_DELAY": GEN_DELAY,
-            "router.policy": "round_robin",
-            "router.package": router_package,
-        })
+    s = Stack.up(tmp_path_factory.mktemp("e2e-2p2d"), serve_python.parent.parent, gpus=4, **{
+        "prefill": [{"gpus": [0]}, {"gpus": [1]}],
+        "decode": [{"gpus": [2]}, {"gpus": [3]}],
+        "runtime.env.FAKE_SGLANG_GEN_DELAY": GEN_DELAY,
+        "router.policy": "round_robin",
+        "router.package": router_package,
+    })
     yield s
     s.down()
 
