@@ -232,6 +232,7 @@ class FakeHost:
         self.unit = unit
         self.log: list[str] = []
         self.t = 0.0
+        self.slept: list[float] = []
         self.running = 2  # requests in flight when the step begins
         self.listed = True
         self.invocation = "old"
@@ -272,6 +273,7 @@ class FakeHost:
 
     def sleep(self, secs: float) -> None:
         self.t += secs
+        self.slept.append(secs)
 
 
 def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_path) -> None:
@@ -286,4 +288,8 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
     Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
     assert host.log == ["DELETE w1", "restart dsv4-decode-0.service"]
     assert host.running == 0  # drained before the restart
-    assert said[-1] == "  dsv4-decode-0.service: serving again"
+    assert said[-2:] == ["  dsv4-decode-0.service: serving again",
+                         "  waiting 5 s: the router's health check routes to it by then"]
+    # the step ends one router health check (--health-check-interval-secs 5) after the engine
+    # serves again: smg routes to a worker it lists only once its checker passed it
+    assert host.slept[-1] == 5

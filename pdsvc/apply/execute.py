@@ -159,7 +159,31 @@ class Executor:
             raise StepFailed(f"{self.manager.name}: {verb} {' '.join(names)} failed ({rc}): "
                              f"{out.splitlines()[-1] if out else ''}")
         self._wait_ready(down, before, since)
+        if engines:
+            self._settle()
         return self.host.now() - t0
+
+    def _router_check_secs(self) -> float:
+        """The router's health-check interval (--health-check-interval-secs of its command):
+        a worker added to smg is routed to only once its health checker has passed it, while
+        /workers lists it at once; so the next step, which may take out the only other engine
+        of a role, waits that long. 0 when no router of this host names one."""
+        for u in self.units.values():
+            if u.kind == "router":
+                words = u.engine_argv
+                if "--health-check-interval-secs" in words:
+                    i = words.index("--health-check-interval-secs")
+                    try:
+                        return float(words[i + 1])
+                    except (IndexError, ValueError):
+                        return 0.0
+        return 0.0
+
+    def _settle(self) -> None:
+        wait = self._router_check_secs()
+        if wait > 0:
+            self.say(f"  waiting {wait:g} s: the router's health check routes to it by then")
+            self.host.sleep(wait)
 
     def _drain(self, engines: list[Unit]) -> None:
         """Out of the router, then wait (bounded) until no request runs on them. The runtime
