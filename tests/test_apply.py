@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from pdsvc.apply.execute import Bounds, Executor
-from pdsvc.apply.rollout import Rollout, plan_rollout
+from pdsvc.apply.rollout import Rollout, format_rollout, plan_rollout
 from pdsvc.apply.units import Unit
 from pdsvc.cli.commands import main
 from pdsvc.cli.kit import load_plan
@@ -85,15 +85,29 @@ def test_an_env_change_is_classified_as_env_and_prefills_go_first(tmp_path) -> N
     assert not r.outage
 
 
-def test_pair_incompatible_change_restarts_every_pair_it_touches_as_one_step(tmp_path) -> None:
+def test_pair_incompatible_change_on_2p2d_rolls_as_two_halves_and_serving_never_stops(
+        tmp_path) -> None:
     r = rollout(tmp_path, two_two(), two_two(p=", args: {page-size: 64}",
                                              d=", args: {page-size: 64}"))
     assert all(c.pair_breaking == ("--page-size: 1 -> 64",) for c in r.changes)
+    a = ("dsv4-prefill-0.service", "dsv4-decode-0.service")
+    b = ("dsv4-prefill-1.service", "dsv4-decode-1.service")
+    assert [(s.action, s.units) for s in r.steps] == [
+        ("restart half", a), ("switch halves", b), ("restart half", b)]
+    assert all(s.halves == (a, b) for s in r.steps)
+    assert [(len(s.pairs_down), s.pairs_left, s.serving_stops) for s in r.steps] == [
+        (3, 1, False), (3, 1, False), (3, 1, False)]
+    assert not r.outage and "cannot pair (--page-size: 1 -> 64)" in r.steps[0].why
+    text = format_rollout(r)
+    assert "serving: never stops" in text and "no mixed pair ever routed" in text
+
+
+def test_pair_incompatible_change_with_one_engine_of_a_role_is_one_step(tmp_path) -> None:
+    new = ONE_ONE.replace("[0, 1, 2, 3]}", "[0, 1, 2, 3], args: {page-size: 64}}")
+    r = rollout(tmp_path, ONE_ONE % "", new % ", args: {page-size: 64}")
     [step] = r.steps
-    assert step.action == "restart together"
-    assert set(step.units) == {"dsv4-prefill-0.service", "dsv4-prefill-1.service",
-                               "dsv4-decode-0.service", "dsv4-decode-1.service"}
-    assert step.serving_stops and "cannot pair (--page-size: 1 -> 64)" in step.why
+    assert step.action == "restart together" and step.serving_stops
+    assert "cannot pair (--page-size: 1 -> 64)" in step.why
 
 
 def test_a_prefill_restart_takes_its_partof_decodes_along_and_says_serving_stops(
@@ -243,7 +257,8 @@ class FakeHost:
         self.invocation = "new"
         return 0, ""
 
-    def http(self, method: str, url: str, headers=None, timeout: float = 0) -> tuple[int, str]:
+    def http(self, method: str, url: str, headers=None, timeout: float = 0,
+             body: bytes | None = None) -> tuple[int, str]:
         if url.endswith("/metrics"):
             self.running = max(0, self.running - 1)
             return 200, f"sglang:num_running_reqs{{x=\"1\"}} {self.running}.0\n"
@@ -263,6 +278,13 @@ class FakeHost:
                      for p, d in self.unit.pairs]
             return json.dumps({"at": self.t, "pairs": pairs})
         return "key"
+
+    def write_hold(self, path: str, out: bool, peers, why: str) -> bool:
+        self.log.append(f"hold {path.rsplit('/', 1)[1]} out={out}")
+        return True
+
+    def clear_hold(self, path: str) -> None:
+        self.log.append(f"release {path.rsplit('/', 1)[1]}")
 
     def now(self) -> float:
         return self.t
@@ -284,6 +306,8 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
     host = FakeHost(units["dsv4-decode-0.service"])
     said: list[str] = []
     Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
-    assert host.log == ["DELETE w1", "restart dsv4-decode-0.service"]
+    # held first (the runtime does not re-add it), released once healthy and its pairs good
+    assert host.log == ["hold dsv4-decode-0.hold.json out=True", "DELETE w1",
+                        "restart dsv4-decode-0.service", "release dsv4-decode-0.hold.json"]
     assert host.running == 0  # drained before the restart
     assert said[-1] == "  dsv4-decode-0.service: serving again"

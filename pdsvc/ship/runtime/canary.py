@@ -436,7 +436,12 @@ class CanaryThread:
         last: list[float | None] = [None]
         counters_due = self.clock()
         due = self.clock()  # a round as soon as this engine is ready
+        hold = self.canary.hold
+        fenced = hold.doc() if hold is not None else None
         while not self._stop.is_set():
+            if hold is not None and hold.doc() != fenced:
+                # apply held, fenced or released this engine: the pairs to probe changed
+                fenced, due, self.bad_rounds = hold.doc(), self.clock(), 0
             back = self.replaced_peers(seen)
             if back:
                 self.canary.log(f"pair canary: {', '.join(back)} opened its port again "
