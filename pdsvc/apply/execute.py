@@ -50,6 +50,7 @@ from pdsvc.apply.managers import Manager, Systemd
 from pdsvc.apply.rollout import Step
 from pdsvc.apply.units import Unit
 from pdsvc.ship.runtime.hold import clear_hold, hold_path, write_hold
+from pdsvc.ship.runtime.membership import Worker
 
 RUNNING_REQS = "sglang:num_running_reqs"
 
@@ -173,13 +174,11 @@ class Executor:
 
     def _register(self, u: Unit) -> None:
         """POST the engine to the router as its runtime would (membership.Worker)."""
-        doc: dict[str, object] = {"url": u.url, "worker_type": u.role}
-        if u.role == "prefill":
-            port = u.option("--bootstrap-port")
-            doc["bootstrap_port"] = int(port) if port.isdigit() else None
+        port = u.option("--bootstrap-port")
+        worker = Worker(u.url, u.role, int(port) if port.isdigit() else None)
         self.host.http("POST", f"{u.option('--router').rstrip('/')}/workers",
                        {**self._headers(u), "Content-Type": "application/json"},
-                       body=json.dumps(doc).encode("utf-8"))
+                       body=worker.payload())
 
     # ------------------------------------------------------------------ holds
     def _hold(self, u: Unit, *, out: bool, peers: list[str] | None, why: str) -> bool:
