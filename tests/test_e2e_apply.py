@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import stack as stack_module
 import yaml
 from conftest import require
 from nspawn import nspawn_available
@@ -28,15 +27,12 @@ ENGINES = ("prefill-0", "prefill-1", "decode-0", "decode-1")
 @pytest.fixture(scope="module")
 def stack(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Stack]:
     require(nspawn_available())
-    gpus = stack_module.host_topology
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stack_module, "host_topology", lambda: gpus(4))
-        s = Stack.up(tmp_path_factory.mktemp("e2e-apply"), serve_python.parent.parent, **{
-            "prefill": [{"gpus": [0]}, {"gpus": [1]}],
-            "decode": [{"gpus": [2]}, {"gpus": [3]}],
-            "router.policy": "round_robin",
-            "router.package": router_package,
-        })
+    s = Stack.up(tmp_path_factory.mktemp("e2e-apply"), serve_python.parent.parent, gpus=4, **{
+        "prefill": [{"gpus": [0]}, {"gpus": [1]}],
+        "decode": [{"gpus": [2]}, {"gpus": [3]}],
+        "router.policy": "round_robin",
+        "router.package": router_package,
+    })
     yield s
     s.down()
 

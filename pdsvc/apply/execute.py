@@ -245,6 +245,7 @@ class Executor:
         a, b = step.halves
         for n in b:
             self._hold(self.units[n], out=True, peers=self._urls(b), why="switch to the new half")
+        t0 = self.host.now()
         for n in b:
             if self._deregister(self.units[n]):
                 self.say(f"  {n}: out of the router")
@@ -262,7 +263,8 @@ class Executor:
                 raise StepFailed(f"not listed by the router within {self.bounds.ready_secs:g}"
                                  f" s: {', '.join(pending)}")
             self.host.sleep(min(self.bounds.poll_secs, 0.1))
-        self.say(f"  {', '.join(a)}: serving with the new definition")
+        self.say(f"  {', '.join(a)}: serving with the new definition (listed by the router "
+                 f"{self.host.now() - t0:.2f} s after the first DELETE)")
 
     def _listed_healthy(self, u: Unit) -> bool:
         entry, _ = self._router_entry(u)
