@@ -22,12 +22,16 @@ A pair-incompatible change by halves (rollout.halves, steps "restart half" and "
 halves"): A restarts held out, its canary fenced to A's peers, while B serves fenced to B's
 (old and new never meet: SGLang's decode dies on a page size or KV dtype mismatch, see
 hold.py); the switch holds B out and deletes it from the router, then registers A itself.
-Between the DELETE and the POST no pair is listed; a request then gets the router's 503
-"no available PD worker pair", which both generations retry: they select the pair afresh
-inside the retry loop (sglang-router 0.3.x src/routers/http/pd_router.rs
-execute_dual_dispatch; smg model_gateway/src/routers/http/pd_router.rs
-execute_dual_dispatch_attempt: handle_server_selection_error answers 503, a retryable
-status) with backoff 200 ms doubling (router.retry), far longer than the gap. Then B
+Between the DELETE and the POST no pair is listed (measured: A listed 0.27 s after the
+first DELETE, most of it the router's own add: it probes the new worker's /health first); a
+request then gets the router's 503 "no available servers". sglang-router selects the pair
+afresh inside its retry loop (src/routers/http/pd_router.rs execute_dual_dispatch:
+handle_server_selection_error answers 503, a retryable status), backing off 200 ms doubling
+(router.retry), so none fails there. smg's later source does the same
+(model_gateway/src/routers/http/pd_router.rs execute_dual_dispatch_attempt), yet smg 1.13
+(a compiled wheel) returned that 503 to clients in our runs: 1-2 of ~115 requests, plain and
+streamed, failed in the gap. No order avoids the gap: the halves are disjoint, and any moment
+the router lists a prefill of one half with a decode of the other routes mixed pairs. Then B
 restarts held, and at the end every hold is released and B joins.
 
 Everything outside (commands, HTTP, files, the clock) goes through `Host`, so the order of
