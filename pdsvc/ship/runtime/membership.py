@@ -48,8 +48,8 @@ class Worker(NamedTuple):
         """The POST /workers body. ``health.drain_settle_secs: 0``: smg keeps a deleted worker
         `Draining` for a fixed 5 s by default before it removes it (``--drain-settle-secs``,
         per worker ``health.drain_settle_secs``; it does not count in-flight requests), and
-        worker jobs queued behind that removal wait for it: a switch of the router's workers
-        then left it without a pair for ~6 s. The drain that matters is the engine's own
+        answers a re-post of the URL with 409 meanwhile: an engine back from a restart in
+        under 5 s waited that out before it could serve. The drain that matters is the engine's own
         (the runtime's and apply's, on ``sglang:num_running_reqs``); requests in flight keep
         their worker when its entry goes. sglang-router 0.3.2 ignores the field."""
         doc: dict[str, object] = {"url": self.url, "worker_type": self.role,
