@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from pdsvc.apply.execute import Bounds, Executor
-from pdsvc.apply.rollout import Rollout, plan_rollout
+from pdsvc.apply.rollout import Rollout, format_rollout, plan_rollout
 from pdsvc.apply.units import Unit
 from pdsvc.cli.commands import main
 from pdsvc.cli.kit import load_plan
@@ -85,15 +85,29 @@ def test_an_env_change_is_classified_as_env_and_prefills_go_first(tmp_path) -> N
     assert not r.outage
 
 
-def test_pair_incompatible_change_restarts_every_pair_it_touches_as_one_step(tmp_path) -> None:
+def test_pair_incompatible_change_on_2p2d_rolls_as_two_halves_and_serving_never_stops(
+        tmp_path) -> None:
     r = rollout(tmp_path, two_two(), two_two(p=", args: {page-size: 64}",
                                              d=", args: {page-size: 64}"))
     assert all(c.pair_breaking == ("--page-size: 1 -> 64",) for c in r.changes)
+    a = ("dsv4-prefill-0.service", "dsv4-decode-0.service")
+    b = ("dsv4-prefill-1.service", "dsv4-decode-1.service")
+    assert [(s.action, s.units) for s in r.steps] == [
+        ("restart half", a), ("switch halves", b), ("restart half", b)]
+    assert all(s.halves == (a, b) for s in r.steps)
+    assert [(len(s.pairs_down), s.pairs_left, s.serving_stops) for s in r.steps] == [
+        (3, 1, False), (3, 1, False), (3, 1, False)]
+    assert not r.outage and "cannot pair (--page-size: 1 -> 64)" in r.steps[0].why
+    text = format_rollout(r)
+    assert "serving: never stops" in text and "no mixed pair ever routed" in text
+
+
+def test_pair_incompatible_change_with_one_engine_of_a_role_is_one_step(tmp_path) -> None:
+    new = ONE_ONE.replace("[0, 1, 2, 3]}", "[0, 1, 2, 3], args: {page-size: 64}}")
+    r = rollout(tmp_path, ONE_ONE % "", new % ", args: {page-size: 64}")
     [step] = r.steps
-    assert step.action == "restart together"
-    assert set(step.units) == {"dsv4-prefill-0.service", "dsv4-prefill-1.service",
-                               "dsv4-decode-0.service", "dsv4-decode-1.service"}
-    assert step.serving_stops and "cannot pair (--page-size: 1 -> 64)" in step.why
+    assert step.action == "restart together" and step.serving_stops
+    assert "cannot pair (--page-size: 1 -> 64)" in step.why
 
 
 def test_a_prefill_restart_takes_its_partof_decodes_along_and_says_serving_stops(
@@ -225,14 +239,26 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, says) -> 
 # ---------------------------------------------------------------------- the executor
 
 
-class FakeHost:
+class FakeClock:
+    t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.t
+
+    def sleep(self, secs: float) -> None:
+        self.t += secs
+
+
+class FakeHost(FakeClock):
     """systemd and the router as far as one decode's step needs them; a log of what was done."""
 
     def __init__(self, unit: Unit) -> None:
         self.unit = unit
         self.log: list[str] = []
         self.t = 0.0
-        self.slept: list[float] = []
         self.running = 2  # requests in flight when the step begins
         self.listed = True
         self.invocation = "old"
@@ -244,7 +270,8 @@ class FakeHost:
         self.invocation = "new"
         return 0, ""
 
-    def http(self, method: str, url: str, headers=None, timeout: float = 0) -> tuple[int, str]:
+    def http(self, method: str, url: str, headers=None, timeout: float = 0,
+             body: bytes | None = None) -> tuple[int, str]:
         if url.endswith("/metrics"):
             self.running = max(0, self.running - 1)
             return 200, f"sglang:num_running_reqs{{x=\"1\"}} {self.running}.0\n"
@@ -265,15 +292,12 @@ class FakeHost:
             return json.dumps({"at": self.t, "pairs": pairs})
         return "key"
 
-    def now(self) -> float:
-        return self.t
+    def write_hold(self, path: str, out: bool, peers, why: str) -> bool:
+        self.log.append(f"hold {path.rsplit('/', 1)[1]} out={out}")
+        return True
 
-    def wall(self) -> float:
-        return self.t
-
-    def sleep(self, secs: float) -> None:
-        self.t += secs
-        self.slept.append(secs)
+    def clear_hold(self, path: str) -> None:
+        self.log.append(f"release {path.rsplit('/', 1)[1]}")
 
 
 def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_path) -> None:
@@ -286,10 +310,96 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
     host = FakeHost(units["dsv4-decode-0.service"])
     said: list[str] = []
     Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
-    assert host.log == ["DELETE w1", "restart dsv4-decode-0.service"]
+    # held first (the runtime does not re-add it), released once healthy and its pairs good
+    assert host.log == ["hold dsv4-decode-0.hold.json out=True", "DELETE w1",
+                        "restart dsv4-decode-0.service", "release dsv4-decode-0.hold.json"]
     assert host.running == 0  # drained before the restart
-    assert said[-2:] == ["  dsv4-decode-0.service: serving again",
-                         "  waiting 5 s: the router's health check routes to it by then"]
-    # the step ends one router health check (--health-check-interval-secs 5) after the engine
-    # serves again: smg routes to a worker it lists only once its checker passed it
-    assert host.slept[-1] == 5
+    assert said[-1] == "  dsv4-decode-0.service: serving again"
+
+
+class FakeStack(FakeClock):
+    """systemd and the router for every engine of a 2P2D bundle; the holds apply writes; a
+    log of what was done, in order."""
+
+    def __init__(self, units: dict[str, Unit]) -> None:
+        self.units = units
+        self.by_url = {u.url: n for n, u in units.items() if u.url}
+        self.listed = set(self.by_url)
+        self.runs = dict.fromkeys(units, 0)
+        self.holds: dict[str, bool] = {}
+        self.log: list[str] = []
+        self.t = 0.0
+
+    def run(self, argv: list[str], timeout: float = 0) -> tuple[int, str]:
+        if argv[1] == "show":
+            return 0, f"ActiveState=active\nInvocationID={self.runs[argv[2]]}\n"
+        self.log.append(" ".join(a.removesuffix(".service").removeprefix("dsv4-")
+                                 for a in argv[1:]))
+        for name in argv[2:]:
+            self.runs[name] += 1
+        return 0, ""
+
+    def http(self, method: str, url: str, headers=None, timeout: float = 0,
+             body: bytes | None = None) -> tuple[int, str]:
+        if url.endswith("/metrics"):
+            return 200, "sglang:num_running_reqs 0.0\n"
+        if url.endswith("/workers") and method == "GET":
+            return 200, json.dumps({"workers": [
+                {"id": self.by_url[u], "url": u, "is_healthy": True} for u in self.listed]})
+        if method == "DELETE":
+            name = url.rsplit("/", 1)[1]
+            self.log.append(f"DELETE {name.removesuffix('.service')[5:]}")
+            self.listed.discard(self.units[name].url)
+        elif method == "POST":
+            url = json.loads(body or b"{}")["url"]
+            self.log.append(f"POST {self.by_url[url].removesuffix('.service')[5:]}")
+            self.listed.add(url)
+        return 200, ""
+
+    def read(self, path: str) -> str | None:
+        if path.endswith(".canary.json"):
+            name = path.rsplit("/", 1)[1].removesuffix(".canary.json") + ".service"
+            pairs = [{"pair": f"{p} -> {d}", "state": "ok", "last_ok": self.t}
+                     for p, d in self.units[name].pairs]
+            return json.dumps({"at": self.t, "pairs": pairs})
+        return "key"
+
+    def write_hold(self, path: str, out: bool, peers, why: str) -> bool:
+        name = path.rsplit("/", 1)[1].removesuffix(".hold.json").removeprefix("dsv4-")
+        self.log.append(f"hold {name} {'out' if out else 'in'} "
+                        f"peers={','.join(self.by_url[p][5:-8] for p in peers or [])}")
+        self.holds[path] = out
+        return True
+
+    def clear_hold(self, path: str) -> None:
+        self.holds.pop(path, None)
+        self.log.append(f"release {path.rsplit('/', 1)[1].removesuffix('.hold.json')[5:]}")
+        # the runtime joins once released
+        name = path.rsplit("/", 1)[1].removesuffix(".hold.json") + ".service"
+        self.listed.add(self.units[name].url)
+
+
+def test_halves_never_let_old_and_new_meet_and_every_hold_is_released(tmp_path) -> None:
+    new = bundle(tmp_path, two_two(p=", args: {page-size: 64}", d=", args: {page-size: 64}"))
+    r = plan_rollout(bundle(tmp_path, two_two(), "old.yaml"), new)
+    units = {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}
+    host = FakeStack(units)
+    ex = Executor(units, host, Bounds(10, 10, 0.5), lambda s: None)  # type: ignore[arg-type]
+    for step in r.steps:
+        ex.run_step(step)
+    assert not ex.holds and not host.holds
+    assert host.log == [
+        # 1: A out and held, its canary among A; B serves, its canary among B
+        "hold prefill-0 out peers=prefill-0,decode-0", "hold decode-0 out peers=prefill-0,"
+        "decode-0", "hold prefill-1 in peers=prefill-1,decode-1",
+        "hold decode-1 in peers=prefill-1,decode-1",
+        "DELETE prefill-0", "DELETE decode-0", "restart prefill-0 decode-0",
+        # 2: B out, then A in (posted by apply)
+        "hold prefill-1 out peers=prefill-1,decode-1", "hold decode-1 out peers=prefill-1,"
+        "decode-1", "DELETE prefill-1", "DELETE decode-1",
+        "hold prefill-0 in peers=prefill-0,decode-0", "POST prefill-0",
+        "hold decode-0 in peers=prefill-0,decode-0", "POST decode-0",
+        # 3: B restarts held, then everyone is released
+        "hold prefill-1 out peers=prefill-1,decode-1", "hold decode-1 out peers=prefill-1,"
+        "decode-1", "restart prefill-1 decode-1",
+        "release prefill-0", "release decode-0", "release prefill-1", "release decode-1"]

@@ -7,6 +7,7 @@ the failures come back as HTTP 200 with finish_reason abort and empty text, /hea
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import standin_client
@@ -16,6 +17,7 @@ from standin_client import (
     control,
     get_json,
     instance_id,
+    pd_body,
     pd_pair,
     request,
     status_or_none,
@@ -177,3 +179,26 @@ def test_pair_wildcard_decode_is_known_by_its_source_address(engines):
     dec.wait_healthy()
     assert_pair_ok(pd_pair(pre, dec, room=30)["d"], "decode", dec.port)
     assert list(control(pre)["peers"]) == [f"127.0.0.1:{dec.port}"]
+
+
+def test_a_decode_that_meets_a_prefill_of_another_page_size_or_kv_dtype_dies(engines):
+    """SGLang 0.5.23: disaggregation/common/conn.py try_ensure_parallel_info raises on a page
+    size or KV cache dtype mismatch in the decode scheduler, which SIGQUITs the server: the
+    decode dies with its requests (the client's connection is cut), the prefill lives on."""
+    for args, said in ((["--page-size", "32"], "Page size mismatch"),
+                       (["--kv-cache-dtype", "fp8_e4m3"], "KV cache dtype mismatch")):
+        pre = engines("prefill", args=args)
+        same = engines("decode", args=args, bport=pre.bport)
+        other = engines("decode", bport=pre.bport)
+        for e in (pre, same, other):
+            e.wait_healthy()
+        r = pd_pair(pre, same, room=1)
+        assert_pair_ok(r["d"], "decode", same.port)  # alike: they pair
+        try:  # the decode alone: its check runs before any KV moves
+            cut = request(other.port, "POST", "/generate", pd_body(room=2, bport=pre.bport))
+        except (OSError, http.client.HTTPException) as e:
+            cut = e
+        assert isinstance(cut, http.client.HTTPException | OSError), cut  # no status: cut
+        assert other.wait_exit(10) != 0
+        assert said in other.stderr and "Scheduler hit an exception" in other.stderr
+        assert status_or_none(pre.port) == 200 and status_or_none(same.port) == 200

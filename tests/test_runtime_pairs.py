@@ -193,7 +193,8 @@ def test_join_leave_and_rejoin_after_the_router_restarts(smg: bool) -> None:
     m = Membership("http://10.0.0.1:8000", WORKER, "k", lines.append, call=router, clock=clock)
     assert m.join() and [w["url"] for w in router.workers] == [WORKER.url]
     posted = json.loads(membership.Worker.payload(WORKER))
-    assert posted == {"url": WORKER.url, "worker_type": "prefill", "bootstrap_port": 8998}
+    assert posted == {"url": WORKER.url, "worker_type": "prefill", "bootstrap_port": 8998,
+                      "health": {"drain_settle_secs": 0}}  # smg: no fixed 5 s Draining
     m.check(True)
     assert len(router.workers) == 1  # still there: nothing posted twice
     router.up = False  # the router dies...

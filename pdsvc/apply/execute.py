@@ -11,6 +11,29 @@ answers 200, the router lists it healthy (the runtime registers it again by itse
 pair canary has judged every pair good since the restart (the runtime's NAME.canary.json).
 A step that does not get there within its bound fails, and the rollout stops there.
 
+The hold. Before it takes an engine out, apply writes the engine's hold file (the runtime's
+NAME.hold.json, pdsvc/ship/runtime/hold.py): the runtime then neither joins the router nor
+re-adds the engine, also once restarted, and its canary reports without healing. apply
+releases it once the engine is healthy and its pairs good, then waits for the runtime to
+register it. Every hold apply wrote is removed when the rollout ends, fails or is
+interrupted (release_all, called by the command in a `finally`).
+
+A pair-incompatible change by halves (rollout.halves, steps "restart half" and "switch
+halves"): A restarts held out, its canary fenced to A's peers, while B serves fenced to B's
+(old and new never meet: SGLang's decode dies on a page size or KV dtype mismatch, see
+hold.py); the switch holds B out and deletes it from the router, then registers A itself.
+Between the DELETE and the POST no pair is listed (measured: A listed 0.27 s after the
+first DELETE, most of it the router's own add: it probes the new worker's /health first); a
+request then gets the router's 503 "no available servers". sglang-router selects the pair
+afresh inside its retry loop (src/routers/http/pd_router.rs execute_dual_dispatch:
+handle_server_selection_error answers 503, a retryable status), backing off 200 ms doubling
+(router.retry), so none fails there. smg's later source does the same
+(model_gateway/src/routers/http/pd_router.rs execute_dual_dispatch_attempt), yet smg 1.13
+(a compiled wheel) returned that 503 to clients in our runs: 1-2 of ~115 requests, plain and
+streamed, failed in the gap. No order avoids the gap: the halves are disjoint, and any moment
+the router lists a prefill of one half with a decode of the other routes mixed pairs. Then B
+restarts held, and at the end every hold is released and B joins.
+
 Everything outside (commands, HTTP, files, the clock) goes through `Host`, so the order of
 things is tested without a systemd.
 """
@@ -30,6 +53,8 @@ from pathlib import Path
 from pdsvc.apply.managers import Manager, Systemd
 from pdsvc.apply.rollout import Step
 from pdsvc.apply.units import Unit
+from pdsvc.ship.runtime.hold import clear_hold, hold_path, write_hold
+from pdsvc.ship.runtime.membership import Worker
 
 RUNNING_REQS = "sglang:num_running_reqs"
 
@@ -50,9 +75,9 @@ class Host:
         return proc.returncode, (proc.stdout + proc.stderr).strip()
 
     def http(self, method: str, url: str, headers: dict[str, str] | None = None,
-             timeout: float = 3.0) -> tuple[int, str]:
+             timeout: float = 3.0, body: bytes | None = None) -> tuple[int, str]:
         """(status, body); status 0 when nothing answered."""
-        req = urllib.request.Request(url, method=method, headers=headers or {})
+        req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (our URLs)
                 return resp.status, resp.read().decode("utf-8", "replace")
@@ -66,6 +91,14 @@ class Host:
             return Path(path).read_text(encoding="utf-8")
         except OSError:
             return None
+
+    def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str) -> bool:
+        """Write a hold file; whether it is there (the runtime's state directory exists)."""
+        write_hold(path, out=out, peers=peers, why=why)
+        return Path(path).is_file()
+
+    def clear_hold(self, path: str) -> None:
+        clear_hold(path)
 
     def now(self) -> float:
         return time.monotonic()
@@ -109,6 +142,7 @@ class Executor:
         self.bounds = bounds
         self.say = say
         self.manager = manager or Systemd(host)
+        self.holds: dict[str, str] = {}  # hold file -> unit, every one written and not removed
 
     # ------------------------------------------------------------------ router
     def _headers(self, u: Unit) -> dict[str, str]:
@@ -142,14 +176,56 @@ class Executor:
                        self._headers(u))
         return True
 
+    def _register(self, u: Unit) -> None:
+        """POST the engine to the router as its runtime would (membership.Worker)."""
+        port = u.option("--bootstrap-port")
+        worker = Worker(u.url, u.role, int(port) if port.isdigit() else None)
+        self.host.http("POST", f"{u.option('--router').rstrip('/')}/workers",
+                       {**self._headers(u), "Content-Type": "application/json"},
+                       body=worker.payload())
+
+    # ------------------------------------------------------------------ holds
+    def _hold(self, u: Unit, *, out: bool, peers: list[str] | None, why: str) -> bool:
+        """Write the engine's hold (runtime/hold.py); False without a state directory."""
+        path = hold_path(u.option("--state-dir") or None,
+                         u.option("--name", u.local_name.removesuffix(".service")))
+        if path is None or u.kind != "engine":
+            return False
+        self.holds[path] = u.name
+        return self.host.write_hold(path, out, peers, why)
+
+    def release_all(self) -> list[str]:
+        """Remove every hold this rollout wrote (at its end, on failure, on Ctrl-C); the
+        units released."""
+        released = []
+        for path, name in list(self.holds.items()):
+            self.host.clear_hold(path)
+            released.append(name)
+            del self.holds[path]
+        return released
+
+    def _urls(self, names: tuple[str, ...]) -> list[str]:
+        return [self.units[n].url for n in names if n in self.units and self.units[n].url]
+
     # ------------------------------------------------------------------ a step
     def run_step(self, step: Step) -> float:
         """Run one step; the seconds it took. Raises StepFailed."""
         t0 = self.host.now()
+        if step.action == "switch halves":
+            self._switch(step)
+            return self.host.now() - t0
         down = [self.units[n] for n in step.down if n in self.units]
         engines = [u for u in down if u.kind == "engine"]
         before = {u.name: self.manager.invocation(u.local_name) for u in down}
+        first_half = bool(step.halves) and tuple(step.units) == tuple(step.halves[0])
+        among = self._urls(tuple(step.units)) if step.halves else None
         if step.action != "start":
+            for u in engines:  # out, and kept out once restarted, until released
+                self._hold(u, out=True, peers=among, why=f"{step.action} {u.name}")
+            if first_half:  # B serves meanwhile, its canary never probing the new A
+                for n in step.halves[1]:
+                    self._hold(self.units[n], out=False, peers=self._urls(step.halves[1]),
+                               why="the other half restarts with a pair-incompatible change")
             self._drain(engines)
         verb = "start" if step.action == "start" else "restart"
         since = self.host.wall()
@@ -158,32 +234,46 @@ class Executor:
         if rc != 0:
             raise StepFailed(f"{self.manager.name}: {verb} {' '.join(names)} failed ({rc}): "
                              f"{out.splitlines()[-1] if out else ''}")
+        held = {u.name for u in engines if any(h == u.name for h in self.holds.values())}
+        self._wait_ready(down, before, since, held=held, among=among)
+        if first_half:
+            return self.host.now() - t0  # A stays out until the switch
+        for name in self.release_all():
+            self.say(f"  {name}: released (joins the router)")
         self._wait_ready(down, before, since)
-        if engines:
-            self._settle()
         return self.host.now() - t0
 
-    def _router_check_secs(self) -> float:
-        """The router's health-check interval (--health-check-interval-secs of its command):
-        a worker added to smg is routed to only once its health checker has passed it, while
-        /workers lists it at once; so the next step, which may take out the only other engine
-        of a role, waits that long. 0 when no router of this host names one."""
-        for u in self.units.values():
-            if u.kind == "router":
-                words = u.engine_argv
-                if "--health-check-interval-secs" in words:
-                    i = words.index("--health-check-interval-secs")
-                    try:
-                        return float(words[i + 1])
-                    except (IndexError, ValueError):
-                        return 0.0
-        return 0.0
+    def _switch(self, step: Step) -> None:
+        """B out of the router (held, so it stays out), then A in: apply posts A itself, the
+        gap is two control-plane calls; A's runtime would post it within its next check."""
+        a, b = step.halves
+        for n in b:
+            self._hold(self.units[n], out=True, peers=self._urls(b), why="switch to the new half")
+        t0 = self.host.now()
+        for n in b:
+            if self._deregister(self.units[n]):
+                self.say(f"  {n}: out of the router")
+        for n in a:
+            u = self.units[n]
+            self._hold(u, out=False, peers=self._urls(a), why="serving; the old half restarts")
+            self._register(u)
+        deadline = self.host.now() + self.bounds.ready_secs
+        pending = list(a)
+        while pending:
+            pending = [n for n in pending if not self._listed_healthy(self.units[n])]
+            if not pending:
+                break
+            if self.host.now() >= deadline:
+                raise StepFailed(f"not listed by the router within {self.bounds.ready_secs:g}"
+                                 f" s: {', '.join(pending)}")
+            self.host.sleep(min(self.bounds.poll_secs, 0.1))
+        self.say(f"  {', '.join(a)}: serving with the new definition (listed by the router "
+                 f"{self.host.now() - t0:.2f} s after the first DELETE)")
 
-    def _settle(self) -> None:
-        wait = self._router_check_secs()
-        if wait > 0:
-            self.say(f"  waiting {wait:g} s: the router's health check routes to it by then")
-            self.host.sleep(wait)
+    def _listed_healthy(self, u: Unit) -> bool:
+        entry, _ = self._router_entry(u)
+        return entry is not None and entry.get("is_healthy") is not False and str(
+            entry.get("status", "")).lower() not in ("draining", "failed")
 
     def _drain(self, engines: list[Unit]) -> None:
         """Out of the router, then wait (bounded) until no request runs on them. The runtime
@@ -216,17 +306,21 @@ class Executor:
                 self._deregister(u)
             self.host.sleep(self.bounds.poll_secs)
 
-    def _wait_ready(self, down: list[Unit], before: dict[str, str], since: float) -> None:
+    def _wait_ready(self, down: list[Unit], before: dict[str, str], since: float,
+                    held: set[str] = frozenset(), among: list[str] | None = None) -> None:
+        """Until each unit serves again: ``held`` ones need not be in the router (apply keeps
+        them out); ``among``: only the pairs among these engines are judged."""
         deadline = self.host.now() + self.bounds.ready_secs
         pending = {u.name: "not restarted yet" for u in down}
         while pending:
             for u in down:
                 if u.name not in pending:
                     continue
-                why = self._not_ready(u, before.get(u.name, ""), since)
+                why = self._not_ready(u, before.get(u.name, ""), since, u.name in held, among)
                 if why is None:
                     pending.pop(u.name)
-                    self.say(f"  {u.name}: serving again")
+                    self.say(f"  {u.name}: " + ("healthy, its pairs good (held out of the "
+                                                "router)" if u.name in held else "serving again"))
                 elif why.startswith("FAILED"):
                     raise StepFailed(f"{u.name} {why}")
                 else:
@@ -239,7 +333,8 @@ class Executor:
                                      f"{n}: {w}" for n, w in pending.items()))
             self.host.sleep(self.bounds.poll_secs)
 
-    def _not_ready(self, u: Unit, invocation: str, since: float) -> str | None:
+    def _not_ready(self, u: Unit, invocation: str, since: float, held: bool = False,
+                   among: list[str] | None = None) -> str | None:
         """None when the unit serves again; else what it still lacks ('FAILED …': never)."""
         state = self.manager.state(u.local_name)
         if state == "failed":
@@ -256,13 +351,13 @@ class Executor:
         health = u.option("--health-url")
         if health and self.host.http("GET", health, timeout=30)[0] != 200:
             return "/health not 200 yet"
-        if u.option("--router"):
+        if u.option("--router") and not held:
             entry, answered = self._router_entry(u)
             if entry is None or entry.get("is_healthy") is False:
                 return "not registered with the router yet" if answered else "router unreachable"
-        return self._canary_lacks(u, since)
+        return self._canary_lacks(u, since, among)
 
-    def _canary_lacks(self, u: Unit, since: float) -> str | None:
+    def _canary_lacks(self, u: Unit, since: float, among: list[str] | None = None) -> str | None:
         """What this engine's own pair canary has not yet judged good since `since`."""
         if not u.pairs or not u.option("--state-dir"):
             return None
@@ -275,6 +370,9 @@ class Executor:
         pairs = doc.get("pairs") if isinstance(doc, dict) else None
         if not isinstance(pairs, list) or float(doc.get("at") or 0) < since:
             return "no canary round since the restart yet"
+        if among is not None:  # a half: its pairs with the other half are never probed
+            pairs = [p for p in pairs if isinstance(p, dict) and all(
+                end.strip().rstrip("/") in among for end in str(p.get("pair")).split(" -> "))]
         bad = [str(p.get("pair")) for p in pairs if isinstance(p, dict) and not (
             p.get("state") == "ok" and float(p.get("last_ok") or 0) >= since)]
         return f"pair canary not good yet: {', '.join(bad)}" if bad else None

@@ -6,8 +6,11 @@ Rules, each for a reason:
   `systemctl daemon-reload` (their next start reads them), and the installer does that.
 * A change after which an old and a new engine cannot pair (pdsvc.sglang.PAIR_FLAGS /
   PAIR_ENV: a decode refuses a prefill of another page size, KV dtype or layout when they
-  connect) is never rolled one engine at a time: the engines of every pair it touches
-  restart as one step, and serving stops for that step.
+  connect) is never rolled one engine at a time. With at least two engines of each role
+  it rolls as two halves, each with a prefill and a decode (halves()): A restarts held out
+  of the router while B serves; the switch takes B out and puts A in; B restarts and joins.
+  Old and new never meet, and capacity halves but never reaches zero. Otherwise the
+  engines of every pair it touches restart as one step, and serving stops for that step.
 * Any other change rolls one engine at a time, prefills first: a prefill's restart may take
   decodes along (their PartOf= on it), which then need no step of their own.
 * A unit's restart also restarts the units that are PartOf= it (systemd.unit(5)): a step
@@ -17,7 +20,7 @@ Rules, each for a reason:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from pdsvc.apply.hosts import bundle_units
 from pdsvc.apply.units import Unit, flag_values
@@ -52,6 +55,8 @@ class Step:
     pairs_left: int  # pairs that still serve during the step
     serving_stops: bool
     why: str
+    #: a pair-incompatible rollout by halves: (A, B), the units of each half
+    halves: tuple[tuple[str, ...], ...] = ()
 
     @property
     def down(self) -> tuple[str, ...]:
@@ -214,6 +219,26 @@ def _pair_group(seeds: set[str], units: dict[str, Unit]) -> set[str]:
     return group
 
 
+def halves(group: set[str], units: dict[str, Unit]) -> tuple[tuple[str, ...], ...] | None:
+    """Two halves of `group`, each with at least one prefill and one decode and no unit that
+    restarts along with (PartOf=) a unit of the other half; None when it cannot be split,
+    or spans hosts (each host runs its own steps: not yet)."""
+    by_role: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for name in sorted(group):
+        by_role.setdefault(units[name].role, []).append(name)
+    if len(by_role["prefill"]) < 2 or len(by_role["decode"]) < 2 or any(
+            "/" in n for n in group) or set(by_role) != {"prefill", "decode"}:
+        return None
+    a = tuple(n for role in ("prefill", "decode")
+              for n in by_role[role][:len(by_role[role]) // 2])
+    b = tuple(n for role in ("prefill", "decode")
+              for n in by_role[role][len(by_role[role]) // 2:])
+    for half in (a, b):
+        if any(not _coupled(n, units) <= set(half) for n in half):
+            return None
+    return a, b
+
+
 def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
     """The rollout from the running bundle `old` to `new` (each: path in the bundle -> text)."""
     old_units, new_units = _units(old), _units(new)
@@ -241,6 +266,24 @@ def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
     if breaking:
         group = _pair_group(breaking, new_units)
         keys = sorted({k for c in restart for k in c.pair_breaking})
+        split = halves(group, new_units)
+    if breaking and split:
+        a, b = split
+        why = "old and new engines cannot pair (" + "; ".join(keys) + ")"
+        for action, names, text in (
+                ("restart half", a, f"{why}: half A restarts held out of the router (its "
+                 "canary probes only A) while half B serves"),
+                ("switch halves", b, "B out of the router, then A in: the gap between is "
+                 "one membership call, inside the routers' retries"),
+                ("restart half", b, "half B restarts held out of the router, then both "
+                 "halves join")):
+            add(action, list(names), text)
+            if action == "switch halves":  # nothing restarts: A serves, B is out
+                steps[-1] = replace(steps[-1], takes=(), pairs_down=capacity.during(
+                    set(b))[0], pairs_left=capacity.during(set(b))[1],
+                    serving_stops=not capacity.during(set(b))[1])
+            steps[-1] = replace(steps[-1], halves=(a, b))
+    elif breaking:
         add("restart together", sorted(group, key=lambda n: (ROLE_ORDER[new_units[n].role], n)),
             "old and new engines cannot pair (" + "; ".join(keys) + "): the engines of every "
             "pair it touches restart as one step", stops=True)
@@ -283,6 +326,9 @@ def format_rollout(r: Rollout) -> str:
         lines.append(f"     why: {s.why}")
         if s.action == "restart router":
             lines.append("     serving STOPS while the router restarts")
+        elif s.action == "switch halves":
+            lines.append(f"     serving goes on: {', '.join(s.halves[0])} serve(s) with the "
+                         f"new definition ({s.pairs_left} pairs), no mixed pair ever routed")
         elif s.serving_stops:
             lines.append(f"     serving STOPS: no pair left ({len(s.pairs_down)} pairs down)")
         elif s.pairs_down:

@@ -192,6 +192,19 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
     if on_host:
         _say(f"pdsvc apply: on {on_host}: steps {', '.join(str(i) for i, _ in mine) or 'none'}"
              f" of {total}")
+    try:
+        _run_steps(executor, mine, total, output)
+    finally:  # never leave a hold behind: failed, interrupted (Ctrl-C) or done
+        released = executor.release_all()
+        if released:
+            _say(f"pdsvc apply: released the hold on {', '.join(released)}")
+    if not rollback:
+        save_applied(output, Path(config_path).read_bytes())
+    _say(f"pdsvc apply: applied ({total} steps); the previous bundle is in "
+         f"{shown(output / PREVIOUS)} ({_rollback_command(output)})")
+
+
+def _run_steps(executor: Executor, mine: list, total: int, output: Path) -> None:
     for i, step in mine:
         _say(f"pdsvc apply: step {i}/{total}: {step.action} {', '.join(step.units)}"
              + (f" (with {', '.join(step.takes)})" if step.takes else ""))
@@ -206,10 +219,6 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
             _say(f"pdsvc apply: to go back: {_rollback_command(output)}")
             sys.exit(1)
         _say(f"pdsvc apply: step {i}/{total} done in {secs:.1f} s")
-    if not rollback:
-        save_applied(output, Path(config_path).read_bytes())
-    _say(f"pdsvc apply: applied ({total} steps); the previous bundle is in "
-         f"{shown(output / PREVIOUS)} ({_rollback_command(output)})")
 
 
 def render_for(plan: Plan, command: str) -> list[File]:

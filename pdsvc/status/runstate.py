@@ -26,6 +26,7 @@ class UnitRun:
     reason: str
     crashes: int
     heals: int = 0  # pair heals within the hour that brought no pair back (policy.may_heal)
+    held: str = ""  # pdsvc apply's hold on the engine (runtime/hold.py), as words; "" if none
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,21 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
         recent = recent_heals(doc.get("heals"), time.time())
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
                             str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
-                            len(recent)))
+                            len(recent), _held(directory, name)))
     return runs
+
+
+def _held(directory: Path, name: str) -> str:
+    hold = _state(directory, name, "hold")
+    if hold is None:
+        return ""
+    since = hold.get("since")
+    ago = f" for {int(time.time() - since)} s" if isinstance(since, int | float) else ""
+    what = "out of the router" if hold.get("out") is not False else "in the router"
+    peers = hold.get("peers")
+    fence = f", canary only with {', '.join(map(str, peers))}" if isinstance(peers, list) else ""
+    return f"held by {hold.get('by') or 'pdsvc apply'}{ago}: {what}{fence}, no heals " \
+           f"({state_path(str(directory), name, 'hold')}: removing it releases the engine)"
 
 
 def pair_views(plan: Plan, directory: Path) -> list[PairView]:
@@ -85,6 +99,7 @@ def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -
             f"again only every {SLOW_HEAL_S / 60:g} minutes (`systemctl restart {r.unit}` "
             "starts afresh)"
             for r in runs if heal_budget and r.heals >= heal_budget]
+    out += [f"{r.unit} {r.held}" for r in runs if r.held]
     out += [f"pair {p.prefill} -> {p.decode} failing ({p.by}): {p.last_error}"
             for p in pairs if p.state == "failing"]
     return out

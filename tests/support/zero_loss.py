@@ -125,6 +125,9 @@ def apply(change: str) -> Callable[[Stack], None]:
         cfg = yaml.safe_load(changed_config(stack, change).read_text())
         r = stack.apply(cfg, "--yes", "--drain-timeout", "20", "--step-timeout", "300")
         assert r.returncode == 0, f"pdsvc apply exited {r.returncode}: {r.stderr[-2000:]}"
+        for line in r.stderr.splitlines():  # the halves' switch: how long no pair was listed
+            if "listed by the router" in line:
+                print(f"\n  apply: {line.strip()}")
     return act
 
 EVENTS = (

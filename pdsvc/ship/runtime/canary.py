@@ -46,6 +46,10 @@ one. So:
   flapping pair does not take down the healthy pairs of an xPyD deployment.
 
 The restart policy's heal budget bounds the rest in time (policy.py).
+
+While `pdsvc apply` holds this engine or fences its peers (hold.py), the canary probes only
+the peers the hold names (an old and a new engine must not meet: SGLang's decode dies on a
+page size or KV dtype mismatch) and reports without healing.
 """
 
 from __future__ import annotations
@@ -163,7 +167,7 @@ class Canary:
     def __init__(self, me: str, pairs: Sequence[Pair], *, failures_to_act: int,
                  log: Callable[[str], None], path: str | None = None,
                  followers: Sequence[str] = (),
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, hold: object = None) -> None:
         self.me = me.rstrip("/")
         self.pairs = list(pairs)
         self.failures_to_act = failures_to_act
@@ -171,6 +175,8 @@ class Canary:
         self.path = path
         self.followers = {f.rstrip("/") for f in followers}
         self.wall = wall
+        #: apply's hold (hold.Hold: active(), allows(peer)), or None
+        self.hold = hold
         self.states = {p.name: PairState(p.name, self.peer(p), heals_by=self._healer(p))
                        for p in self.pairs}
         self._saved: list[tuple[str, str, int, str]] = []
@@ -221,7 +227,9 @@ class Canary:
         self._save()
 
     def verdict(self) -> str | None:
-        """Why this engine must restart to heal a pair, or None."""
+        """Why this engine must restart to heal a pair, or None (always while held)."""
+        if self.hold is not None and self.hold.active():
+            return None
         states = list(self.states.values())
         working = any(s.state == "ok" for s in states)
         by_name = {p.name: p for p in self.pairs}
@@ -380,6 +388,12 @@ class CanaryThread:
         extra = max(0, self.bad_rounds - 2 * self.canary.failures_to_act)
         return min(self.interval, self.retry * 2 ** min(extra, 16))
 
+    def probed(self) -> list[Pair]:
+        """The pairs a round probes: all, or those with the peers apply's hold names."""
+        hold = self.canary.hold
+        return [p for p in self.canary.pairs
+                if hold is None or hold.allows(self.canary.peer(p))]
+
     def round(self) -> list[Round]:
         rounds: list[Round] = []
 
@@ -387,7 +401,7 @@ class CanaryThread:
             out.append(self.probe(pair, self.canary.peer(pair), self.timeout))
 
         workers = [threading.Thread(target=one, args=(p,), daemon=True)
-                   for p in self.canary.pairs]
+                   for p in self.probed()]
         for w in workers:
             w.start()
         for w in workers:
@@ -422,7 +436,12 @@ class CanaryThread:
         last: list[float | None] = [None]
         counters_due = self.clock()
         due = self.clock()  # a round as soon as this engine is ready
+        hold = self.canary.hold
+        fenced = hold.doc() if hold is not None else None
         while not self._stop.is_set():
+            if hold is not None and hold.doc() != fenced:
+                # apply held, fenced or released this engine: the pairs to probe changed
+                fenced, due, self.bad_rounds = hold.doc(), self.clock(), 0
             back = self.replaced_peers(seen)
             if back:
                 self.canary.log(f"pair canary: {', '.join(back)} opened its port again "

@@ -27,6 +27,7 @@ from .codes import (
     KILL_WAIT_S,
 )
 from .gpu import wait_gpus_idle
+from .hold import Hold
 from .jitlock import JitLock
 from .membership import MEMBERSHIP_RETRY_S, Membership, Worker, read_key
 from .notify import Log, Notifier
@@ -142,6 +143,7 @@ class Unit:
             max_delay=args.restart_max_delay, reset_after=args.restart_reset,
             attempts=args.start_attempts)
         self.canary_path = state_path(state, args.name, "canary") if state else None
+        self.hold = Hold.of(state, args.name)  # pdsvc apply's, while it rolls a change
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
@@ -307,7 +309,7 @@ class Unit:
                 return EXIT_GAVE_UP
             return EXIT_USAGE
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
-        self.membership = Membership(a.router, worker, key, self.log)
+        self.membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
         return None
 
     # ---------------------------------------------------------------- the start
@@ -442,7 +444,7 @@ class Unit:
         me = a.advertise or base_url(a.health_url)
         pairs = [Pair(p, int(b) if b not in ("", "none") else None, d) for p, b, d in a.pair]
         canary = Canary(me, pairs, failures_to_act=a.canary_failures, log=self.log,
-                        path=self.canary_path, followers=a.follower)
+                        path=self.canary_path, followers=a.follower, hold=self.hold)
         # real traffic that failed through a pair shows in this engine's own counters
         failures = own_failures(f"{base_url(a.health_url)}/metrics")
         self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout,
@@ -460,9 +462,7 @@ class Unit:
         if self.jit is not None and self.jit.held:
             self.jit.mark_warm()
             log(f"JIT cache for {a.jit_key} marked warm; compile lock released")
-        # the canary first: a replaced engine joins the router only once its pairs with the
-        # engines the router lists are good (Canary.admits); the first round runs now, and a
-        # join it holds back is retried every MEMBERSHIP_RETRY_S by the serving duties
+        # the canary first: joins wait for good pairs with listed engines (Canary.admits)
         self.start_canary()
         if self.membership is not None:
             self.membership.join()  # before READY=1: ordering waits for a routable engine

@@ -8,6 +8,7 @@ engine's runtime keeps its own engine registered. A router that restarted (empty
 the worker is noticed on the next check and the worker is posted again. An entry the router
 keeps unhealthy for long while the engine itself answers /health is deleted and posted afresh;
 one it still drains after this engine's last stop (smg's ``draining``) is waited out.
+While `pdsvc apply` holds the engine out (hold.py, ``held``), it neither joins nor re-adds it.
 
 Re-posting a registered URL answers 202 on 0.3.2 and 409 ``WORKER_ALREADY_EXISTS`` on smg
 (smg ``model_gateway`` worker routes): both mean "it is there". The control plane needs the
@@ -44,7 +45,15 @@ class Worker(NamedTuple):
     bootstrap_port: int | None  # prefill only: the KV bootstrap server's port
 
     def payload(self) -> bytes:
-        doc: dict[str, object] = {"url": self.url, "worker_type": self.role}
+        """The POST /workers body. ``health.drain_settle_secs: 0``: smg keeps a deleted worker
+        `Draining` for a fixed 5 s by default before it removes it (``--drain-settle-secs``,
+        per worker ``health.drain_settle_secs``; it does not count in-flight requests), and
+        answers a re-post of the URL with 409 meanwhile: an engine back from a restart in
+        under 5 s waited that out before it could serve. The drain that matters is the engine's own
+        (the runtime's and apply's, on ``sglang:num_running_reqs``); requests in flight keep
+        their worker when its entry goes. sglang-router 0.3.2 ignores the field."""
+        doc: dict[str, object] = {"url": self.url, "worker_type": self.role,
+                                  "health": {"drain_settle_secs": 0}}
         if self.role == "prefill":
             doc["bootstrap_port"] = self.bootstrap_port
         return json.dumps(doc).encode("utf-8")
@@ -56,7 +65,8 @@ class Membership:
     def __init__(self, router: str, worker: Worker, key: str | None,
                  log: Callable[[str], None],
                  call: Callable[..., HttpReply] = http_call,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 held: Callable[[], str | None] = lambda: None) -> None:
         self.router = router.rstrip("/")
         self.worker = worker
         self.headers = {"Content-Type": "application/json"}
@@ -65,6 +75,8 @@ class Membership:
         self.log = log
         self.call = call
         self.clock = clock
+        #: why apply keeps this engine out of the router now (hold.Hold.out), or None
+        self.held = held
         #: why not to join yet, given the URLs of the healthy workers the router lists
         #: (None: join); the pair canary's, Canary.admits
         self.admit: Callable[[set[str]], str | None] | None = None
@@ -118,6 +130,8 @@ class Membership:
         cannot, or still holds this URL's previous entry while it drains (smg lists a
         deleted worker as `draining` until its requests settle, and answers a POST of the
         URL meanwhile with 409): the next check posts again."""
+        if self._holding():
+            return False
         if self.admit is not None:
             _, error = self._entry()
             why = self.admit(set(self.listed)) if error is None else None
@@ -139,6 +153,8 @@ class Membership:
 
     def check(self, engine_healthy: bool) -> None:
         """Make sure the router still has this worker, and one it has not given up on."""
+        if self._holding():
+            return
         entry, error = self._entry()
         if error is not None:
             self._say(f"router {self.router} unreachable ({error}): will register "
@@ -176,6 +192,20 @@ class Membership:
             self.join()
         else:
             self.joined = True
+
+    def _holding(self) -> bool:
+        """Held out by apply: no join, no re-add (apply took the entry out, or will)."""
+        why = self.held()
+        if why:
+            if self.joined:
+                self.log(f"{self.worker.url}: {why}: not registering it again until released")
+            self._say(f"not joining the router: {why}")
+            self.joined = False
+            return True
+        if self._said.startswith("not joining the router: held"):
+            self.log("hold released: joining the router")
+            self._said = ""
+        return False
 
     def leave(self) -> None:
         """Before a stop: take the worker out of rotation, so no new request reaches it while

@@ -9,6 +9,9 @@ peer was replaced (sglang #33789 / PR #34289; smg #2382, vllm #49238).
 from __future__ import annotations
 
 import http.client
+import json
+import os
+import signal
 import time
 from typing import Any
 from urllib.parse import parse_qs
@@ -38,7 +41,8 @@ class BootstrapHandler(BaseHandler):
             if rank == -1:
                 self._json(200, {"prefill_attn_tp_size": a.tp_size,
                                  "prefill_dp_size": a.dp_size, "prefill_pp_size": 1,
-                                 "prefill_page_size": 1, "fake_sglang": True,
+                                 "prefill_page_size": a.page_size, "page_size": a.page_size,
+                                 "kv_cache_dtype": a.kv_cache_dtype, "fake_sglang": True,
                                  "fake_instance_id": eng.pair.instance_id})  # fmt: skip
             else:
                 self._json(200, {"rank_ip": a.host, "rank_port": a.disaggregation_bootstrap_port})
@@ -100,6 +104,8 @@ def reach_prefill(eng: Engine, boot: dict[str, list]) -> tuple[str | None, dict[
         reason = probe_bootstrap(host, port, timeout)
         reply = None
         if reason is None:
+            reason = ensure_parallel_info(eng, host, port, timeout)
+        if reason is None:
             reply, reason = pair.exchange(host, port, eng.pair_key, eng.pair.instance_id, rooms,
                                           timeout)  # fmt: skip
         if reason is not None:
@@ -119,6 +125,53 @@ def reach_prefill(eng: Engine, boot: dict[str, list]) -> tuple[str | None, dict[
                 failures[i] = why
             log(f"KV transfer failed for bootstrap_room={rooms[0]}: {why}", "TP0")
     return None, failures
+
+
+def ensure_parallel_info(eng: Engine, host: str, port: int, timeout: float) -> str | None:
+    """SGLang 0.5.23's decode, the first time it meets a prefill (its bootstrap address):
+    GET /route for the prefill's parallel info, then the sanity checks of
+    disaggregation/common/conn.py ``try_ensure_parallel_info``. A page size or KV cache dtype
+    that differs raises RuntimeError in the decode scheduler (decode.py
+    ``_ensure_prefill_info``, uncaught), which ends the scheduler: ``run_scheduler_process``
+    logs "Scheduler hit an exception" and SIGQUITs the server, whose handler kills the whole
+    process tree. So the decode dies, and every request on it with it (the client sees its
+    connection cut, no HTTP status). None when the info was fetched and matches (then cached,
+    as SGLang's prefill_info_table), else why it could not be fetched (a failed bootstrap)."""
+    addr = f"{host}:{port}"
+    if addr in eng.prefill_info:
+        return None
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1"
+                     "&target_pp_rank=-1&engine_rank=-1")
+        resp = conn.getresponse()
+        raw = resp.read()
+        if resp.status != 200:
+            return f"Failed to get prefill server info: {resp.status}"
+        info = json.loads(raw)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return f"Error fetching prefill server info from bootstrap: {e}"
+    finally:
+        conn.close()
+    a = eng.args
+    mismatch = None
+    if info.get("page_size") is not None and info["page_size"] != a.page_size:
+        mismatch = (f"Page size mismatch: prefill server has page_size={info['page_size']}, "
+                    f"but decode server has page_size={a.page_size}. Both servers must use "
+                    "the same --page-size value.")
+    elif info.get("kv_cache_dtype") is not None and info["kv_cache_dtype"] != a.kv_cache_dtype:
+        mismatch = (f"KV cache dtype mismatch: prefill server has kv_cache_dtype="
+                    f"{info['kv_cache_dtype']}, but decode server has kv_cache_dtype="
+                    f"{a.kv_cache_dtype}. Both servers must use the same --kv-cache-dtype value.")
+    if mismatch is not None:
+        log(f"Scheduler hit an exception: Traceback (most recent call last):\n"
+            f"RuntimeError: {mismatch}", "TP0")
+        log("Received sigquit from a child process. It usually means the child failed.")
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(5)  # not reached
+        os._exit(137)
+    eng.prefill_info[addr] = info
+    return None
 
 
 def pair_failures(eng: Engine, boot: dict[str, list]) -> dict[int, str]:

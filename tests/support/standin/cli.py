@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--enable-metrics", action="store_true")
+    # what a decode checks of a prefill when it first reaches its bootstrap server (bootstrap.py)
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--kv-cache-dtype", default="auto")
     return p
 
 

@@ -48,6 +48,9 @@ class Engine:
         self.paced = knobs.paced
         self.pair = pair.PairState(self.role, knobs.stale_pair, knobs.pair_failure,
                                    log=lambda msg: log(msg, "TP0"))
+        #: decode: the parallel info of each prefill met, by bootstrap address (SGLang's
+        #: prefill_info_table; bootstrap.ensure_parallel_info)
+        self.prefill_info: dict[str, dict] = {}
         #: how a prefill knows this decode: its own address (SGLang registers it likewise)
         self.pair_key = f"{args.host}:{args.port}"
         self._lock = threading.Lock()
