@@ -7,8 +7,8 @@ One stack per router, the events in sequence, each after a steady window at full
   kill -9 of one prefill's engine, of one decode's: 0 non-streamed failed, no stream failed
     otherwise than cut, and no more cut than were in flight on that engine;
   systemctl restart of the router: measured (`BENCH` line); no request hangs;
-  `pdsvc apply` of a pair-compatible and of a pair-incompatible change: 0 failed (skipped,
-    saying so, until `pdsvc apply` exists).
+  `pdsvc apply` of a pair-compatible and of a pair-incompatible change: 0 failed (smg: at
+    most the requests of the halves' switch, each its own 503; see zero_loss.Outcome.misses).
 No request of any event may hang until the client's timeout.
 """
 
