@@ -1,5 +1,5 @@
-"""The runtime's pair-level healing, in-process: the restart policy (pdsvc/ship/runtime/policy.py),
-router membership (membership.py) and the pair canary (canary.py), against fakes of the
+"""The runtime's pair-level healing, in-process: router membership
+(pdsvc/ship/runtime/membership.py) and the pair canary (canary.py), against fakes of the
 router's /workers API and of the engines' replies. The whole loop under a real systemd and the
 real routers is tests/test_e2e_faults.py."""
 
@@ -10,139 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from runtime_procs import FakeClock
 
 from pdsvc.ship.runtime import canary, membership, probe
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
 from pdsvc.ship.runtime.membership import Membership, Worker
 from pdsvc.ship.runtime.policy import RestartPolicy
 from pdsvc.ship.runtime.probe import HttpReply
-
-# --------------------------------------------------------------------------- restart policy
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_policy(path: Path, clock: Clock, attempts: int = 3) -> RestartPolicy:
-    return RestartPolicy(str(path), restart_delay=1.0, max_delay=8.0, reset_after=600.0,
-                         attempts=attempts, clock=clock)
-
-
-def test_crashes_in_a_row_back_off_doubling_and_serving_long_forgives(tmp_path: Path) -> None:
-    clock, path = Clock(), tmp_path / "u.restart.json"
-    delays = []
-    for _ in range(6):
-        p = make_policy(path, clock)  # every run is a new process reading the file
-        delays.append(p.on_start().delay)
-        p.on_healthy()
-        clock.now += 5  # served 5 s, then crashed
-        p.on_crash("engine exited with status 137")
-    # RestartSec (1 s) is systemd's; ours on top: 0, 1, 3, 7, then capped at 8
-    assert delays == [0.0, 0.0, 1.0, 3.0, 7.0, 8.0]
-    p = make_policy(path, clock)
-    assert p.on_start().why.startswith("crash #6 in a row")
-    p.on_healthy()
-    clock.now += 600  # a healthy period resets the count
-    p.on_crash("engine exited with status 1")
-    assert make_policy(path, clock).on_start().delay == 0.0
-
-
-def test_failed_starts_give_up_once_and_the_next_operator_start_tries_afresh(
-        tmp_path: Path) -> None:
-    clock, path = Clock(), tmp_path / "u.restart.json"
-    verdicts = []
-    for _ in range(3):
-        p = make_policy(path, clock)
-        p.on_start()
-        verdicts.append(p.on_failed_start("OSError: Incorrect path_or_model_id"))
-    assert verdicts[:2] == [None, None]
-    assert verdicts[2] == ("gave up after 3 starts in a row that never became healthy; last: "
-                           "OSError: Incorrect path_or_model_id")
-    state = json.loads(path.read_text())
-    assert state["phase"] == "gave-up" and state["failed_starts"] == 0
-    p = make_policy(path, clock)  # `systemctl start` after the fix
-    p.on_start()
-    assert p.on_failed_start("still broken") is None  # counts from one again
-
-
-def test_stops_never_count_and_a_killed_run_is_read_for_what_it_was(tmp_path: Path) -> None:
-    clock, path = Clock(), tmp_path / "u.restart.json"
-    for _ in range(5):  # operator restarts, PartOf= restarts, heals: all stops
-        p = make_policy(path, clock)
-        p.on_start()
-        p.on_stop("stopped (SIGTERM)")
-    p = make_policy(path, clock)
-    assert p.on_start().delay == 0.0 and p.state.failed_starts == 0
-    # the runtime itself was SIGKILLed while serving: the next run counts a crash
-    p.on_healthy()
-    p2 = make_policy(path, clock)
-    p2.on_start()
-    assert p2.state.crashes == 1
-    # ... and while starting: a failed start
-    p3 = make_policy(path, clock)
-    p3.on_start()
-    assert p3.state.failed_starts == 1
-
-
-def test_an_unreadable_state_file_is_a_first_start(tmp_path: Path) -> None:
-    path = tmp_path / "u.restart.json"
-    path.write_text("{not json")
-    p = make_policy(path, Clock())
-    assert p.on_start().delay == 0.0
-    assert json.loads(path.read_text())["phase"] == "starting"
-
-
-def test_heals_that_brought_the_pair_back_are_forgotten(tmp_path: Path) -> None:
-    clock, path = Clock(), tmp_path / "u.restart.json"
-    p = make_policy(path, clock)
-    for _ in range(5):
-        assert p.may_heal(2, 3600, 300) == (True, "")
-        p.record_heal()
-        p.on_pair_good()  # each heal worked
-    p.record_heal()
-    p.record_heal()
-    heal, why = make_policy(path, clock).may_heal(2, 3600, 300)  # two in a row that did not
-    assert not heal and "2 heals within 60 min did not bring a pair back" in why
-    assert "the next try in 300 s" in why
-    clock.now += 3601
-    assert make_policy(path, clock).may_heal(2, 3600, 300) == (True, "")
-
-
-def test_past_the_budget_heals_go_on_slower_never_stuck_for_good(tmp_path: Path) -> None:
-    clock, path = Clock(), tmp_path / "u.restart.json"
-    p = make_policy(path, clock)
-    tries = []
-    for second in range(0, 1800, 10):  # a pair that stays broken for half an hour
-        clock.now = 1000.0 + second
-        p = make_policy(path, clock)  # each heal is a new run of the unit
-        if p.may_heal(2, 3600, 300)[0]:
-            p.record_heal()
-            tries.append(second)
-    assert tries[:2] == [0, 10]  # the budget: at once
-    assert tries[2:] == [310, 610, 910, 1210, 1510]  # then one every 300 s, never none
-
-
-def test_an_operators_stop_starts_the_heal_budget_afresh(tmp_path: Path) -> None:
-    clock, path = Clock(), tmp_path / "u.restart.json"
-    p = make_policy(path, clock)
-    p.record_heal()
-    p.record_heal()
-    p.on_stop("a heal: this runtime's own stop")  # not asked: the count stays
-    assert not make_policy(path, clock).may_heal(2, 3600, 300)[0]
-    p = make_policy(path, clock)
-    p.on_stop("stopped (SIGTERM)", asked=True)  # systemctl restart
-    assert make_policy(path, clock).may_heal(2, 3600, 300) == (True, "")
-
-
-def test_a_budget_of_zero_only_reports(tmp_path: Path) -> None:
-    heal, why = make_policy(tmp_path / "u.restart.json", Clock()).may_heal(0, 3600, 300)
-    assert not heal and "only reports" in why
-
 
 # --------------------------------------------------------------------------- membership
 
@@ -189,7 +63,7 @@ WORKER = Worker("http://10.0.0.2:30000", "prefill", 8998)
 
 @pytest.mark.parametrize("smg", [False, True], ids=["sglang-router", "smg"])
 def test_join_leave_and_rejoin_after_the_router_restarts(smg: bool) -> None:
-    router, lines, clock = FakeRouter(smg), [], Clock()
+    router, lines, clock = FakeRouter(smg), [], FakeClock(1000.0)
     m = Membership("http://10.0.0.1:8000", WORKER, "k", lines.append, call=router, clock=clock)
     assert m.join() and [w["url"] for w in router.workers] == [WORKER.url]
     posted = json.loads(membership.Worker.payload(WORKER))
@@ -220,7 +94,7 @@ def test_join_leave_and_rejoin_after_the_router_restarts(smg: bool) -> None:
 
 
 def test_an_entry_held_unhealthy_while_the_engine_is_healthy_is_posted_afresh() -> None:
-    router, clock = FakeRouter(smg=True), Clock()
+    router, clock = FakeRouter(smg=True), FakeClock(1000.0)
     m = Membership("http://r", WORKER, "k", lambda s: None, call=router, clock=clock)
     m.join()
     router.workers[0].update(status="failed", is_healthy=False)
@@ -477,7 +351,7 @@ def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> 
                       load_topology_file(repo / "etc/seed-host.topology.json"),
                       config_source="c.yaml", config_text=text)
     plan = replace(plan, paths=replace(plan.paths, run_dir=str(tmp_path)))
-    clock = Clock()
+    clock = FakeClock(1000.0)
     for _ in range(3):  # dsv4-prefill-1 never became healthy
         p = RestartPolicy(str(tmp_path / "dsv4-prefill-1.restart.json"), restart_delay=1,
                           max_delay=8, reset_after=600, attempts=3, clock=clock)
@@ -514,7 +388,7 @@ def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> 
 def test_the_router_stops_waiting_for_an_engine_that_gave_up(tmp_path: Path) -> None:
     from pdsvc.ship.runtime.lifecycle import GAVE_UP_GRACE_S, gave_up_engines
 
-    clock = Clock()
+    clock = FakeClock(1000.0)
     clock.now = 1000.0
     p = RestartPolicy(str(tmp_path / "dsv4-decode.restart.json"), restart_delay=1, max_delay=8,
                       reset_after=600, attempts=1, clock=clock)

@@ -302,8 +302,10 @@ def child_pid(events_path: Path) -> int:
 
 
 class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
+    """A clock a test moves: call it for the time, wait() or set .now to move it."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
 
     def __call__(self) -> float:
         return self.now
