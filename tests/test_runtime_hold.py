@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from test_runtime_pairs import WORKER, Clock, FakeRouter, rounds
+from pair_fakes import WORKER, FakeRouter, rounds
+from runtime_procs import FakeClock
 
 from pdsvc.ship.runtime import canary
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
@@ -38,7 +39,7 @@ def test_the_hold_file_is_the_units_state_file_and_readable_by_the_runtime(tmp_p
 def test_a_held_engine_neither_joins_nor_is_re_added_after_apply_took_it_out(
         tmp_path: Path) -> None:
     for smg in (False, True):
-        router, lines, clock = FakeRouter(smg), [], Clock()
+        router, lines, clock = FakeRouter(smg), [], FakeClock(1000.0)
         hold = Hold(str(tmp_path / f"h{smg}.hold.json"))
         m = Membership("http://r", WORKER, "k", lines.append, call=router, clock=clock,
                        held=hold.out)

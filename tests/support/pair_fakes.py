@@ -1,0 +1,55 @@
+"""Fakes of the router's /workers API and of canary rounds, shared by the runtime's pair tests
+(tests/test_runtime_pairs.py, tests/test_runtime_hold.py)."""
+
+from __future__ import annotations
+
+import json
+
+from pdsvc.ship.runtime.canary import Pair, Round
+from pdsvc.ship.runtime.membership import Worker
+from pdsvc.ship.runtime.probe import HttpReply
+
+
+
+class FakeRouter:
+    """The /workers API of sglang-router 0.3.2 or smg (status, 409 on a re-post)."""
+
+    def __init__(self, smg: bool = False, key: str = "k") -> None:
+        self.smg, self.key = smg, key
+        self.workers: list[dict] = []
+        self.up = True
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, url: str, timeout: float, body: bytes | None = None,
+                 headers: dict | None = None, method: str | None = None) -> HttpReply:
+        method = method or ("GET" if body is None else "POST")
+        self.calls.append((method, url))
+        if not self.up:
+            return HttpReply(None, b"", "connection refused")
+        if (headers or {}).get("Authorization") != f"Bearer {self.key}":
+            return HttpReply(401, b"", "HTTP 401")
+        if method == "GET":
+            return HttpReply(200, json.dumps({"workers": self.workers}).encode(), "HTTP 200")
+        if method == "DELETE":
+            wid = url.rsplit("/", 1)[1]
+            for w in self.workers:
+                if w["id"] == wid:
+                    if self.smg:
+                        w["status"], w["is_healthy"] = "draining", False
+                    else:
+                        self.workers.remove(w)
+            return HttpReply(202, b"{}", "HTTP 202")
+        doc = json.loads(body or b"{}")
+        if any(w["url"] == doc["url"] for w in self.workers):
+            return HttpReply(409, b"{}", "HTTP 409") if self.smg else HttpReply(202, b"", "")
+        self.workers.append({"id": f"id{len(self.workers)}", "url": doc["url"],
+                             "worker_type": doc["worker_type"], "is_healthy": True,
+                             **({"status": "ready"} if self.smg else {})})
+        return HttpReply(202, b"{}", "HTTP 202")
+
+
+WORKER = Worker("http://10.0.0.2:30000", "prefill", 8998)
+
+
+def rounds(pair: Pair, ok: bool) -> list[Round]:
+    return [Round(pair, ok, "" if ok else "decode: HTTP 200 with finish_reason abort")]
