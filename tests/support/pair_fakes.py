@@ -10,7 +10,6 @@ from pdsvc.ship.runtime.membership import Worker
 from pdsvc.ship.runtime.probe import HttpReply
 
 
-
 class FakeRouter:
     """The /workers API of sglang-router 0.3.2 or smg (status, 409 on a re-post)."""
 
