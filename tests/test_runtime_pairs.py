@@ -345,7 +345,7 @@ def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> 
 
 
 def test_the_router_stops_waiting_for_an_engine_that_gave_up(tmp_path: Path) -> None:
-    from pdsvc.ship.runtime.lifecycle import GAVE_UP_GRACE_S, gave_up_engines
+    from pdsvc.ship.runtime.policy import GAVE_UP_GRACE_S, gave_up_engines
 
     clock = FakeClock(1000.0)
     clock.now = 1000.0

@@ -32,7 +32,7 @@ from .jitlock import JitLock
 from .membership import MEMBERSHIP_RETRY_S, Membership, Worker, read_key
 from .notify import Log, Notifier
 from .phases import End, Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
-from .policy import GAVE_UP, RestartPolicy
+from .policy import RestartPolicy, gave_up_engines
 from .probe import (
     START_PROBE_TIMEOUT_S,
     ProbeResult,
@@ -42,7 +42,7 @@ from .probe import (
     router_start_probe,
 )
 from .proctree import become_subreaper
-from .statefile import read_json, state_path
+from .statefile import state_path
 from .states import Ending, Machine, State
 
 
@@ -75,29 +75,6 @@ def engine_fingerprint() -> str:
         except metadata.PackageNotFoundError:
             parts.append(f"no-{dist}")
     return "_".join(parts)
-
-
-#: a gave-up state older than the router's start is believed after this many seconds of it
-#: (an engine started with the router rewrites its state within a second of its start)
-GAVE_UP_GRACE_S = 10.0
-
-
-def gave_up_engines(state_dir: str | None, names: Sequence[str], since: float,
-                    now: float) -> list[str]:
-    """The engines (by their runtime's --name) whose restart policy says they gave up during
-    this start: at or after ``since`` (wall clock), or before it and still so
-    GAVE_UP_GRACE_S later. One line each: the name and its reason."""
-    if not state_dir:
-        return []
-    out = []
-    for name in names:
-        doc = read_json(state_path(state_dir, name, "restart")) or {}
-        ended = doc.get("ended_at")
-        if doc.get("phase") != GAVE_UP or not isinstance(ended, (int, float)):
-            continue
-        if ended >= since or now - since >= GAVE_UP_GRACE_S:
-            out.append(f"{name} gave up ({doc.get('reason') or 'no reason recorded'})")
-    return out
 
 
 def probes_for(args: argparse.Namespace, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:

@@ -24,10 +24,10 @@ is a first start, never a reason to refuse one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from .statefile import read_json, write_json
+from .statefile import read_json, state_path, write_json
 
 #: The heal budget's window: heals within it that brought no pair back count against it.
 HEAL_WINDOW_S = 3600.0
@@ -198,3 +198,26 @@ def recent_heals(heals: object, now: float, window: float = HEAL_WINDOW_S) -> li
         return []
     return [float(t) for t in heals
             if isinstance(t, (int, float)) and not isinstance(t, bool) and now - t < window]
+
+
+#: a gave-up state older than the router's start is believed after this many seconds of it
+#: (an engine started with the router rewrites its state within a second of its start)
+GAVE_UP_GRACE_S = 10.0
+
+
+def gave_up_engines(state_dir: str | None, names: Sequence[str], since: float,
+                    now: float) -> list[str]:
+    """The engines (by their runtime's --name) whose restart policy says they gave up during
+    this start: at or after ``since`` (wall clock), or before it and still so
+    GAVE_UP_GRACE_S later. One line each: the name and its reason."""
+    if not state_dir:
+        return []
+    out = []
+    for name in names:
+        doc = read_json(state_path(state_dir, name, "restart")) or {}
+        ended = doc.get("ended_at")
+        if doc.get("phase") != GAVE_UP or not isinstance(ended, (int, float)):
+            continue
+        if ended >= since or now - since >= GAVE_UP_GRACE_S:
+            out.append(f"{name} gave up ({doc.get('reason') or 'no reason recorded'})")
+    return out
