@@ -90,6 +90,18 @@ topology_option = click.option(
     "(render on a laptop for the GPU host). etc/seed-host.topology.json is the seed host's.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def plan_command(name: str | None = None) -> Callable[[Callable[..., Any]], click.Command]:
+    """A command that reads the config and the host's topology and answers in text or --json
+    (validate, plan): its options and its error handling, said once."""
+    def wrap(fn: Callable[..., Any]) -> click.Command:
+        for option in (handle_errors, json_option, topology_option, sysfs_option,
+                       config_option):
+            fn = option(fn)
+        return click.command(name, epilog=EPILOG,
+                             context_settings={"help_option_names": ["-h", "--help"]})(fn)
+    return wrap
 host_option = click.option(
     "--host", "host_name", metavar="NAME", default=None,
     help="With `hosts:` in the config: which host this is, so only its units are checked. "

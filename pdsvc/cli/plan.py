@@ -9,25 +9,15 @@ from pathlib import Path
 import click
 
 from pdsvc.cli.kit import (
-    EPILOG,
-    config_option,
-    handle_errors,
-    json_option,
     load_plan,
-    sysfs_option,
-    topology_option,
+    plan_command,
     warn_plan,
 )
 from pdsvc.plan.connections import connections
 from pdsvc.topology import format_cpulist
 
 
-@click.command("plan", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@config_option
-@sysfs_option
-@topology_option
-@json_option
-@handle_errors
+@plan_command("plan")
 def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
              as_json: bool) -> None:
     """Show the resolved plan: role, GPUs, NUMA node, CPUs, ports, cache dir, command lines."""

@@ -7,24 +7,14 @@ from pathlib import Path
 import click
 
 from pdsvc.cli.kit import (
-    EPILOG,
-    config_option,
     emit_json,
-    handle_errors,
-    json_option,
     load_plan,
-    sysfs_option,
-    topology_option,
+    plan_command,
     warn_plan,
 )
 
 
-@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@config_option
-@sysfs_option
-@topology_option
-@json_option
-@handle_errors
+@plan_command()
 def validate(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
              as_json: bool) -> None:
     """Check the config and that its plan fits the host; write nothing."""
