@@ -157,6 +157,23 @@ def test_help_teaches(runner) -> None:
     assert "--dry-run" in runner.invoke(main, ["render", "--help"]).output
 
 
+
+def test_apply_help_teaches_the_whole_flow(runner) -> None:
+    """The flow, the halves of a pair-incompatible change, the way back and the exit codes;
+    every `pdsvc apply ...` line of its example names options apply has."""
+    out = runner.invoke(main, ["apply", "--help"]).output
+    for needle in ("--dry-run", "two halves", "--rollback", "--yes", "Exit codes", "3 serving"):
+        assert needle in out, needle
+    from pdsvc.cli.apply import apply
+    options = {o for param in apply.params for o in param.opts}
+    examples = [line.split("#")[0].split() for line in out.splitlines()
+                if line.strip().startswith(("pdsvc apply", "sudo pdsvc apply"))]
+    assert len(examples) >= 3, out
+    for words in examples:
+        for w in words:
+            if w.startswith("--"):
+                assert w in options, (w, words)
+
 @pytest.mark.parametrize("args", [["render", "--config", "/nonexistent.yaml", *SEED]])
 def test_errors_never_show_a_traceback_in_a_real_process(args) -> None:
     proc = subprocess.run([sys.executable, "-m", "pdsvc.cli", *args], capture_output=True,

@@ -116,10 +116,13 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
          is healthy, registered again and its pairs' canary is good; the router goes last
     \b
     Changes old and new engines cannot pair across (--page-size, --kv-cache-dtype, the KV
-    layout, the model, the transfer backend) restart every pair they touch in one step:
-    serving stops. So does any step of a deployment with one engine of a role (1P1D), and
-    a router restart; apply then asks first (--yes: do not ask). A failed step stops the
-    rollout, leaves the rest as it was, and prints the one command that goes back.
+    layout, the model, the transfer backend) never meet: with two or more engines of each
+    role they roll as two halves (half A restarts out of the router while B serves, then
+    the router switches from B to A, then B restarts and joins); with fewer, every pair
+    they touch restarts in one step and serving stops. So does any step of a deployment
+    with one engine of a role (1P1D), and a router restart; apply then asks first (--yes:
+    do not ask). A failed step stops the rollout, leaves the rest as it was, and prints
+    the one command that goes back.
     \b
     Example: raise decode's max running requests on a 2P2D stack
       $EDITOR etc/pdsvc.yaml          # decode: args: {max-running-requests: 64}
