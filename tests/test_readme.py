@@ -4,7 +4,9 @@ schema's, the configs side by side in docs/hosts.md are the example files, every
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from types import ModuleType
 
 from conftest import REPO
 
@@ -90,3 +92,40 @@ def test_the_three_configs_side_by_side_are_the_example_files_and_render(runner)
         result = runner.invoke(main, ["validate", "-c", str(REPO / path),
                                       "--topology", str(REPO / "etc/seed-host.topology.json")])
         assert result.exit_code == 0, (path, result.output, result.stderr)
+
+
+def _zero_loss_table() -> ModuleType:
+    """benchmarks/zero_loss_table.py (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location(
+        "zero_loss_table", REPO / "benchmarks" / "zero_loss_table.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_zero_loss_table_is_the_last_benchmark_run() -> None:
+    """The README's table is made from benchmarks/results/zero_loss.txt, never typed: after a
+    new run, `python benchmarks/zero_loss_table.py` prints the table to paste."""
+    zero_loss_table = _zero_loss_table()
+    table = zero_loss_table.table(zero_loss_table.RESULTS.read_text())
+    assert table in (REPO / "README.md").read_text(), (
+        "README.md's zero-loss table is not the last run's: paste the output of "
+        "`python benchmarks/zero_loss_table.py`")
+    rows = table.splitlines()[2:]
+    assert any(r.startswith("| apply, pair-incompatible") for r in rows), table
+    assert all(r.count("|") == 5 for r in rows), table
+
+
+def test_the_zero_loss_table_reads_every_row_kind() -> None:
+    zero_loss_table = _zero_loss_table()
+    text = ("smg: 2P2D under steady load (...)\n"
+            "  kill -9 decode-0's engine            55      2 (≤3)  cut 2"
+            "                                 0.94    1.44      5.4\n"
+            "  apply, pair-incompatible change      108      1       http 503 1"
+            "                            0.94    0.94     14.5   MISSES: 1 failed, goal 0\n"
+            "  1P1D apply outage: 3.1 s against the engine's load time 2 s (goal ≤ 4 s)\n")
+    cells, goal = zero_loss_table.parse(text)
+    assert cells["kill -9 decode-0's engine"]["smg"] == "2 of 55: cut 2 (5.4 s)"
+    assert cells["apply, pair-incompatible change"]["smg"] == "1 of 108: http 503 1 (14.5 s)"
+    assert cells["1P1D apply: outage"]["smg"] == "3.1 s" and goal == "load 2 s + 2 s = 4 s"
