@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pdsvc.apply.execute import Bounds, Executor
+from pdsvc.apply.execute import Bounds, Executor, StepFailed
 from pdsvc.apply.rollout import Rollout, format_rollout, plan_rollout
 from pdsvc.apply.units import Unit
 from pdsvc.cli.commands import main
@@ -255,8 +255,10 @@ class FakeClock:
 class FakeHost(FakeClock):
     """systemd and the router as far as one decode's step needs them; a log of what was done."""
 
-    def __init__(self, unit: Unit) -> None:
+    def __init__(self, unit: Unit, others: list[Unit] = (), others_from: float = 0.0) -> None:
         self.unit = unit
+        self.others = others  # the other engines, listed healthy from others_from on
+        self.others_from = others_from
         self.log: list[str] = []
         self.t = 0.0
         self.running = 2  # requests in flight when the step begins
@@ -277,9 +279,12 @@ class FakeHost(FakeClock):
             return 200, f"sglang:num_running_reqs{{x=\"1\"}} {self.running}.0\n"
         if url.endswith("/workers") and method == "GET":
             ws = [{"id": "w1", "url": self.unit.url, "is_healthy": True}] * self.listed
+            if self.t >= self.others_from:
+                ws += [{"id": u.name, "url": u.url, "is_healthy": True} for u in self.others]
             return 200, json.dumps({"workers": ws})
         if method == "DELETE":
             self.log.append(f"DELETE {url.rsplit('/', 1)[1]}")
+            self.deleted_at = self.t
             self.listed = False
             return 202, ""
         self.listed = self.invocation == "new"
@@ -307,7 +312,7 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
         "--enable-metrics", "--enable-metrics --max-running-requests 64")
     r = plan_rollout(b, new)
     units = {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}
-    host = FakeHost(units["dsv4-decode-0.service"])
+    host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"))
     said: list[str] = []
     Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
     # held first (the runtime does not re-add it), released once healthy and its pairs good
@@ -315,6 +320,37 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
                         "restart dsv4-decode-0.service", "release dsv4-decode-0.hold.json"]
     assert host.running == 0  # drained before the restart
     assert said[-1] == "  dsv4-decode-0.service: serving again"
+
+
+def engines_but(units: dict[str, Unit], name: str) -> list[Unit]:
+    return [u for n, u in units.items() if u.kind == "engine" and n != name]
+
+
+@pytest.mark.parametrize("joins_at", [4.0, None])
+def test_an_engine_leaves_the_router_only_once_another_of_its_role_is_listed(
+        tmp_path, joins_at: float | None) -> None:
+    """decode-1 not (yet) in the router — just started, back from a crash, still proving its
+    pairs: the step waits for it before decode-0 leaves, and fails, taking nothing out, if
+    it never comes within the bound."""
+    b = bundle(tmp_path, two_two())
+    new = dict(b)
+    new["dsv4-decode-0.service"] = new["dsv4-decode-0.service"].replace(
+        "--enable-metrics", "--enable-metrics --max-running-requests 64")
+    r = plan_rollout(b, new)
+    units = {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}
+    host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"),
+                    others_from=joins_at if joins_at is not None else float("inf"))
+    said: list[str] = []
+    ex = Executor(units, host, Bounds(10, 10, 0.5), said.append)  # type: ignore[arg-type]
+    if joins_at is None:
+        with pytest.raises(StepFailed, match="no other healthy decode within 10 s"):
+            ex.run_step(r.steps[0])
+        assert host.log == [] and host.listed  # nothing held, nothing taken out
+        return
+    ex.run_step(r.steps[0])
+    assert host.log[:2] == ["hold dsv4-decode-0.hold.json out=True", "DELETE w1"]
+    assert host.deleted_at >= joins_at  # not a moment before decode-1 is listed
+    assert any("waiting until the router lists another decode" in line for line in said), said
 
 
 class FakeStack(FakeClock):

@@ -220,6 +220,7 @@ class Executor:
         first_half = bool(step.halves) and tuple(step.units) == tuple(step.halves[0])
         among = self._urls(tuple(step.units)) if step.halves else None
         if step.action != "start":
+            self._wait_for_others(engines)
             for u in engines:  # out, and kept out once restarted, until released
                 self._hold(u, out=True, peers=among, why=f"{step.action} {u.name}")
             if first_half:  # B serves meanwhile, its canary never probing the new A
@@ -269,6 +270,33 @@ class Executor:
             self.host.sleep(min(self.bounds.poll_secs, 0.1))
         self.say(f"  {', '.join(a)}: serving with the new definition (listed by the router "
                  f"{self.host.now() - t0:.2f} s after the first DELETE)")
+
+    def _wait_for_others(self, going: list[Unit]) -> None:
+        """Serving must not stop: before engines leave the router, it lists a healthy engine of
+        each of their roles outside this step, where the deployment has one. An engine that
+        has not (re-)joined yet (just started, back from a crash or a heal, its runtime still
+        waiting for its canary) is waited for, up to the step's bound: the plan's "serving
+        never stops" counts engines, the router counts the ones it can route to."""
+        out = {u.name for u in going}
+        others = [u for u in self.units.values()
+                  if u.kind == "engine" and u.name not in out and u.url]
+        roles = sorted({u.role for u in going} & {u.role for u in others})
+        deadline = self.host.now() + self.bounds.ready_secs
+        said = False
+        while True:
+            missing = [r for r in roles
+                       if not any(u.role == r and self._listed_healthy(u) for u in others)]
+            if not missing:
+                return
+            if not said:
+                self.say(f"  waiting until the router lists another {' and '.join(missing)} "
+                         f"before {', '.join(sorted(out))} leaves it (serving must not stop)")
+                said = True
+            if self.host.now() >= deadline:
+                raise StepFailed(f"the router lists no other healthy {' or '.join(missing)} "
+                                 f"within {self.bounds.ready_secs:g} s: taking "
+                                 f"{', '.join(sorted(out))} out would stop serving")
+            self.host.sleep(self.bounds.poll_secs)
 
     def _listed_healthy(self, u: Unit) -> bool:
         entry, _ = self._router_entry(u)
