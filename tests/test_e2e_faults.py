@@ -10,7 +10,6 @@ file order; at the end no unit is failed.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require
+from faults import canaries_ok
 from nspawn import nspawn_available
 from stack import Stack
 
@@ -77,18 +77,6 @@ def fault(stack: Stack, package: str, what: str, act, settle: float = 0.0) -> fl
     # fault starts from a pair its runtimes have seen work, not one second after a restart
     stack.c.wait_for(lambda: canaries_ok(stack), 30, interval=0.25, what="the canaries agree")
     return seconds
-
-
-def canaries_ok(stack: Stack) -> bool:
-    """Every engine's canary file (in its RuntimeDirectory=) says every pair is ok."""
-    for role in ("prefill", "decode"):
-        path = f"/run/e2e/{stack.unit(role).removesuffix('.service')}.canary.json"
-        if not stack.c.exists(path):
-            return False
-        pairs = json.loads(stack.c.read_file(path))["pairs"]
-        if not pairs or any(p["state"] != "ok" for p in pairs):
-            return False
-    return True
 
 
 def not_serving_soon(stack: Stack, within: float = 8.0) -> bool:

@@ -43,9 +43,9 @@ def policy_flags(plan: Plan, state_dir: str) -> list[str]:
     that outlives a restart, not a reboot (a boot is a first start), and leaves no file behind
     on disk."""
     lc = plan.lifecycle
-    textfile = ["--metrics-dir", metrics_dir(state_dir), "--deployment", plan.name] \
-        if plan.metrics.textfile else []
-    return ["--state-dir", state_dir, "--start-timeout", str(lc.start_timeout_secs),
+    textfile = ["--metrics-dir", metrics_dir(state_dir)] if plan.metrics.textfile else []
+    return ["--state-dir", state_dir, "--deployment", plan.name,
+            "--start-timeout", str(lc.start_timeout_secs),
             "--restart-delay", str(lc.restart_secs),
             "--restart-max-delay", str(lc.restart_backoff_max_secs),
             "--restart-reset", str(lc.restart_reset_secs),
@@ -80,8 +80,18 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
         flags += ["--canary-interval", str(lc.canary_interval_secs),
                   "--canary-failures", str(lc.canary_failures),
                   "--canary-timeout", str(lc.canary_timeout_secs),
-                  "--canary-heals", str(lc.canary_heal_attempts)]
+                  "--canary-heals", str(lc.canary_heal_attempts),
+                  "--restart-all", restart_all_command(plan, manager)]
     return flags
+
+
+def restart_all_command(plan: Plan, manager: str) -> str:
+    """What an operator runs to restart every engine of the deployment at once (the cure of
+    a heal cascade that came back, runtime/cascade.py): the target, or every engine program."""
+    if manager == "systemd":
+        return f"systemctl restart {plan.target}"
+    names = " ".join(e.name for e in plan.engines)
+    return f"supervisorctl -s unix://{plan.supervisord.control_socket} restart {names}"
 
 
 def router_command(plan: Plan, r: RouterPlan, manager: str) -> tuple[str, ...]:

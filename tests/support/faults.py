@@ -9,6 +9,7 @@ interval for a pair broken behind a port that never closed (nothing marks that m
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
@@ -59,6 +60,18 @@ MARATHON = (
     Fault("prefill replaced behind its address", _replace_prefill, heal=True,
           extra=lambda lc: lc["canary_interval_secs"]),
 )
+
+
+def canaries_ok(stack: Stack, instances: tuple[str, ...] = ("prefill", "decode")) -> bool:
+    """Every engine's canary file (in its RuntimeDirectory=) says every pair is ok."""
+    for role in instances:
+        path = f"/run/e2e/{stack.unit(role).removesuffix('.service')}.canary.json"
+        if not stack.c.exists(path):
+            return False
+        pairs = json.loads(stack.c.read_file(path))["pairs"]
+        if not pairs or any(p["state"] != "ok" for p in pairs):
+            return False
+    return True
 
 
 def journal(stack: Stack, role: str) -> list[str]:

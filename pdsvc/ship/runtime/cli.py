@@ -207,7 +207,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     common.add_argument(
         "--deployment", metavar="NAME", default="",
-        help="the deployment label of those series (the config's name)",
+        help="the deployment (the config's name): the label of those series, and the name of "
+        "the deployment-wide heal marker in --state-dir (NAME.heal-all.json, cascade.py)",
     )
     common.add_argument(
         "--start-timeout", type=_positive_float, metavar="S",
@@ -374,6 +375,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         "(0: never heal, only report); a heal after which a pair serves again "
                         "is forgotten, and a stop of the unit clears the count (default: "
                         "%(default)s)")
+    canary.add_argument("--restart-all", metavar="CMD", default="",
+                        help="the command that restarts every engine of the deployment "
+                        "together (e.g. systemctl restart NAME-pd.target), named when a heal "
+                        "cascade comes back within an hour of the runtimes' own cure "
+                        "(cascade.py; needs --state-dir and --deployment)")
 
     router = modes.add_parser(
         "router",

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .canary import HEAL_STAGGER_S, Canary, CanaryThread, Pair, own_failures
+from .cascade import Cascade
 from .child import Child, exit_status, runtime_exit_code
 from .codes import (
     EXIT_GAVE_UP,
@@ -124,6 +125,7 @@ class Unit:
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
+        self.cascade: Cascade | None = None  # with pairs and a state dir (start_canary)
         self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
         self.machine = Machine()
         self.delay = (0.0, "")  # the restart policy's back-off for this start, and why
@@ -367,6 +369,10 @@ class Unit:
                 # (smg keeps one for seconds): look again soon, not a whole interval later
                 next_check = now + (a.membership_interval if self.membership.joined
                                     else min(a.membership_interval, MEMBERSHIP_RETRY_S))
+            if self.cascade is not None:
+                together = self.cascade.due(self.policy.state.serving_since, now)
+                if together:
+                    return Outcome(End.HEAL, detail=together)
             if self.canary is not None:
                 rounds = self.canary.take()
                 for r in rounds:
@@ -390,8 +396,9 @@ class Unit:
                 if why:
                     heal, wait = self.policy.may_heal(a.canary_heals)
                     if heal:
-                        self.policy.record_heal()
-                        return Outcome(End.HEAL, detail=why)
+                        self.policy.record_heal(a.role or "")
+                        cure = self.cascade.after_heal() if self.cascade else None
+                        return Outcome(End.HEAL, detail=cure or why)
                     if wait != said_wait[0]:  # news only: rounds come every second
                         log(f"{why} — but not now: {wait}")
                         self.notifier.status(f"pair failing, not healed now: {wait}")
@@ -428,6 +435,9 @@ class Unit:
                                    failures=failures)
         if self.membership is not None:
             self.membership.admit = canary.admits
+        if a.state_dir and a.role:
+            self.cascade = Cascade(a.state_dir, a.deployment, a.name,
+                                   getattr(a, "restart_all", ""), self.log)
         self.canary.start()
 
     def serve(self) -> State:

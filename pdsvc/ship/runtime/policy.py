@@ -50,6 +50,10 @@ class RunState:
     ended_at: float | None = None  # wall clock of the last run's end
     reason: str = ""  # the last run's end in one line (shown by `pdsvc status`)
     heals: list[float] = field(default_factory=list)  # wall clock of each pair heal (canary)
+    # every heal within HEAL_WINDOW_S, a good pair or not (cascade.py reads every engine's),
+    # and this engine's role (prefill | decode) when it has pairs
+    heal_log: list[float] = field(default_factory=list)
+    role: str = ""
     # the last start that served: seconds in each phase before it did (backoff, wait_gpus,
     # jit_lock, starting), for `pdsvc status --metrics` and the textfile
     start_phases: dict[str, float] = field(default_factory=dict)
@@ -151,7 +155,9 @@ class RestartPolicy:
         was_serving = s.phase == SERVING
         s.phase, s.reason, s.ended_at = STOPPED, reason, self.clock()
         if asked:
-            s.heals = []  # an operator's stop or restart starts the heal budget afresh
+            # an operator's stop or restart starts the heal budget (and the cascade's count)
+            # afresh
+            s.heals, s.heal_log = [], []
         if was_serving and s.serving_since is not None and \
                 s.ended_at - s.serving_since >= self.reset_after:
             s.crashes = 0
@@ -180,8 +186,14 @@ class RestartPolicy:
                        f"bring a pair back: the next try in {wait:.0f} s (one every "
                        f"{slow:g} s; `systemctl restart` of the unit starts afresh)")
 
-    def record_heal(self) -> None:
-        self.state.heals.append(self.clock())
+    def record_heal(self, role: str = "") -> None:
+        """A heal now: against the budget, and in the log a heal cascade is judged by
+        (cascade.py), which a good pair does not clear."""
+        now = self.clock()
+        self.state.heals.append(now)
+        self.state.heal_log = [*recent_heals(self.state.heal_log, now), now]
+        if role:
+            self.state.role = role
         self._save()
 
     def on_pair_good(self) -> None:

@@ -1,0 +1,171 @@
+"""A heal cascade, and its one cure: every engine of the deployment restarted together.
+
+Why. A heal restarts one engine; its new process has a new NIXL agent (a fresh uuid4 per
+process, SGLang ``disaggregation/nixl/conn.py``). Every engine of the other role that talked to
+the previous process can then be stale toward the new one: a decode keeps a replaced
+prefill's endpoints (sglang #33789), a prefill keeps a replaced decode's agent state
+(smg-project/smg #2382). With one of the two bugs, heals settle: only the side that stayed is
+stale, it heals, and the replaced side never goes stale toward it. With both, and several
+engines of each role, every heal poisons the other role, whose heal poisons back, forever; a
+pair serves between heals, so the heal budget (policy.py) never slows it. The only cure is a
+restart of every engine at once: no new process ever meets an old one, because a new
+engine's canary and router membership start only once it is healthy, after its load, by
+which time every old process is gone.
+
+The rule (read from the engines' own restart state files, NAME.restart.json in the shared
+``--state-dir``, whose ``heal_log`` and ``role`` the restart policy keeps):
+
+* **A cascade** is at least ``CASCADE_HEALS`` (3) heals within ``CASCADE_WINDOW_S`` (10 min),
+  by engines of *both* roles, none before the last cure. With one of the bugs only, the heals
+  are all of one role (the side that stayed); two heals of one role, then one of the other,
+  is the poison going back. Three, not two: one heal of each role may be two faults that
+  happened together. A fresh engine's last-resort heal (canary.py) can add the other role
+  with one bug only; it too replaces a process its peers talked to, so a cure is right there
+  as well.
+* **The cure**: the runtime whose heal completes a cascade writes ``DEPLOYMENT.heal-all.json``
+  (atomically: ``at``, ``by``, ``why``) and every engine runtime of the deployment that served
+  since before that time restarts its engine (End.HEAL, the heal's path) within
+  ``MARKER_LOOK_S`` of it. A marker older than ``MARKER_ACT_S`` is not acted on (an engine
+  that was held, or down, starts fresh anyway).
+* **Once**: a cascade within ``CURE_WINDOW_S`` (1 h) of the last cure is reported, with the
+  command that restarts the whole deployment, and nothing more is done than the heals
+  themselves (each still within the heal budget).
+* **A hold** by `pdsvc apply` (any NAME.hold.json in the state directory) suppresses it all:
+  no marker is written and none is acted on while apply rolls a change.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .hold import KIND as HOLD_KIND
+from .statefile import read_json, state_path, write_json
+
+CASCADE_HEALS = 3
+CASCADE_WINDOW_S = 600.0
+CURE_WINDOW_S = 3600.0
+#: a marker is acted on only this long after it was written
+MARKER_ACT_S = 60.0
+#: seconds between a runtime's looks at the marker (a stat and a read of a few hundred bytes)
+MARKER_LOOK_S = 0.5
+KIND = "heal-all"
+ROLES = ("prefill", "decode")
+#: what the journal says about the cause, in every line about a cascade
+CAUSE = ("both sides of a pair go stale toward a replaced peer (sglang #33789 and "
+         "smg-project/smg #2382 together), so each heal makes the other role stale again")
+
+
+@dataclass(frozen=True)
+class Heal:
+    at: float  # wall clock
+    name: str  # the engine's runtime --name
+    role: str  # prefill | decode
+
+
+def marker_path(state_dir: str, deployment: str) -> str:
+    return state_path(state_dir, deployment or "deployment", KIND)
+
+
+def read_marker(state_dir: str, deployment: str) -> dict | None:
+    """The last cure's marker ({"at", "by", "why"}), or None (missing or unreadable)."""
+    doc = read_json(marker_path(state_dir, deployment))
+    if doc is None or not isinstance(doc.get("at"), (int, float)):
+        return None
+    return doc
+
+
+def held(state_dir: str) -> list[str]:
+    """The engines `pdsvc apply` holds now (their NAME.hold.json files)."""
+    suffix = f".{HOLD_KIND}.json"
+    return sorted(os.path.basename(p)[:-len(suffix)]
+                  for p in glob.glob(os.path.join(state_dir, f"*{suffix}")))
+
+
+def heals(state_dir: str) -> list[Heal]:
+    """Every engine's logged heals (the restart policy's files), oldest first."""
+    out = []
+    suffix = ".restart.json"
+    for path in glob.glob(os.path.join(state_dir, f"*{suffix}")):
+        doc = read_json(path) or {}
+        role, log = doc.get("role"), doc.get("heal_log")
+        if role not in ROLES or not isinstance(log, list):
+            continue
+        name = os.path.basename(path)[:-len(suffix)]
+        out += [Heal(float(t), name, role) for t in log
+                if isinstance(t, (int, float)) and not isinstance(t, bool)]
+    return sorted(out, key=lambda h: h.at)
+
+
+def is_cascade(recent: list[Heal], now: float, since: float = float("-inf")) -> str | None:
+    """The rule (module docstring): what makes ``recent`` a cascade, in words, or None."""
+    inside = [h for h in recent if h.at > since and now - h.at < CASCADE_WINDOW_S]
+    roles = {h.role for h in inside}
+    if len(inside) < CASCADE_HEALS or not set(ROLES) <= roles:
+        return None
+    told = ", ".join(f"{h.name} {now - h.at:.0f} s ago" for h in inside[-6:])
+    return (f"{len(inside)} heals of both roles within {CASCADE_WINDOW_S / 60:g} min "
+            f"({told})")
+
+
+class Cascade:
+    """One engine runtime's part: judge its own heals, write the marker, act on one."""
+
+    def __init__(self, state_dir: str, deployment: str, name: str, restart_all: str,
+                 log: Callable[[str], None],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.state_dir, self.deployment, self.name = state_dir, deployment, name
+        self.restart_all = restart_all or "a restart of every engine of the deployment"
+        self.log = log
+        self.clock = clock
+        self.next_look = 0.0
+        self.reported: float | None = None  # the marker whose repeat this runtime reported
+
+    def after_heal(self) -> str | None:
+        """Called once this engine's heal is logged: the cure's reason when that heal
+        completes a cascade and this runtime wrote the marker (the caller restarts its engine
+        at once), else None (a repeat within CURE_WINDOW_S is only reported)."""
+        if held(self.state_dir):
+            return None
+        now = self.clock()
+        marker = read_marker(self.state_dir, self.deployment)
+        last = float(marker["at"]) if marker else float("-inf")
+        why = is_cascade(heals(self.state_dir), now, since=last)
+        if why is None:
+            return None
+        if marker is not None and now - last < CURE_WINDOW_S:
+            if self.reported != last:
+                self.reported = last
+                self.log(f"heal cascade again: {why}, {(now - last) / 60:.0f} min after every "
+                         f"engine was restarted together; {CAUSE}. Not restarting everything "
+                         f"again within {CURE_WINDOW_S / 60:g} min: heals go on one by one; "
+                         f"to cure it, run `{self.restart_all}`")
+            return None
+        cure = (f"heal cascade in deployment {self.deployment or '?'}: {why}; {CAUSE}. The "
+                f"cure: one restart of every engine together, so that no new process meets "
+                f"an old one (the same as `{self.restart_all}`)")
+        write_json(marker_path(self.state_dir, self.deployment),
+                   {"at": now, "by": self.name, "why": cure})
+        self.log(f"{cure}: wrote {marker_path(self.state_dir, self.deployment)}")
+        return cure
+
+    def due(self, serving_since: float | None, monotonic: float) -> str | None:
+        """Why this engine restarts now with the whole deployment (a marker newer than its
+        serving start, at most MARKER_ACT_S old, no hold), or None; looks every
+        MARKER_LOOK_S (``monotonic``: the caller's clock)."""
+        if monotonic < self.next_look or serving_since is None:
+            return None
+        self.next_look = monotonic + MARKER_LOOK_S
+        marker = read_marker(self.state_dir, self.deployment)
+        if marker is None:
+            return None
+        at, now = float(marker["at"]), self.clock()
+        if at <= serving_since or now - at >= MARKER_ACT_S or held(self.state_dir):
+            return None
+        by = marker.get("by") or "an engine"
+        return (f"{by} found a heal cascade {now - at:.1f} s ago: every engine of the "
+                f"deployment restarts together ({CAUSE}; "
+                f"{marker_path(self.state_dir, self.deployment)})")
