@@ -50,11 +50,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdsvc.apply.lease import Lease
 from pdsvc.apply.managers import Manager, Systemd
 from pdsvc.apply.rollout import Step
 from pdsvc.apply.units import Unit
 from pdsvc.ship.runtime.hold import clear_hold, hold_path, write_hold
 from pdsvc.ship.runtime.membership import Worker
+from pdsvc.ship.runtime.statefile import read_json
 
 RUNNING_REQS = "sglang:num_running_reqs"
 
@@ -92,10 +94,12 @@ class Host:
         except OSError:
             return None
 
-    def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str) -> bool:
-        """Write a hold file; whether it is there (the runtime's state directory exists)."""
-        write_hold(path, out=out, peers=peers, why=why)
-        return Path(path).is_file()
+    def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str,
+                   until: float | None = None, since: float | None = None) -> bool:
+        """Write a hold file (lease.py: ``until``, ``since``); whether it now holds what was
+        written (the runtime's state directory exists and the write went through)."""
+        doc = write_hold(path, out=out, peers=peers, why=why, until=until, since=since)
+        return read_json(path) == doc
 
     def clear_hold(self, path: str) -> None:
         clear_hold(path)
@@ -143,6 +147,7 @@ class Executor:
         self.say = say
         self.manager = manager or Systemd(host)
         self.holds: dict[str, str] = {}  # hold file -> unit, every one written and not removed
+        self.lease = Lease(host, say)  # renews them (lease.py; the command starts its thread)
 
     # ------------------------------------------------------------------ router
     def _headers(self, u: Unit) -> dict[str, str]:
@@ -192,14 +197,14 @@ class Executor:
         if path is None or u.kind != "engine":
             return False
         self.holds[path] = u.name
-        return self.host.write_hold(path, out, peers, why)
+        return self.lease.hold(path, out=out, peers=peers, why=why)
 
     def release_all(self) -> list[str]:
         """Remove every hold this rollout wrote (at its end, on failure, on Ctrl-C); the
         units released."""
         released = []
         for path, name in list(self.holds.items()):
-            self.host.clear_hold(path)
+            self.lease.release(path)
             released.append(name)
             del self.holds[path]
         return released
