@@ -16,7 +16,8 @@ NAME.hold.json, pdsvc/ship/runtime/hold.py): the runtime then neither joins the 
 re-adds the engine, also once restarted, and its canary reports without healing. apply
 releases it once the engine is healthy and its pairs good, then waits for the runtime to
 register it. Every hold apply wrote is removed when the rollout ends, fails or is
-interrupted (release_all, called by the command in a `finally`).
+interrupted (release_all, called by the command in a `finally`); while it lasts it is leased
+and renewed (lease.py), so a killed apply's hold ends by itself.
 
 A pair-incompatible change by halves (rollout.halves, steps "restart half" and "switch
 halves"): A restarts held out, its canary fenced to A's peers, while B serves fenced to B's
