@@ -3,11 +3,14 @@ a 2P2D stack takes a pair-compatible change of the decodes (an extra engine arg)
 the container as an operator would, while a request loop runs through the router.
 
 Checked: only the changed units restarted, one at a time (the second decode stopped only
-after the first was back), and every request of the loop was served.
+after the first was back), and every request of the loop was served. And an apply killed with
+SIGKILL mid-step leaves its hold behind: the engine rejoins the router once the hold's lease
+has run out (pdsvc/apply/lease.py, here a few seconds long).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +21,8 @@ import yaml
 from conftest import require
 from nspawn import nspawn_available
 from stack import APPLY_DIR, Stack
+
+from pdsvc.apply.lease import LEASE_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -90,3 +95,49 @@ def test_apply_restarts_only_the_changed_decodes_one_at_a_time_while_serving(
     assert not c.exists(f"{APPLY_DIR}/units/.pdsvc-previous/config.yaml")
     assert "the config of the running bundle is not kept" in r.stderr
     assert c.exists(f"{APPLY_DIR}/units/.pdsvc-applied.yaml")  # the next apply keeps this one
+
+
+def _listed(stack: Stack, url: str) -> bool:
+    code, body = stack.workers(timeout=5)
+    try:
+        workers = json.loads(body)["workers"] if code == 200 else []
+    except (ValueError, KeyError):
+        return False
+    return any(str(w.get("url", "")).rstrip("/") == url and w.get("is_healthy") is not False
+               for w in workers)
+
+
+def test_a_hold_left_by_a_killed_apply_runs_out_and_the_engine_rejoins(stack: Stack) -> None:
+    c, lease = stack.c, 4.0
+    cfg = yaml.safe_load((stack.work / "config.yaml").read_text())
+    for d in cfg["decode"]:
+        d["args"] = {"max-running-requests": 48}  # neither the original nor the test above's
+    engine = next(e for e in stack.plan["engines"] if e["name"] == "e2e-decode-0")
+    url = engine["url"].rstrip("/")
+    hold = f"{stack.plan['paths']['run_dir']}/e2e-decode-0.hold.json"
+    done: list = []
+    run = threading.Thread(target=lambda: done.append(stack.apply(
+        cfg, "--drain-timeout", "20", "--step-timeout", "120", timeout=300,
+        env={LEASE_ENV: str(lease)})), daemon=True)
+    run.start()
+    # mid-step: decode-0 held and out of the router (apply drains, restarts, waits for it)
+    c.wait_for(lambda: c.exists(hold) and not _listed(stack, url), 120, interval=0.1,
+               what="apply holding decode-0 out of the router")
+    pid = c.run(["pgrep", "-f", "-o", "pdsvc.cli apply"]).stdout.split()[0]
+    c.run(["kill", "-9", pid])
+    killed = time.monotonic()
+    run.join(60)
+    assert done and done[0].returncode in (-9, 137), done and done[0].stderr
+    assert "released the hold" not in done[0].stderr  # no finally ran: the hold is left
+    assert c.exists(hold), "apply released decode-0 before it was killed"
+    doc = json.loads(c.run(["cat", hold]).stdout)
+    assert doc["until"] - doc["since"] >= lease - 0.5  # leased (and maybe renewed)
+    c.wait_for(lambda: _listed(stack, url), 120, interval=0.25,
+               what="decode-0 back in the router after the lease ran out")
+    rejoined = time.monotonic() - killed
+    print(f"BENCH hold lease: rejoined {rejoined:.1f} s after apply was killed "
+          f"(lease {lease:g} s, renewed every {lease / 6:.2f} s)")
+    journal = c.journal(stack.unit("decode-0"), lines=400)
+    assert f"ignoring an expired hold from pdsvc apply ({hold}" in journal, journal[-3000:]
+    stack.wait_serving(120)
+    c.run(["rm", "-f", hold])

@@ -4,6 +4,7 @@ the peers the hold names and never heals while a hold exists."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -82,3 +83,52 @@ def test_the_canary_only_reports_while_held_and_probes_only_the_named_peers(
     assert c.verdict() is None  # held: a failing pair it served is reported, not healed
     clear_hold(hold.path)
     assert c.verdict() is not None and [p.decode for p in t.probed()] == [D0, D1]
+
+
+# ---------------------------------------------------------------------- the lease (until)
+
+
+def test_a_hold_whose_lease_ran_out_is_no_hold_and_is_logged_once_per_lease(
+        tmp_path: Path) -> None:
+    now, lines = [1000.0], []
+    hold = Hold(str(tmp_path / "d0.hold.json"), lines.append, wall=lambda: now[0])
+    write_hold(hold.path, out=True, peers=[D0], why="step 1", until=1030.0)
+    assert hold.active() and hold.out() and not hold.allows(D1)
+    now[0] = 1029.9
+    assert hold.active() and lines == []
+    now[0] = 1030.0  # the lease ran out: as if the file were gone
+    for _ in range(3):
+        assert not hold.active() and hold.out() is None and hold.allows(D1)
+    assert len(lines) == 1 and "expired hold from pdsvc apply" in lines[0]
+    assert hold.path in lines[0]
+    write_hold(hold.path, out=True, until=1060.0)  # a renewal (or a new apply): held again
+    assert hold.active() and len(lines) == 1
+    now[0] = 1061.0
+    assert not hold.active() and len(lines) == 2  # a new lease ran out: said again
+
+
+def test_a_hold_without_until_from_an_older_apply_lasts_until_removed(tmp_path: Path) -> None:
+    hold = Hold(str(tmp_path / "d0.hold.json"), wall=lambda: 1e12)
+    write_hold(hold.path, out=True)
+    assert "until" not in json.loads(Path(hold.path).read_text())
+    assert hold.active() and hold.out()
+
+
+def test_an_expired_hold_lets_the_engine_rejoin_and_its_canary_heal(tmp_path: Path) -> None:
+    now, lines = [1000.0], []
+    router, clock = FakeRouter(False), FakeClock(1000.0)
+    hold = Hold(str(tmp_path / "p0.hold.json"), lines.append, wall=lambda: now[0])
+    m = Membership("http://r", WORKER, "k", lines.append, call=router, clock=clock,
+                   held=hold.out)
+    write_hold(hold.path, out=True, until=1030.0)  # apply took it out, then was killed
+    m.check(True)
+    assert router.workers == [] and not m.joined
+    now[0] = 1031.0
+    m.check(True)  # the next membership check after the lease: joins
+    assert m.joined and [w["url"] for w in router.workers] == [WORKER.url]
+    mine = Pair(P0, 8998, D0)
+    c = Canary(P0, [mine], failures_to_act=2, log=lambda s: None, hold=hold)
+    c.record(rounds(mine, True))
+    for _ in range(6):
+        c.record(rounds(mine, False))
+    assert c.verdict() is not None  # no hold in force: it heals as usual

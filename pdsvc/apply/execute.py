@@ -16,7 +16,8 @@ NAME.hold.json, pdsvc/ship/runtime/hold.py): the runtime then neither joins the 
 re-adds the engine, also once restarted, and its canary reports without healing. apply
 releases it once the engine is healthy and its pairs good, then waits for the runtime to
 register it. Every hold apply wrote is removed when the rollout ends, fails or is
-interrupted (release_all, called by the command in a `finally`).
+interrupted (release_all, called by the command in a `finally`); while it lasts it is leased
+and renewed (lease.py), so a killed apply's hold ends by itself.
 
 A pair-incompatible change by halves (rollout.halves, steps "restart half" and "switch
 halves"): A restarts held out, its canary fenced to A's peers, while B serves fenced to B's
@@ -50,11 +51,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdsvc.apply.lease import Lease
 from pdsvc.apply.managers import Manager, Systemd
 from pdsvc.apply.rollout import Step
 from pdsvc.apply.units import Unit
 from pdsvc.ship.runtime.hold import clear_hold, hold_path, write_hold
 from pdsvc.ship.runtime.membership import Worker
+from pdsvc.ship.runtime.statefile import read_json
 
 RUNNING_REQS = "sglang:num_running_reqs"
 
@@ -92,10 +95,12 @@ class Host:
         except OSError:
             return None
 
-    def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str) -> bool:
-        """Write a hold file; whether it is there (the runtime's state directory exists)."""
-        write_hold(path, out=out, peers=peers, why=why)
-        return Path(path).is_file()
+    def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str,
+                   until: float | None = None, since: float | None = None) -> bool:
+        """Write a hold file (lease.py: ``until``, ``since``); whether it now holds what was
+        written (the runtime's state directory exists and the write went through)."""
+        doc = write_hold(path, out=out, peers=peers, why=why, until=until, since=since)
+        return read_json(path) == doc
 
     def clear_hold(self, path: str) -> None:
         clear_hold(path)
@@ -143,6 +148,7 @@ class Executor:
         self.say = say
         self.manager = manager or Systemd(host)
         self.holds: dict[str, str] = {}  # hold file -> unit, every one written and not removed
+        self.lease = Lease(host, say)  # renews them (lease.py; the command starts its thread)
 
     # ------------------------------------------------------------------ router
     def _headers(self, u: Unit) -> dict[str, str]:
@@ -192,14 +198,14 @@ class Executor:
         if path is None or u.kind != "engine":
             return False
         self.holds[path] = u.name
-        return self.host.write_hold(path, out, peers, why)
+        return self.lease.hold(path, out=out, peers=peers, why=why)
 
     def release_all(self) -> list[str]:
         """Remove every hold this rollout wrote (at its end, on failure, on Ctrl-C); the
         units released."""
         released = []
         for path, name in list(self.holds.items()):
-            self.host.clear_hold(path)
+            self.lease.release(path)
             released.append(name)
             del self.holds[path]
         return released

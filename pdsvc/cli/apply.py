@@ -195,9 +195,11 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
     if on_host:
         _say(f"pdsvc apply: on {on_host}: steps {', '.join(str(i) for i, _ in mine) or 'none'}"
              f" of {total}")
+    executor.lease.start()  # renews every hold while apply runs (pdsvc/apply/lease.py)
     try:
         _run_steps(executor, mine, total, output)
     finally:  # never leave a hold behind: failed, interrupted (Ctrl-C) or done
+        executor.lease.stop()
         released = executor.release_all()
         if released:
             _say(f"pdsvc apply: released the hold on {', '.join(released)}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsvc.plan.build import Plan
+from pdsvc.ship.runtime.hold import lease_end
 from pdsvc.ship.runtime.metrics import exposition, unit_samples
 from pdsvc.ship.runtime.policy import SLOW_HEAL_S, recent_heals
 from pdsvc.ship.runtime.statefile import read_json, state_path
@@ -57,21 +58,30 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
         recent = recent_heals(doc.get("heals"), time.time())
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
                             str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
-                            len(recent), _held(directory, name)))
+                            len(recent), hold_words(directory, name)))
     return runs
 
 
-def _held(directory: Path, name: str) -> str:
+def hold_words(directory: Path, name: str, now: float | None = None) -> str:
+    """apply's hold on the engine as words: how long its lease has left, or that it expired
+    (the runtime ignores it then: hold.Hold.doc)."""
     hold = _state(directory, name, "hold")
     if hold is None:
         return ""
+    now = time.time() if now is None else now
+    path, by = state_path(str(directory), name, "hold"), hold.get("by") or "pdsvc apply"
+    until = lease_end(hold)
+    if until is not None and until <= now:
+        return f"hold by {by} expired {now - until:.0f} s ago (not renewed: apply is gone): " \
+               f"the runtime ignores it and the engine serves as usual ({path}: stale)"
     since = hold.get("since")
-    ago = f" for {int(time.time() - since)} s" if isinstance(since, int | float) else ""
+    ago = f" for {int(now - since)} s" if isinstance(since, int | float) else ""
+    left = f" (lease: {until - now:.0f} s left)" if until is not None else ""
     what = "out of the router" if hold.get("out") is not False else "in the router"
     peers = hold.get("peers")
     fence = f", canary only with {', '.join(map(str, peers))}" if isinstance(peers, list) else ""
-    return f"held by {hold.get('by') or 'pdsvc apply'}{ago}: {what}{fence}, no heals " \
-           f"({state_path(str(directory), name, 'hold')}: removing it releases the engine)"
+    return f"held by {by}{ago}{left}: {what}{fence}, no heals " \
+           f"({path}: removing it releases the engine)"
 
 
 def pair_views(plan: Plan, directory: Path) -> list[PairView]:

@@ -121,7 +121,7 @@ class Unit:
             max_delay=args.restart_max_delay, reset_after=args.restart_reset,
             attempts=args.start_attempts)
         self.canary_path = state_path(state, args.name, "canary") if state else None
-        self.hold = Hold.of(state, args.name)  # pdsvc apply's, while it rolls a change
+        self.hold = Hold.of(state, args.name, self.log)  # pdsvc apply's, while it rolls a change
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
