@@ -88,12 +88,12 @@ def test_apply_across_hosts_restarts_in_the_printed_order_while_serving(
     cfg = yaml.safe_load((lab.work / "config.yaml").read_text())
     for p in cfg["prefill"]:
         p["args"] = {"max-running-requests": 48}
-    for c in lab.hosts.values():  # each host's copy of the config and of the running bundle
-        c.run(["rm", "-rf", APPLY])
-        c.run(["mkdir", "-p", APPLY])
-        c.run(["cp", "-a", "/srv/e2e/units", f"{APPLY}/units"])
-        c.write_file(f"{APPLY}/config.yaml", yaml.safe_dump(cfg))
-    where = ("-c", f"{APPLY}/config.yaml", "--topology", "/srv/e2e/topology.json",
+    for c in lab.hosts.values():  # each host's copy of the running bundle, of the config it
+        c.run(["rm", "-rf", APPLY])  # was rendered from (../config.yaml, as its record says)
+        c.run(["mkdir", "-p", APPLY])  # and of the edited one
+        c.run(["cp", "-a", "/srv/e2e/units", "/srv/e2e/config.yaml", APPLY])
+        c.write_file(f"{APPLY}/edited.yaml", yaml.safe_dump(cfg))
+    where = ("-c", f"{APPLY}/edited.yaml", "--topology", "/srv/e2e/topology.json",
              "-o", f"{APPLY}/units")
 
     # the router last: a change of it too puts lb's step after every engine host's (plan only)

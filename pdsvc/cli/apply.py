@@ -70,8 +70,12 @@ def _say(text: str) -> None:
 
 
 def _rollback_command(output: Path, on_host: str | None = None) -> str:
-    return (f"sudo pdsvc apply --rollback --output {shown(output)}"
-            + (f" --host {shlex.quote(on_host)}" if on_host else ""))
+    """The command that goes back; across hosts one per host, OUTPUT as given (the same path
+    on every host, as each host's apply command has it)."""
+    if on_host:
+        return shlex.join(["sudo", "pdsvc", "apply", "--rollback", "--output", str(output),
+                           "--host", on_host])
+    return f"sudo pdsvc apply --rollback --output {shown(output)}"
 
 
 def _going_back(output: Path, on_host: str | None, sequence: list) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from netlab import NetLab
 from nspawn import SystemdContainer
-from stack import REPO, curl, e2e_config, host_topology
+from stack import REPO, curl, e2e_config, host_topology, pdsvc_argv
 
 
 @dataclass
@@ -131,8 +131,8 @@ class Fleet:
         """`pdsvc ARGS...` on one host, as root (this checkout's pdsvc, the serve venv's
         python: the `pdsvc` of a command pdsvc prints)."""
         return self.hosts[host].run(
-            ["env", f"PYTHONPATH={REPO}", str(self.venv / "bin" / "python"), "-m",
-             "pdsvc.cli", *args], check=False, timeout=timeout)
+            pdsvc_argv(self.work, str(self.venv / "bin" / "python"), *args), check=False,
+            timeout=timeout)
 
     def router_key_rows(self, host: str, timeout: float = 60) -> list[dict]:
         """doctor's router key rows on HOST; while the router is still starting (the row's
