@@ -88,12 +88,12 @@ def test_apply_across_hosts_restarts_in_the_printed_order_while_serving(
     cfg = yaml.safe_load((lab.work / "config.yaml").read_text())
     for p in cfg["prefill"]:
         p["args"] = {"max-running-requests": 48}
-    for c in lab.hosts.values():  # each host's copy of the running bundle, of the config it
-        c.run(["rm", "-rf", APPLY])  # was rendered from (../config.yaml, as its record says)
-        c.run(["mkdir", "-p", APPLY])  # and of the edited one
-        c.run(["cp", "-a", "/srv/e2e/units", "/srv/e2e/config.yaml", APPLY])
-        c.write_file(f"{APPLY}/edited.yaml", yaml.safe_dump(cfg))
-    where = ("-c", f"{APPLY}/edited.yaml", "--topology", "/srv/e2e/topology.json",
+    for c in lab.hosts.values():  # each host's copy of the running bundle and of the config
+        c.run(["rm", "-rf", APPLY])  # it was rendered from (../config.yaml, as its record
+        c.run(["mkdir", "-p", APPLY])  # says), edited there
+        c.run(["cp", "-a", "/srv/e2e/units", APPLY])
+        c.write_file(f"{APPLY}/config.yaml", yaml.safe_dump(cfg))
+    where = ("-c", f"{APPLY}/config.yaml", "--topology", "/srv/e2e/topology.json",
              "-o", f"{APPLY}/units")
 
     # the router last: a change of it too puts lb's step after every engine host's (plan only)
@@ -129,6 +129,11 @@ def test_apply_across_hosts_restarts_in_the_printed_order_while_serving(
             argv = lab.hosts[host].run(["cat", f"/proc/{pid}/cmdline"]).stdout
             assert "--max-running-requests\x0048" in argv, argv
 
+        # the config the lab rendered from was edited in place: apply says the way back needs
+        # it, and where; it goes there (the lab has it in /srv/e2e)
+        for (host, _), err in zip(plan, said, strict=True):
+            [kept] = re.findall(r"--rollback will need it in (\S+)$", err, re.M)
+            lab.hosts[host].run(["sh", "-c", f"cd / && cp /srv/e2e/config.yaml {kept}"])
         # back, as the last host printed it: that host first, then the one before it
         back = going_back(said[-1])
         assert [h for h, _ in back] == order[::-1], back
