@@ -78,3 +78,6 @@ ROUTER_PACKAGES = ("sglang-router", "smg")
 def router_package(request: pytest.FixtureRequest) -> str:
     """sglang-router 0.3.2, then smg 1.13.0 (router.package): one module's stack per router."""
     return request.param
+
+# the host labs several e2e modules share (session fixtures: one boot per router generation)
+from host_labs import four_hosts, lab_router  # noqa: E402, F401

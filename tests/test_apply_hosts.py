@@ -5,10 +5,12 @@ order (--dry-run), each running only its own steps (--host)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from click.testing import CliRunner
 
+from pdsvc.apply.bundles import read_bundle, recorded_config_sha, running_config
 from pdsvc.apply.order import host_sequence, host_steps, plan
 from pdsvc.cli.commands import main
 from pdsvc.cli.kit import load_plan
@@ -125,3 +127,35 @@ def test_an_unknown_host_is_refused(tmp_path):
     res = CliRunner().invoke(main, ["apply", "-c", str(cfg), "--topology", str(TOPO),
                                     "-o", str(out), "--host", "gpu-z", "--dry-run"])
     assert res.exit_code == 2 and "gpu-z: not a host of this deployment" in res.output
+
+
+def test_each_hosts_command_works_as_printed(tmp_path):
+    """The command printed for a host renders as this one did (--topology: a router host has no
+    GPUs to read) and keeps the bounds given; run as printed (with --dry-run), it plans the
+    same, and names that host's steps."""
+    cfg, out = rendered(tmp_path)
+    cfg.write_text(config(d=", args: {max-running-requests: 64}"))
+    args = ["apply", "-c", str(cfg), "--topology", str(TOPO), "-o", str(out), "--dry-run"]
+    first = CliRunner().invoke(main, [*args, "--drain-timeout", "20"])
+    assert first.exit_code == 0, first.output
+    lines = [ln for ln in first.output.splitlines() if ln.startswith("  ") and " on " in ln]
+    assert len(lines) == 2
+    for line in lines:
+        words = shlex.split(line.split("): ", 1)[1])
+        assert words[:3] == ["sudo", "pdsvc", "apply"] and "--topology" in words, words
+        assert words[words.index("--drain-timeout") + 1] == "20", words
+        assert "--step-timeout" not in words  # the default is not repeated
+        again = CliRunner().invoke(main, [*words[2:], "--dry-run"])
+        assert again.exit_code == 0, again.output
+        assert [ln for ln in again.output.splitlines() if " on " in ln] == lines
+
+
+def test_the_config_of_a_bundle_over_hosts_is_kept_for_the_way_back(tmp_path):
+    """Each HOST/install.list records the config's digest: apply keeps the running config (the
+    file the render recorded, unedited) in .pdsvc-previous/, so --rollback has it."""
+    cfg, out = rendered(tmp_path)
+    old = read_bundle(out)
+    assert recorded_config_sha(old)
+    assert running_config(out, old, tmp_path / "edited.yaml") == cfg.read_bytes()
+    cfg.write_text(config(d=", args: {max-running-requests: 64}"))  # edited in place: gone
+    assert running_config(out, old, cfg) is None

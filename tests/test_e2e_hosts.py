@@ -14,26 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require
 from fleet import Fleet
-from netlab import netlab_available
-from nspawn import nspawn_available
+from host_labs import fleet_up as _fleet
 from stack import engine_pid
 
 pytestmark = pytest.mark.e2e
-
-
-def _fleet(serve_python: Path, tmp: Path, run: dict[str, list[str]], package: str,
-           **kw) -> Fleet:
-    require(nspawn_available())
-    require(netlab_available())
-    fleet = Fleet.up(tmp, serve_python.parent.parent, run, **{"router.package": package, **kw})
-    try:
-        fleet.start()
-    except BaseException:
-        fleet.down()
-        raise
-    return fleet
 
 
 @pytest.fixture(scope="module")
@@ -87,23 +72,14 @@ def test_three_hosts_install_start_and_serve_across_the_network(three: Fleet) ->
     assert f"SGLANG_HOST_IP={b}" in env and "UCX_NET_DEVICES=eth0" in env, env
 
 
-@pytest.fixture(scope="module")
-def four(serve_python: Path, router_package: str, tmp_path_factory) -> Iterator[Fleet]:
-    fleet = _fleet(serve_python, tmp_path_factory.mktemp("e2e-4hosts"),
-                   {"lb": ["router"], "gpu-a": ["prefill[0]"], "gpu-b": ["prefill[1]"],
-                    "gpu-c": ["decode"]}, router_package,
-                   prefill=[{"gpus": [0], "env": {"FAKE_SGLANG_LOAD_SECS": 10}},
-                            {"gpus": [0]}],
-                   **{"router.policy": "random"})
-    yield fleet
-    fleet.down()
-
-
-def test_killing_one_prefill_hosts_engine_serves_through_the_other(four: Fleet) -> None:
+def test_killing_one_prefill_hosts_engine_serves_through_the_other(four_hosts: Fleet) -> None:
+    """The 2P1D lab over four hosts (tests/support/host_labs.py, shared with
+    tests/test_e2e_apply_hosts.py)."""
+    four = four_hosts
     a, b = four.lab.address("gpu-a"), four.lab.address("gpu-b")
     # Across hosts systemd cannot order the router after the engines: it went ready with the
     # first ready pair (gpu-b + gpu-c) and takes gpu-a's slow prefill once that is up.
-    assert four.state("gpu-a", "e2e-prefill-0.service") == "activating"
+    assert four.started["gpu-a"]["e2e-prefill-0.service"] == "activating"
     four.hosts["lb"].wait_for(lambda: [w[3] for w in four.workers()] == [True] * 3, 60,
                               interval=0.5, what="the router lists all three workers healthy")
     # random policy: 16 requests miss one of two prefills with p = 2^-15

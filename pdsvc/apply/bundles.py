@@ -40,11 +40,15 @@ def as_bundle(files: list[File]) -> dict[str, str]:
 
 
 def recorded_config_sha(bundle: dict[str, str]) -> str:
-    """The config's sha256 that install.list records (the config the bundle came from)."""
-    for line in bundle.get("install.list", "").splitlines():
-        kind, _, rest = line.partition("\t")
-        if kind == "config":
-            return rest.split("\t")[1] if "\t" in rest else ""
+    """The config's sha256 that install.list records (the config the bundle came from); a
+    bundle of several hosts records it in each HOST/install.list, the same in each."""
+    lists = [t for p, t in sorted(bundle.items())
+             if p == "install.list" or (p.endswith("/install.list") and p.count("/") == 1)]
+    for text in lists:
+        for line in text.splitlines():
+            kind, _, rest = line.partition("\t")
+            if kind == "config":
+                return rest.split("\t")[1] if "\t" in rest else ""
     return ""
 
 
@@ -54,16 +58,28 @@ def _sha(data: bytes) -> str:
 
 def running_config(outdir: Path, bundle: dict[str, str], config: Path) -> bytes | None:
     """The text of the config the bundle in `outdir` was rendered from, when it is still to
-    be had: the copy the last apply kept, or the config file itself while unedited."""
+    be had: the copy the last apply kept, the file its render recorded or the config file
+    itself, while unedited."""
     want = recorded_config_sha(bundle)
-    for candidate in (outdir / APPLIED, config):
+    for candidate in (outdir / APPLIED, recorded_config(outdir), config):
         try:
-            data = candidate.read_bytes()
+            data = candidate.read_bytes() if candidate else b""
         except OSError:
             continue
         if want and _sha(data).startswith(want):
             return data
     return None
+
+
+def recorded_config(outdir: Path, *, kept: bool = False) -> Path | None:
+    """The config the render of the bundle in `outdir` recorded (`kept`: of the previous one
+    kept there); the record's path is relative to `outdir`. None without a record."""
+    try:
+        record = outdir / PREVIOUS / RECORD if kept else outdir / RECORD
+        doc = json.loads(record.read_text(encoding="utf-8"))
+        return Path(os.path.normpath(outdir / str(doc["config"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def keep_previous(outdir: Path, config_text: bytes | None) -> Path:
@@ -111,8 +127,4 @@ def install(script: Path, outdir: Path, config: Path | None, *, force: bool,
 def previous_origin_config(outdir: Path, fallback: Path) -> Path:
     """The config path the kept previous bundle's record names (what its render recorded), so
     that going back leaves the bundle directory `pdsvc render` of that config's own."""
-    try:
-        doc = json.loads((outdir / PREVIOUS / RECORD).read_text(encoding="utf-8"))
-        return Path(os.path.normpath(outdir / str(doc["config"])))
-    except (OSError, ValueError, KeyError, TypeError):
-        return fallback
+    return recorded_config(outdir, kept=True) or fallback

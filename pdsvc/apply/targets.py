@@ -43,14 +43,40 @@ def make_manager(bundle: dict[str, str], on_host: str | None, host: Host, output
     return Supervisord(api, str(conf))
 
 
-def apply_command(config: Path, output: Path) -> str:
-    return f"sudo pdsvc apply -c {shlex.quote(str(config))} -o {shlex.quote(str(output))}"
+def apply_command(config: Path | None, output: Path, *, topology: Path | None = None,
+                  sysfs_root: Path | None = None, options: tuple[str, ...] = ()) -> str:
+    """The command each host runs (before its --host): the same render as this one (the
+    config, --topology or --sysfs-root: a host without GPUs renders the others' units from
+    it), the same bundle directory and the options given here (`options`: the bounds);
+    without `config`, --rollback (the previous bundle kept in OUTPUT)."""
+    words = ["sudo", "pdsvc", "apply"]
+    words += ["-c", str(config)] if config is not None else ["--rollback"]
+    words += ["-o", str(output)]
+    if config is not None and topology is not None:
+        words += ["--topology", str(topology)]
+    elif config is not None and sysfs_root is not None:
+        words += ["--sysfs-root", str(sysfs_root)]
+    return shlex.join([*words, *options])
 
 
 def host_commands(r: Rollout, base: str) -> list[tuple[str, list[int], str]]:
     """(host, its global step numbers, the command it runs) in the order the hosts run."""
     return [(h, steps, f"{base} --host {shlex.quote(h)}")
             for h, steps in host_sequence(r)]
+
+
+def hosts_before(sequence: list[tuple[str, list[int], str]], host: str) -> list[str]:
+    """The hosts that run their steps before `host` ([] when it has none)."""
+    names = [h for h, _, _ in sequence]
+    return names[:names.index(host)] if host in names else []
+
+
+def next_host(sequence: list[tuple[str, list[int], str]], host: str
+              ) -> tuple[str, list[int], str] | None:
+    """The host that runs its steps after `host`, with its steps and command; None."""
+    names = [h for h, _, _ in sequence]
+    i = names.index(host) + 1 if host in names else len(names)
+    return sequence[i] if i < len(names) else None
 
 
 def format_hosts(sequence: list[tuple[str, list[int], str]]) -> list[str]:

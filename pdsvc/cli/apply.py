@@ -30,8 +30,10 @@ from pdsvc.apply.targets import (
     apply_command,
     format_hosts,
     host_commands,
+    hosts_before,
     make_manager,
     manager_name,
+    next_host,
 )
 from pdsvc.cli.kit import (
     DEFAULT_OUTPUT,
@@ -56,6 +58,9 @@ Exit codes: 0 applied, or nothing to do · 1 the install or a step failed (the r
             usage · 3 serving would stop and that was declined (or not confirmed: --yes)
 """
 
+#: --drain-timeout's and --step-timeout's defaults
+DRAIN_SECS, STEP_SECS = 60.0, 3600.0
+
 #: Exit status when the operator declines (or cannot be asked about) an outage.
 DECLINED = 3
 
@@ -64,8 +69,22 @@ def _say(text: str) -> None:
     click.echo(text, err=True)
 
 
-def _rollback_command(output: Path) -> str:
+def _rollback_command(output: Path, on_host: str | None = None) -> str:
+    """The command that goes back; across hosts one per host, OUTPUT as given (the same path
+    on every host, as each host's apply command has it)."""
+    if on_host:
+        return shlex.join(["sudo", "pdsvc", "apply", "--rollback", "--output", str(output),
+                           "--host", on_host])
     return f"sudo pdsvc apply --rollback --output {shown(output)}"
+
+
+def _going_back(output: Path, on_host: str | None, sequence: list) -> str:
+    """The commands that go back: this host's; across hosts, then each host that ran its
+    steps before this one, the latest first (each with its own copy of OUTPUT)."""
+    if not on_host:
+        return _rollback_command(output)
+    return "; then ".join(f"on {h}: {_rollback_command(output, h)}"
+                          for h in [on_host, *reversed(hosts_before(sequence, on_host))])
 
 
 @click.command(epilog=APPLY_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,10 +99,11 @@ def _rollback_command(output: Path) -> str:
 @json_option
 @click.option("--yes", "-y", is_flag=True,
               help="Do not ask before a step during which serving stops (for scripts).")
-@click.option("--drain-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              metavar="SECS", help="How long to wait for an engine's in-flight requests once "
-              "it is out of the router (SGLang's own drain has no bound).")
-@click.option("--step-timeout", type=click.FloatRange(min=1), default=3600.0,
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=DRAIN_SECS,
+              show_default=True, metavar="SECS", help="How long to wait for an engine's "
+              "in-flight requests once it is out of the router (SGLang's own drain has no "
+              "bound).")
+@click.option("--step-timeout", type=click.FloatRange(min=1), default=STEP_SECS,
               show_default=True, metavar="SECS",
               help="How long a step may take from restart to serving (load, JIT, warmup).")
 @click.option("--force", is_flag=True, help="Passed to the render and to install.sh: "
@@ -161,7 +181,11 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
         raise ConfigError(f"--host {on_host}: not a host of this deployment",
                           hint=f"one of: {', '.join(hosts)}" if hosts else "drop --host")
     same_files = {p: t for p, t in old.items() if p in new} == new and old.keys() <= new.keys()
-    sequence = host_commands(rollout, apply_command(config_path, output)) if hosts else []
+    bounds = _bound_options(drain_timeout, step_timeout)
+    base = apply_command(None if rollback else config_path, output, topology=topology_file,
+                         sysfs_root=sysfs_root, options=bounds)
+    sequence = host_commands(rollout, base) if hosts else []
+    back = _going_back(output, on_host, sequence)
     if as_json:
         doc = {"format": "pdsvc-apply/1", "output": str(output), "dry_run": dry_run,
                "manager": manager_name(new), **rollout.to_dict()}
@@ -185,7 +209,7 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
     if rollout.outage and not yes:
         _confirm_outage(rollout)
     _install(files, output, config_path, origin_config, old, force, rollback, on_host,
-             manager_name(new))
+             manager_name(new), back)
     units = bundle_units(new)
     host = Host()
     mine = host_steps(rollout, on_host) if on_host else list(enumerate(rollout.steps, 1))
@@ -197,7 +221,7 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
              f" of {total}")
     executor.lease.start()  # renews every hold while apply runs (pdsvc/apply/lease.py)
     try:
-        _run_steps(executor, mine, total, output)
+        _run_steps(executor, mine, total, back)
     finally:  # never leave a hold behind: failed, interrupted (Ctrl-C) or done
         executor.lease.stop()
         released = executor.release_all()
@@ -205,11 +229,28 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
             _say(f"pdsvc apply: released the hold on {', '.join(released)}")
     if not rollback:
         save_applied(output, Path(config_path).read_bytes())
-    _say(f"pdsvc apply: applied ({total} steps); the previous bundle is in "
-         f"{shown(output / PREVIOUS)} ({_rollback_command(output)})")
+    done = f"steps {', '.join(str(i) for i, _ in mine) or 'none'} of {total}" if on_host \
+        else f"{total} steps"
+    _say(f"pdsvc apply: applied ({done}); the previous bundle is in "
+         f"{shown(output / PREVIOUS)} (to go back: {back})")
+    following = next_host(sequence, on_host) if on_host else None
+    if following:
+        host_, steps_, command = following
+        _say(f"pdsvc apply: next, on {host_} (steps {', '.join(map(str, steps_))}): {command}")
 
 
-def _run_steps(executor: Executor, mine: list, total: int, output: Path) -> None:
+def _bound_options(drain_timeout: float, step_timeout: float) -> tuple[str, ...]:
+    """The bounds given on this command line that each host's command repeats (defaults are
+    left out)."""
+    out: list[str] = []
+    for flag, value, default in (("--drain-timeout", drain_timeout, DRAIN_SECS),
+                                 ("--step-timeout", step_timeout, STEP_SECS)):
+        if value != default:
+            out += [flag, f"{value:g}"]
+    return tuple(out)
+
+
+def _run_steps(executor: Executor, mine: list, total: int, back: str) -> None:
     for i, step in mine:
         _say(f"pdsvc apply: step {i}/{total}: {step.action} {', '.join(step.units)}"
              + (f" (with {', '.join(step.takes)})" if step.takes else ""))
@@ -221,7 +262,7 @@ def _run_steps(executor: Executor, mine: list, total: int, output: Path) -> None
             if left:
                 _say(f"pdsvc apply: stopped; not restarted (still the previous definition): "
                      f"{', '.join(left)}")
-            _say(f"pdsvc apply: to go back: {_rollback_command(output)}")
+            _say(f"pdsvc apply: to go back: {back}")
             sys.exit(1)
         _say(f"pdsvc apply: step {i}/{total} done in {secs:.1f} s")
 
@@ -249,7 +290,7 @@ def _confirm_outage(rollout: Rollout) -> None:
 
 def _install(files: list[File], output: Path, config: Path, origin: Path,
              old: dict[str, str], force: bool, rollback: bool, on_host: str | None,
-             manager: str) -> None:
+             manager: str, back: str) -> None:
     """Keep the running bundle, write the new one (recorded as `origin`'s), install it (no
     restart): install.sh for systemd (this host's bundle of several); a supervisord bundle
     runs where it lies, and its supervisord re-reads it at each step."""
@@ -279,5 +320,5 @@ def _install(files: list[File], output: Path, config: Path, origin: Path,
         _say(f"  {line}")
     if rc != 0:
         _say(f"pdsvc apply: install.sh failed ({rc}); no unit was restarted. To go back: "
-             f"{_rollback_command(output)}")
+             f"{back}")
         sys.exit(1)

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from netlab import NetLab
 from nspawn import SystemdContainer
-from stack import REPO, curl, e2e_config, host_topology
+from stack import REPO, curl, e2e_config, host_topology, pdsvc_argv
 
 
 @dataclass
@@ -38,6 +38,8 @@ class Fleet:
     hosts: dict[str, SystemdContainer] = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
     venv: Path = Path()
+    #: each host's units' ActiveState right after start() returned
+    started: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def up(cls, work: Path, venv: Path, run: dict[str, list[str]], **overrides: Any) -> Fleet:
@@ -112,17 +114,25 @@ class Fleet:
                 assert [r["status"] for r in rows] == (["ok"] if wants_key else []), (host, rows)
                 c.run(["systemctl", "start", "--no-block", self.target])
         router.run(["systemctl", "start", self.target], timeout=timeout)
+        seconds = time.monotonic() - t0
+        self.started = {h: {u: self.state(h, u) for u in self.units_on(h)} for h in self.hosts}
         status = self.pdsvc(self.router_host, "status")
         assert status.returncode == 0, status.stdout + status.stderr
-        return time.monotonic() - t0
+        return seconds
 
     def pdsvc(self, host: str, *args: str, timeout: float = 120
               ) -> subprocess.CompletedProcess[str]:
         """`pdsvc COMMAND -c CONFIG --topology FILE --host HOST ...` on one host, as root."""
+        return self.cli(host, *args, "-c", "/srv/e2e/config.yaml", "--topology",
+                        "/srv/e2e/topology.json", "--host", host, timeout=timeout)
+
+    def cli(self, host: str, *args: str, timeout: float = 120
+            ) -> subprocess.CompletedProcess[str]:
+        """`pdsvc ARGS...` on one host, as root (this checkout's pdsvc, the serve venv's
+        python: the `pdsvc` of a command pdsvc prints)."""
         return self.hosts[host].run(
-            ["env", f"PYTHONPATH={REPO}", str(self.venv / "bin" / "python"), "-m",
-             "pdsvc.cli", *args, "-c", "/srv/e2e/config.yaml", "--topology",
-             "/srv/e2e/topology.json", "--host", host], check=False, timeout=timeout)
+            pdsvc_argv(self.work, str(self.venv / "bin" / "python"), *args), check=False,
+            timeout=timeout)
 
     def router_key_rows(self, host: str, timeout: float = 60) -> list[dict]:
         """doctor's router key rows on HOST; while the router is still starting (the row's

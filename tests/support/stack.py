@@ -106,6 +106,18 @@ def engine_pid(c: SystemdContainer, unit: str) -> int:
     return int(out[0])
 
 
+def pdsvc_argv(work: Path, python: str, *args: str) -> list[str]:
+    """`pdsvc ARGS` inside a container whose /srv/e2e is `work`: the serve venv's python with
+    this checkout on the path, and the dashboard SDK (a dependency of pdsvc the serve venv
+    lacks) from a copy in work/pylib."""
+    pylib = work / "pylib"
+    if not (pylib / "grafana_foundation_sdk").is_dir():
+        import grafana_foundation_sdk as sdk
+
+        shutil.copytree(Path(sdk.__file__).parent, pylib / "grafana_foundation_sdk")
+    return ["env", f"PYTHONPATH={REPO}:/srv/e2e/pylib", python, "-m", "pdsvc.cli", *args]
+
+
 #: Where `Stack.apply` keeps its writable copy of the config and bundle inside the container.
 APPLY_DIR = "/var/lib/pdsvc-apply"
 
@@ -167,13 +179,8 @@ class Stack:
         venv's python with this checkout on the path, and the dashboard SDK (a dependency of
         pdsvc the serve venv lacks) from a copy beside the bundle; whatever its exit code.
         ``env``: more environment for it."""
-        pylib = self.work / "pylib"
-        if not (pylib / "grafana_foundation_sdk").is_dir():
-            import grafana_foundation_sdk as sdk
-
-            shutil.copytree(Path(sdk.__file__).parent, pylib / "grafana_foundation_sdk")
-        return self.c.run(["env", f"PYTHONPATH={REPO}:/srv/e2e/pylib", self.plan["python"],
-                           "-m", "pdsvc.cli", *args], check=False, timeout=timeout, env=env)
+        return self.c.run(pdsvc_argv(self.work, self.plan["python"], *args), check=False,
+                          timeout=timeout, env=env)
 
     def apply(self, config: dict, *args: str, timeout: float = 600,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
