@@ -33,8 +33,11 @@ def parse(text: str) -> tuple[dict[str, dict[str, str]], str]:
             router = m["router"]
         elif (m := ROW.match(line)) and router:
             kinds = "" if m["kinds"] == "-" else f": {m['kinds']}"
+            # a rolling apply's goal includes its latency: p99 during <= 2x steady
+            p99 = (f", p99 {m['p99b']} → {m['p99d']} s" if m["event"].startswith("apply")
+                   else "")
             cells.setdefault(m["event"].strip(), {})[router] = (
-                f"{m['failed']} of {m['sent']}{kinds} ({m['cap']} s)")
+                f"{m['failed']} of {m['sent']}{kinds} ({m['cap']} s{p99})")
         elif (m := OUTAGE.match(line)) and router:
             cells.setdefault("1P1D apply: outage", {})[router] = f"{m['gap']} s"
             goal = f"load {m['load']} s + 2 s = {m['goal']} s"
@@ -50,7 +53,8 @@ def table(text: str) -> str:
     for event, by in cells.items():
         want = (goal if event.startswith("1P1D") else
                 "as few as the router allows" if "router" in event else
-                "0 plain; streams cut ≤ in flight" if event.startswith("kill") else "0")
+                "0 plain; streams cut ≤ in flight" if event.startswith("kill") else
+                "0; p99 ≤ 2 × steady" if event.startswith("apply") else "0")
         lines.append(f"| {event} | " + " | ".join(by.get(r, "–") for r in ROUTERS)
                      + f" | {want} |")
     return "\n".join(lines)
