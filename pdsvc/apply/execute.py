@@ -349,11 +349,16 @@ class Executor:
             self.host.sleep(min(self.bounds.poll_secs, SWITCH_POLL_S))
 
     def _drain(self, engines: list[Unit]) -> None:
-        """Out of the router, then wait (bounded) until no request runs on them. The runtime
-        re-registers an engine it finds missing (every few seconds): taken out again."""
+        """Out of the router (at once), then wait (bounded) until no request runs on them. The
+        runtime re-registers an engine it finds missing unless apply holds it: one without a
+        hold (no state directory) is taken out again at every look."""
+        out = {u.name for u in engines}
+        self._at_once(lambda u: out.discard(u.name) if not self._deregister(u) else None,
+                      engines)
         for u in engines:
-            if self._deregister(u):
+            if u.name in out:
                 self.say(f"  {u.name}: out of the router {u.option('--router')}")
+        unheld = [u for u in engines if u.name not in self.holds.values()]
         deadline = self.host.now() + self.bounds.drain_secs
         while True:
             counts: dict[str, int | None] = {}
@@ -375,7 +380,7 @@ class Executor:
                          "restarting; SGLang drains them on SIGTERM within the unit's "
                          "TimeoutStopSec=")
                 return
-            for u in engines:
+            for u in unheld:
                 self._deregister(u)
             self.host.sleep(self.bounds.poll_secs)
 

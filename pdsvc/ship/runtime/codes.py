@@ -19,5 +19,5 @@ CHILD_WAIT_SLICE_S = 1.0  # longest a loop blocks before re-checking for a stop 
 #: how often the serving loop looks whether one of its duties is due, and whether a stop came
 #: (its child wait blocks this long): a stop's delay before the engine leaves the router and
 #: gets the signal, and a finished canary round's before it is recorded (apply waits on both)
-DUTY_SLICE_S = 0.1
+DUTY_SLICE_S = 0.05
 KILL_WAIT_S = 30.0  # after SIGKILL, how long to wait for the tree to be gone (GPU memory freed)
