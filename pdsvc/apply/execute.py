@@ -7,32 +7,39 @@ does the same at every stop), wait until their in-flight requests have finished 
 `sglang:num_running_reqs`; bounded here, since SGLang's own SIGTERM drain has no bound), then
 restart (`systemctl restart`; supervisord: managers.py), and wait until each unit is active
 again in a new invocation (systemd's InvocationID; supervisord's pid and start time), its /health
-answers 200, the router lists it healthy (the runtime registers it again by itself) and its own
-pair canary has judged every pair good since the restart (the runtime's NAME.canary.json).
-A step that does not get there within its bound fails, and the rollout stops there.
+answers 200, the pair canary has judged every pair good since the restart (the runtime's
+NAME.canary.json: its own, or its peer's once it runs anew, since both ends probe the same
+pair), and the router lists it healthy. A step that does not get there within its bound
+fails, and the rollout stops there. It looks every 0.1 s (Bounds.poll_secs): with one pair
+(1P1D) each late look is a moment of the outage; the service manager, a subprocess, is asked
+every 0.5 s once the unit runs again.
 
 The hold. Before it takes an engine out, apply writes the engine's hold file (the runtime's
 NAME.hold.json, pdsvc/ship/runtime/hold.py): the runtime then neither joins the router nor
-re-adds the engine, also once restarted, and its canary reports without healing. apply
-releases it once the engine is healthy and its pairs good, then waits for the runtime to
-register it. Every hold apply wrote is removed when the rollout ends, fails or is
+re-adds the engine, also once restarted, and its canary reports without healing. Once the
+engine is healthy and every pair of it good, apply registers it itself (the step's engines
+at once, what the runtime's own join waits for, Canary.admits) and releases it; the runtime
+keeps that entry. Every hold apply wrote is removed when the rollout ends, fails or is
 interrupted (release_all, called by the command in a `finally`).
 
 A pair-incompatible change by halves (rollout.halves, steps "restart half" and "switch
 halves"): A restarts held out, its canary fenced to A's peers, while B serves fenced to B's
 (old and new never meet: SGLang's decode dies on a page size or KV dtype mismatch, see
-hold.py); the switch holds B out and deletes it from the router, then registers A itself.
-Between the DELETE and the POST no pair is listed (measured: A listed 0.27 s after the
-first DELETE, most of it the router's own add: it probes the new worker's /health first); a
+hold.py); the switch holds B out, then in the gap only router calls: B's DELETEs at once,
+one look that the router lists none of B, A's POSTs at once (threads); A's hold lets it in
+after. Between the DELETE and the POST no pair is listed: apply's part is ~0.02 s, the rest
+the router's own add (0.15-0.2 s measured on smg 1.13: it probes the new worker first); a
 request then gets the router's 503 "no available servers". sglang-router selects the pair
 afresh inside its retry loop (src/routers/http/pd_router.rs execute_dual_dispatch:
 handle_server_selection_error answers 503, a retryable status), backing off 200 ms doubling
-(router.retry), so none fails there. smg's later source does the same
+(router.retry), so none fails there. smg's published source does the same
 (model_gateway/src/routers/http/pd_router.rs execute_dual_dispatch_attempt), yet smg 1.13
-(a compiled wheel) returned that 503 to clients in our runs: 1-2 of ~115 requests, plain and
-streamed, failed in the gap. No order avoids the gap: the halves are disjoint, and any moment
-the router lists a prefill of one half with a decode of the other routes mixed pairs. Then B
-restarts held, and at the end every hold is released and B joins.
+(a compiled wheel) answers `no_available_workers` at once, without its retries, and its
+prefill admission queue (--prefill-queue-size) does not hold a request for an empty pool
+(measured): 1-2 of ~100 requests fail in the gap. No order avoids the gap: the halves are
+disjoint, and any moment the router lists a prefill of one half with a decode of the other
+routes mixed pairs. Then B restarts held, and at the end every hold is released and B joins
+(its runtime, once its canary judged the pairs with A: those were never probed).
 
 Everything outside (commands, HTTP, files, the clock) goes through `Host`, so the order of
 things is tested without a systemd.

@@ -161,20 +161,23 @@ class Stack:
         return self.c.run(["bash", str(REPO / "install.sh"), "--bundle", "/srv/e2e/units", *args],
                           timeout=120)
 
-    def pdsvc(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def pdsvc(self, *args: str, timeout: float = 600, wrap: tuple[str, ...] = ()
+              ) -> subprocess.CompletedProcess[str]:
         """`pdsvc ARGS` inside the container, as an operator on the host runs it: the serve
         venv's python with this checkout on the path, and the dashboard SDK (a dependency of
-        pdsvc the serve venv lacks) from a copy beside the bundle; whatever its exit code."""
+        pdsvc the serve venv lacks) from a copy beside the bundle; whatever its exit code.
+        ``wrap``: a command it runs under (zero_loss.STAMP: each stderr line timed)."""
         pylib = self.work / "pylib"
         if not (pylib / "grafana_foundation_sdk").is_dir():
             import grafana_foundation_sdk as sdk
 
             shutil.copytree(Path(sdk.__file__).parent, pylib / "grafana_foundation_sdk")
-        return self.c.run(["env", f"PYTHONPATH={REPO}:/srv/e2e/pylib", self.plan["python"],
-                           "-m", "pdsvc.cli", *args], check=False, timeout=timeout)
+        return self.c.run(["env", f"PYTHONPATH={REPO}:/srv/e2e/pylib", *wrap,
+                           self.plan["python"], "-m", "pdsvc.cli", *args], check=False,
+                          timeout=timeout)
 
-    def apply(self, config: dict, *args: str, timeout: float = 600
-              ) -> subprocess.CompletedProcess[str]:
+    def apply(self, config: dict, *args: str, timeout: float = 600,
+              wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
         """`pdsvc apply` of CONFIG to the running stack, from a writable copy of the installed
         bundle (APPLY_DIR/units: /srv/e2e is read-only), as an operator would run it."""
         if not self.c.exists(f"{APPLY_DIR}/units"):
@@ -183,7 +186,7 @@ class Stack:
         self.c.write_file(f"{APPLY_DIR}/config.yaml", yaml.safe_dump(config))
         return self.pdsvc("apply", "-c", f"{APPLY_DIR}/config.yaml", "--topology",
                           "/srv/e2e/topology.json", "-o", f"{APPLY_DIR}/units", *args,
-                          timeout=timeout)
+                          timeout=timeout, wrap=wrap)
 
     def start(self, timeout: float = 180) -> float:
         """`systemctl start <name>-pd.target`; returns how long it blocked."""
