@@ -287,6 +287,8 @@ class FakeHost(FakeClock):
             self.deleted_at = self.t
             self.listed = False
             return 202, ""
+        if method == "POST":
+            self.log.append("POST")
         self.listed = self.invocation == "new"
         return 200, ""
 
@@ -315,11 +317,14 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
     host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"))
     said: list[str] = []
     Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
-    # held first (the runtime does not re-add it), released once healthy and its pairs good
+    # held first (the runtime does not re-add it); once healthy and its pairs good, apply
+    # registers it itself, then releases it
     assert host.log == ["hold dsv4-decode-0.hold.json out=True", "DELETE w1",
-                        "restart dsv4-decode-0.service", "release dsv4-decode-0.hold.json"]
+                        "restart dsv4-decode-0.service", "POST",
+                        "release dsv4-decode-0.hold.json"]
     assert host.running == 0  # drained before the restart
-    assert said[-1] == "  dsv4-decode-0.service: serving again"
+    assert said[-2] == "  dsv4-decode-0.service: serving again"
+    assert said[-1].startswith("  took (s): out and drained ")
 
 
 def engines_but(units: dict[str, Unit], name: str) -> list[Unit]:
@@ -415,6 +420,21 @@ class FakeStack(FakeClock):
         self.listed.add(self.units[name].url)
 
 
+def calls_at_once(log: list[str]) -> list[str]:
+    """The log with each run of DELETEs or POSTs sorted: apply makes those calls at once."""
+    out: list[str] = []
+    for line in log:
+        run = out and line.split()[0] in ("DELETE", "POST") and \
+            out[-1].split()[0] == line.split()[0]
+        out.append(line)
+        if run:
+            i = len(out) - 1
+            while i and out[i - 1].split()[0] == line.split()[0]:
+                i -= 1
+            out[i:] = sorted(out[i:])
+    return out
+
+
 def test_halves_never_let_old_and_new_meet_and_every_hold_is_released(tmp_path) -> None:
     new = bundle(tmp_path, two_two(p=", args: {page-size: 64}", d=", args: {page-size: 64}"))
     r = plan_rollout(bundle(tmp_path, two_two(), "old.yaml"), new)
@@ -424,18 +444,73 @@ def test_halves_never_let_old_and_new_meet_and_every_hold_is_released(tmp_path) 
     for step in r.steps:
         ex.run_step(step)
     assert not ex.holds and not host.holds
-    assert host.log == [
+    assert calls_at_once(host.log) == [
         # 1: A out and held, its canary among A; B serves, its canary among B
         "hold prefill-0 out peers=prefill-0,decode-0", "hold decode-0 out peers=prefill-0,"
         "decode-0", "hold prefill-1 in peers=prefill-1,decode-1",
         "hold decode-1 in peers=prefill-1,decode-1",
-        "DELETE prefill-0", "DELETE decode-0", "restart prefill-0 decode-0",
-        # 2: B out, then A in (posted by apply)
+        "DELETE decode-0", "DELETE prefill-0", "restart prefill-0 decode-0",
+        # 2: B held, out at once, then A in at once (posted by apply), then A's hold lets
+        # it in (its runtime keeps the entry)
         "hold prefill-1 out peers=prefill-1,decode-1", "hold decode-1 out peers=prefill-1,"
-        "decode-1", "DELETE prefill-1", "DELETE decode-1",
-        "hold prefill-0 in peers=prefill-0,decode-0", "POST prefill-0",
-        "hold decode-0 in peers=prefill-0,decode-0", "POST decode-0",
+        "decode-1", "DELETE decode-1", "DELETE prefill-1", "POST decode-0", "POST prefill-0",
+        "hold prefill-0 in peers=prefill-0,decode-0",
+        "hold decode-0 in peers=prefill-0,decode-0",
         # 3: B restarts held, then everyone is released
         "hold prefill-1 out peers=prefill-1,decode-1", "hold decode-1 out peers=prefill-1,"
         "decode-1", "restart prefill-1 decode-1",
         "release prefill-0", "release decode-0", "release prefill-1", "release decode-1"]
+
+
+class OneSideProves(FakeStack):
+    """1P1D restarted as one step (2 s): the prefill's canary found the decode not up yet
+    (peer-down); the decode's judged the pair ok at ``proved`` s after the restart began."""
+
+    def __init__(self, units: dict[str, Unit], proved: float) -> None:
+        super().__init__(units)
+        self.proved = proved
+        self.restarted_at = float("inf")
+
+    def run(self, argv: list[str], timeout: float = 0) -> tuple[int, str]:
+        if argv[1] == "restart":
+            self.restarted_at = self.t
+            self.t += 2.0
+        return super().run(argv, timeout)
+
+    def read(self, path: str) -> str | None:
+        if not path.endswith(".canary.json"):
+            return "key"
+        (p, d), = next(u for u in self.units.values() if u.role == "prefill").pairs
+        ok = path.endswith("decode.canary.json") and self.t >= self.restarted_at + self.proved
+        pair = {"pair": f"{p} -> {d}", "state": "ok" if ok else "peer-down",
+                "last_ok": self.restarted_at + self.proved if ok else None}
+        return json.dumps({"at": self.t, "pairs": [pair]})
+
+
+def one_one_step(tmp_path: Path) -> tuple[dict[str, Unit], Rollout]:
+    """1P1D, a pair-incompatible change: one step restarts both."""
+    new = bundle(tmp_path, ONE_ONE.replace("gpus: [0, 1, 2, 3]", "gpus: [0, 1, 2, 3], "
+                                           "args: {page-size: 64}") % ", args: {page-size: 64}")
+    r = plan_rollout(bundle(tmp_path, ONE_ONE % "", "old.yaml"), new)
+    assert [s.down for s in r.steps] == [("dsv4-prefill.service", "dsv4-decode.service")]
+    return {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}, r
+
+
+def test_1p1d_one_end_proves_the_pair_and_apply_registers_both_at_once(tmp_path) -> None:
+    """The decode's round through the new prefill proves the pair for both ends: apply
+    registers both (not one membership check after the other's own retry), then releases."""
+    units, r = one_one_step(tmp_path)
+    host = OneSideProves(units, proved=2.5)  # after both run anew (2 s)
+    Executor(units, host, Bounds(10, 10, 0.1), lambda s: None).run_step(r.steps[0])  # type: ignore[arg-type]
+    assert calls_at_once(host.log)[-4:] == ["POST decode", "POST prefill", "release prefill",
+                                            "release decode"]
+
+
+def test_a_peer_round_from_before_the_new_run_proves_nothing(tmp_path) -> None:
+    """A round the peer judged good while the engine was still restarting went through the
+    old engine: it is no proof for the new one."""
+    units, r = one_one_step(tmp_path)
+    host = OneSideProves(units, proved=1.0)  # during the restart
+    with pytest.raises(StepFailed, match="prefill.service: pair canary not good yet"):
+        Executor(units, host, Bounds(10, 5, 0.1), lambda s: None).run_step(r.steps[0])  # type: ignore[arg-type]
+    assert not any(line.startswith("POST") for line in host.log)

@@ -7,33 +7,40 @@ does the same at every stop), wait until their in-flight requests have finished 
 `sglang:num_running_reqs`; bounded here, since SGLang's own SIGTERM drain has no bound), then
 restart (`systemctl restart`; supervisord: managers.py), and wait until each unit is active
 again in a new invocation (systemd's InvocationID; supervisord's pid and start time), its /health
-answers 200, the router lists it healthy (the runtime registers it again by itself) and its own
-pair canary has judged every pair good since the restart (the runtime's NAME.canary.json).
-A step that does not get there within its bound fails, and the rollout stops there.
+answers 200, the pair canary has judged every pair good since the restart (the runtime's
+NAME.canary.json: its own, or its peer's once it runs anew, since both ends probe the same
+pair), and the router lists it healthy. A step that does not get there within its bound
+fails, and the rollout stops there. It looks every 0.1 s (Bounds.poll_secs): with one pair
+(1P1D) each late look is a moment of the outage; the service manager, a subprocess, is asked
+every 0.5 s once the unit runs again.
 
 The hold. Before it takes an engine out, apply writes the engine's hold file (the runtime's
 NAME.hold.json, pdsvc/ship/runtime/hold.py): the runtime then neither joins the router nor
-re-adds the engine, also once restarted, and its canary reports without healing. apply
-releases it once the engine is healthy and its pairs good, then waits for the runtime to
-register it. Every hold apply wrote is removed when the rollout ends, fails or is
+re-adds the engine, also once restarted, and its canary reports without healing. Once the
+engine is healthy and every pair of it good, apply registers it itself (the step's engines
+at once, what the runtime's own join waits for, Canary.admits) and releases it; the runtime
+keeps that entry. Every hold apply wrote is removed when the rollout ends, fails or is
 interrupted (release_all, called by the command in a `finally`); while it lasts it is leased
 and renewed (lease.py), so a killed apply's hold ends by itself.
 
 A pair-incompatible change by halves (rollout.halves, steps "restart half" and "switch
 halves"): A restarts held out, its canary fenced to A's peers, while B serves fenced to B's
 (old and new never meet: SGLang's decode dies on a page size or KV dtype mismatch, see
-hold.py); the switch holds B out and deletes it from the router, then registers A itself.
-Between the DELETE and the POST no pair is listed (measured: A listed 0.27 s after the
-first DELETE, most of it the router's own add: it probes the new worker's /health first); a
+hold.py); the switch holds B out, then in the gap only router calls: B's DELETEs at once,
+one look that the router lists none of B, A's POSTs at once (threads); A's hold lets it in
+after. Between the DELETE and the POST no pair is listed: apply's part is ~0.02 s, the rest
+the router's own add (0.15-0.2 s measured on smg 1.13: it probes the new worker first); a
 request then gets the router's 503 "no available servers". sglang-router selects the pair
 afresh inside its retry loop (src/routers/http/pd_router.rs execute_dual_dispatch:
 handle_server_selection_error answers 503, a retryable status), backing off 200 ms doubling
-(router.retry), so none fails there. smg's later source does the same
+(router.retry), so none fails there. smg's published source does the same
 (model_gateway/src/routers/http/pd_router.rs execute_dual_dispatch_attempt), yet smg 1.13
-(a compiled wheel) returned that 503 to clients in our runs: 1-2 of ~115 requests, plain and
-streamed, failed in the gap. No order avoids the gap: the halves are disjoint, and any moment
-the router lists a prefill of one half with a decode of the other routes mixed pairs. Then B
-restarts held, and at the end every hold is released and B joins.
+(a compiled wheel) answers `no_available_workers` at once, without its retries, and its
+prefill admission queue (--prefill-queue-size) does not hold a request for an empty pool
+(measured): 1-2 of ~100 requests fail in the gap. No order avoids the gap: the halves are
+disjoint, and any moment the router lists a prefill of one half with a decode of the other
+routes mixed pairs. Then B restarts held, and at the end every hold is released and B joins
+(its runtime, once its canary judged the pairs with A: those were never probed).
 
 Everything outside (commands, HTTP, files, the clock) goes through `Host`, so the order of
 things is tested without a systemd.
@@ -47,9 +54,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from pdsvc.apply.lease import Lease
 from pdsvc.apply.managers import Manager, Systemd
@@ -60,6 +69,9 @@ from pdsvc.ship.runtime.membership import Worker
 from pdsvc.ship.runtime.statefile import read_json
 
 RUNNING_REQS = "sglang:num_running_reqs"
+T = TypeVar("T")
+#: Between two looks at the router during the switch of halves, while no pair is listed.
+SWITCH_POLL_S = 0.02
 
 
 class StepFailed(Exception):
@@ -119,7 +131,11 @@ class Host:
 class Bounds:
     drain_secs: float = 60.0  # in-flight requests of an engine taken out of the router
     ready_secs: float = 3600.0  # restarted to serving (healthy, registered, canary good)
-    poll_secs: float = 0.5
+    #: between two looks while a step waits (loopback HTTP, a state file): every look later
+    #: than the moment it waits for is a moment serving waits too (1P1D: the outage)
+    poll_secs: float = 0.1
+    #: between two asks of the service manager once a unit runs again (a subprocess each)
+    manager_secs: float = 0.5
 
 
 def running_requests(metrics: str) -> int | None:
@@ -155,31 +171,44 @@ class Executor:
         key = (self.host.read(u.key_file) or "").strip() if u.key_file else ""
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def _router_entry(self, u: Unit) -> tuple[dict | None, bool]:
-        """(the router's entry for this engine, whether the router answered)."""
+    def _workers(self, u: Unit) -> list[dict] | None:
+        """The router's worker list (GET /workers on the router the unit names); None when
+        it has none or did not answer."""
         router = u.option("--router")
         if not router:
-            return None, False
+            return None
         code, body = self.host.http("GET", f"{router.rstrip('/')}/workers", self._headers(u))
         try:
             doc = json.loads(body) if code == 200 else None
         except ValueError:
             doc = None
         if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
-            return None, False
-        for entry in doc["workers"]:
-            if isinstance(entry, dict) and str(entry.get("url", "")).rstrip("/") == u.url:
-                return entry, True
-        return None, True
+            return None
+        return [e for e in doc["workers"] if isinstance(e, dict)]
+
+    @staticmethod
+    def _entry_in(workers: list[dict], u: Unit) -> dict | None:
+        for entry in workers:
+            if str(entry.get("url", "")).rstrip("/") == u.url:
+                return entry
+        return None
+
+    def _router_entry(self, u: Unit) -> tuple[dict | None, bool]:
+        """(the router's entry for this engine, whether the router answered)."""
+        workers = self._workers(u)
+        return (None, False) if workers is None else (self._entry_in(workers, u), True)
+
+    def _delete(self, u: Unit, entry: dict) -> None:
+        wid = urllib.parse.quote(str(entry.get("id", "")), safe="")
+        self.host.http("DELETE", f"{u.option('--router').rstrip('/')}/workers/{wid}",
+                       self._headers(u))
 
     def _deregister(self, u: Unit) -> bool:
         """Take the engine out of the router; True when it was listed."""
         entry, _ = self._router_entry(u)
         if entry is None:
             return False
-        wid = urllib.parse.quote(str(entry.get("id", "")), safe="")
-        self.host.http("DELETE", f"{u.option('--router').rstrip('/')}/workers/{wid}",
-                       self._headers(u))
+        self._delete(u, entry)
         return True
 
     def _register(self, u: Unit) -> None:
@@ -189,6 +218,25 @@ class Executor:
         self.host.http("POST", f"{u.option('--router').rstrip('/')}/workers",
                        {**self._headers(u), "Content-Type": "application/json"},
                        body=worker.payload())
+
+    @staticmethod
+    def _at_once(call: Callable[[T], object], items: Sequence[T]) -> None:
+        """``call`` for every item at the same moment (threads): the control-plane calls of one
+        change, each a round trip the router answers from memory."""
+        if len(items) < 2:
+            for item in items:
+                call(item)
+            return
+        with ThreadPoolExecutor(max_workers=len(items)) as pool:
+            list(pool.map(call, items))
+
+    @staticmethod
+    def _routable(entry: dict | None) -> bool:
+        return entry is not None and entry.get("is_healthy") is not False and str(
+            entry.get("status", "")).lower() not in ("draining", "failed")
+
+    def _listed_healthy(self, u: Unit) -> bool:
+        return self._routable(self._router_entry(u)[0])
 
     # ------------------------------------------------------------------ holds
     def _hold(self, u: Unit, *, out: bool, peers: list[str] | None, why: str) -> bool:
@@ -225,6 +273,7 @@ class Executor:
         before = {u.name: self.manager.invocation(u.local_name) for u in down}
         first_half = bool(step.halves) and tuple(step.units) == tuple(step.halves[0])
         among = self._urls(tuple(step.units)) if step.halves else None
+        took: list[tuple[str, float]] = []  # (phase, when it ended), for the step's last line
         if step.action != "start":
             self._wait_for_others(engines)
             for u in engines:  # out, and kept out once restarted, until released
@@ -234,6 +283,7 @@ class Executor:
                     self._hold(self.units[n], out=False, peers=self._urls(step.halves[1]),
                                why="the other half restarts with a pair-incompatible change")
             self._drain(engines)
+            took.append(("out and drained", self.host.now()))
         verb = "start" if step.action == "start" else "restart"
         since = self.host.wall()
         names = [self.units[n].local_name if n in self.units else n for n in step.units]
@@ -241,41 +291,36 @@ class Executor:
         if rc != 0:
             raise StepFailed(f"{self.manager.name}: {verb} {' '.join(names)} failed ({rc}): "
                              f"{out.splitlines()[-1] if out else ''}")
+        took.append((f"{verb}ed (stop, start, load: {self.manager.name})", self.host.now()))
         held = {u.name for u in engines if any(h == u.name for h in self.holds.values())}
-        self._wait_ready(down, before, since, held=held, among=among)
+        anew: dict[str, float] = {}
+        self._wait_ready(down, before, since, held=held, among=among, anew=anew)
+        took.append(("healthy, pairs proven by the canary", self.host.now()))
         if first_half:
+            self._took(t0, took)
             return self.host.now() - t0  # A stays out until the switch
+        if among is None:
+            # every pair of each proven since the restart (what the runtime's own join waits
+            # for, Canary.admits): apply registers them at once, not one membership check later
+            # each; a half's cross pairs were never probed, so there its runtime joins itself
+            posted = [u for u in engines if u.name in held and u.option("--router")]
+            self._at_once(self._register, posted)
+            if posted:
+                self.say(f"  {', '.join(u.name for u in posted)}: registered with the router")
         for name in self.release_all():
             self.say(f"  {name}: released (joins the router)")
-        self._wait_ready(down, before, since)
+        self._wait_ready(down, before, since, anew=anew)
+        took.append(("listed by the router", self.host.now()))
+        self._took(t0, took)
         return self.host.now() - t0
 
-    def _switch(self, step: Step) -> None:
-        """B out of the router (held, so it stays out), then A in: apply posts A itself, the
-        gap is two control-plane calls; A's runtime would post it within its next check."""
-        a, b = step.halves
-        for n in b:
-            self._hold(self.units[n], out=True, peers=self._urls(b), why="switch to the new half")
-        t0 = self.host.now()
-        for n in b:
-            if self._deregister(self.units[n]):
-                self.say(f"  {n}: out of the router")
-        for n in a:
-            u = self.units[n]
-            self._hold(u, out=False, peers=self._urls(a), why="serving; the old half restarts")
-            self._register(u)
-        deadline = self.host.now() + self.bounds.ready_secs
-        pending = list(a)
-        while pending:
-            pending = [n for n in pending if not self._listed_healthy(self.units[n])]
-            if not pending:
-                break
-            if self.host.now() >= deadline:
-                raise StepFailed(f"not listed by the router within {self.bounds.ready_secs:g}"
-                                 f" s: {', '.join(pending)}")
-            self.host.sleep(min(self.bounds.poll_secs, 0.1))
-        self.say(f"  {', '.join(a)}: serving with the new definition (listed by the router "
-                 f"{self.host.now() - t0:.2f} s after the first DELETE)")
+    def _took(self, t0: float, took: list[tuple[str, float]]) -> None:
+        """The step's seconds by phase, in one line."""
+        parts, last = [], t0
+        for phase, end in took:
+            parts.append(f"{phase} {end - last:.2f}")
+            last = end
+        self.say(f"  took (s): {', '.join(parts)}")
 
     def _wait_for_others(self, going: list[Unit]) -> None:
         """Serving must not stop: before engines leave the router, it lists a healthy engine of
@@ -304,17 +349,57 @@ class Executor:
                                  f"{', '.join(sorted(out))} out would stop serving")
             self.host.sleep(self.bounds.poll_secs)
 
-    def _listed_healthy(self, u: Unit) -> bool:
-        entry, _ = self._router_entry(u)
-        return entry is not None and entry.get("is_healthy") is not False and str(
-            entry.get("status", "")).lower() not in ("draining", "failed")
+    def _switch(self, step: Step) -> None:
+        """B out of the router, then A in; the gap between is what the router serves with no
+        pair (smg 1.13 answers 503 then), so nothing else happens in it: B is held (its
+        runtime then re-adds nothing) and its entries are read before; in the gap, B's DELETEs
+        at once, one look that the router lists none of B, A's POSTs at once. A's runtime is
+        held out meanwhile and keeps the entry apply posted once its hold lets it in."""
+        a, b = ([self.units[n] for n in half] for half in step.halves)
+        for u in b:
+            self._hold(u, out=True, peers=self._urls(step.halves[1]),
+                       why="switch to the new half")
+        old = [(u, e) for u in b for e in [self._router_entry(u)[0]] if e is not None]
+        t0 = self.host.now()
+        self._at_once(lambda ue: self._delete(*ue), old)
+        # never a new engine beside an old one (a mixed pair): A only once B is gone
+        self._until(lambda w: not any(self._routable(self._entry_in(w, u)) for u in b),
+                    b[0], "still listed after its DELETE: " + ", ".join(u.name for u in b))
+        self._at_once(self._register, a)
+        t_post = self.host.now()
+        for u in a:
+            self._hold(u, out=False, peers=self._urls(step.halves[0]),
+                       why="serving; the old half restarts")
+        for u, _ in old:
+            self.say(f"  {u.name}: out of the router")
+        self._until(lambda w: all(self._routable(self._entry_in(w, u)) for u in a), a[0],
+                    "not listed by the router: " + ", ".join(u.name for u in a))
+        self.say(f"  {', '.join(u.name for u in a)}: serving with the new definition (listed "
+                 f"by the router {self.host.now() - t0:.2f} s after the first DELETE; posted "
+                 f"{t_post - t0:.2f} s after it)")
+
+    def _until(self, done: Callable[[list[dict]], bool], u: Unit, what: str) -> None:
+        """Look at the router's worker list (the one ``u`` names) until ``done``; bounded."""
+        deadline = self.host.now() + self.bounds.ready_secs
+        while True:
+            workers = self._workers(u)
+            if workers is not None and done(workers):
+                return
+            if self.host.now() >= deadline:
+                raise StepFailed(f"within {self.bounds.ready_secs:g} s: {what}")
+            self.host.sleep(min(self.bounds.poll_secs, SWITCH_POLL_S))
 
     def _drain(self, engines: list[Unit]) -> None:
-        """Out of the router, then wait (bounded) until no request runs on them. The runtime
-        re-registers an engine it finds missing (every few seconds): taken out again."""
+        """Out of the router (at once), then wait (bounded) until no request runs on them. The
+        runtime re-registers an engine it finds missing unless apply holds it: one without a
+        hold (no state directory) is taken out again at every look."""
+        out = {u.name for u in engines}
+        self._at_once(lambda u: out.discard(u.name) if not self._deregister(u) else None,
+                      engines)
         for u in engines:
-            if self._deregister(u):
+            if u.name in out:
                 self.say(f"  {u.name}: out of the router {u.option('--router')}")
+        unheld = [u for u in engines if u.name not in self.holds.values()]
         deadline = self.host.now() + self.bounds.drain_secs
         while True:
             counts: dict[str, int | None] = {}
@@ -336,21 +421,37 @@ class Executor:
                          "restarting; SGLang drains them on SIGTERM within the unit's "
                          "TimeoutStopSec=")
                 return
-            for u in engines:
+            for u in unheld:
                 self._deregister(u)
             self.host.sleep(self.bounds.poll_secs)
 
     def _wait_ready(self, down: list[Unit], before: dict[str, str], since: float,
-                    held: set[str] = frozenset(), among: list[str] | None = None) -> None:
+                    held: set[str] = frozenset(), among: list[str] | None = None,
+                    anew: dict[str, float] | None = None) -> None:
         """Until each unit serves again: ``held`` ones need not be in the router (apply keeps
-        them out); ``among``: only the pairs among these engines are judged."""
+        them out); ``among``: only the pairs among these engines are judged; ``anew``: unit
+        -> when it was first seen run anew (wall clock), filled here. The service manager is
+        asked every ``manager_secs`` once a unit runs again, the rest every ``poll_secs``;
+        /health until it answers 200 once in this run."""
         deadline = self.host.now() + self.bounds.ready_secs
         pending = {u.name: "not restarted yet" for u in down}
+        running: dict[str, float] = {}  # unit -> when the manager last said it runs anew
+        anew = {} if anew is None else anew
+        healthy: set[str] = set()
         while pending:
             for u in down:
                 if u.name not in pending:
                     continue
-                why = self._not_ready(u, before.get(u.name, ""), since, u.name in held, among)
+                why = None
+                if self.host.now() - running.get(u.name, float("-inf")) >= \
+                        self.bounds.manager_secs:
+                    why = self._not_running(u, before.get(u.name, ""))
+                    if why is None:
+                        running[u.name] = self.host.now()
+                        anew.setdefault(u.name, self.host.wall())
+                if why is None:
+                    why = self._not_serving(u, since, u.name in held, among, healthy,
+                                            anew.get(u.name))
                 if why is None:
                     pending.pop(u.name)
                     self.say(f"  {u.name}: " + ("healthy, its pairs good (held out of the "
@@ -367,14 +468,21 @@ class Executor:
                                      f"{n}: {w}" for n, w in pending.items()))
             self.host.sleep(self.bounds.poll_secs)
 
-    def _not_ready(self, u: Unit, invocation: str, since: float, held: bool = False,
-                   among: list[str] | None = None) -> str | None:
-        """None when the unit serves again; else what it still lacks ('FAILED …': never)."""
+    def _not_running(self, u: Unit, invocation: str) -> str | None:
+        """None when the manager runs the unit in a new invocation ('FAILED …': never)."""
         state = self.manager.state(u.local_name)
         if state == "failed":
             return f"FAILED ({self.manager.look(u.local_name)})"
         if state != "active" or self.manager.invocation(u.local_name) == invocation:
             return f"not active in a new run yet ({state})"
+        return None
+
+    def _not_serving(self, u: Unit, since: float, held: bool = False,
+                     among: list[str] | None = None, healthy: set[str] | None = None,
+                     anew: float | None = None) -> str | None:
+        """None when the running unit serves again; else what it still lacks. ``healthy``:
+        units whose /health said 200 in this run (asked no more); ``anew``: when apply first
+        saw it run in a new invocation (wall clock)."""
         if u.kind == "router":
             url = u.option("--readiness-url")
             if url and self.host.http("GET", url)[0] != 200:
@@ -383,30 +491,61 @@ class Executor:
         if u.kind != "engine":
             return None
         health = u.option("--health-url")
-        if health and self.host.http("GET", health, timeout=30)[0] != 200:
-            return "/health not 200 yet"
+        if health and (healthy is None or u.name not in healthy):
+            if self.host.http("GET", health, timeout=30)[0] != 200:
+                return "/health not 200 yet"
+            if healthy is not None:
+                healthy.add(u.name)
         if u.option("--router") and not held:
             entry, answered = self._router_entry(u)
             if entry is None or entry.get("is_healthy") is False:
                 return "not registered with the router yet" if answered else "router unreachable"
-        return self._canary_lacks(u, since, among)
+        return self._canary_lacks(u, since, among, anew)
 
-    def _canary_lacks(self, u: Unit, since: float, among: list[str] | None = None) -> str | None:
-        """What this engine's own pair canary has not yet judged good since `since`."""
-        if not u.pairs or not u.option("--state-dir"):
+    def _canary(self, u: Unit) -> dict | None:
+        """The engine's pair canary state (the runtime's NAME.canary.json), or None."""
+        if not u.option("--state-dir"):
             return None
         name = u.option("--name", u.name.removesuffix(".service"))
         text = self.host.read(f"{u.option('--state-dir')}/{name}.canary.json")
         try:
-            doc = json.loads(text) if text else {}
+            doc = json.loads(text) if text else None
         except ValueError:
-            doc = {}
-        pairs = doc.get("pairs") if isinstance(doc, dict) else None
-        if not isinstance(pairs, list) or float(doc.get("at") or 0) < since:
+            doc = None
+        return doc if isinstance(doc, dict) and isinstance(doc.get("pairs"), list) else None
+
+    def _peers(self, u: Unit) -> list[Unit]:
+        """The engines at the other end of u's pairs that run on this host (their state)."""
+        ends = {end for pair in u.pairs for end in pair} - {u.url}
+        here = u.name.rpartition("/")[0]
+        return [p for p in self.units.values() if p.kind == "engine" and p.url in ends
+                and p.name.rpartition("/")[0] == here]
+
+    def _canary_lacks(self, u: Unit, since: float, among: list[str] | None = None,
+                      anew: float | None = None) -> str | None:
+        """What the pair canary has not yet judged good since `since`: this engine's own,
+        or, once it runs anew (``anew``: when apply saw it so, wall clock), its peer's. Both
+        ends probe the same pair (one PD request through the two), and a round that turned
+        good after the new run began went through the new engine (the old one was gone before
+        it started): with both ends restarted (1P1D), the one healthy last proves the pair
+        first, while the other's round found its peer not up yet."""
+        if not u.pairs or not u.option("--state-dir"):
+            return None
+        want = [f"{p} -> {d}" for p, d in u.pairs
+                if among is None or (p.rstrip("/") in among and d.rstrip("/") in among)]
+        sources = [(self._canary(u), since)]
+        if anew is not None:
+            sources += [(self._canary(p), max(since, anew)) for p in self._peers(u)]
+        good: set[str] = set()
+        for doc, floor in sources:
+            if doc is None or float(doc.get("at") or 0) < floor:
+                continue
+            good |= {str(p.get("pair")) for p in doc["pairs"] if isinstance(p, dict) and
+                     p.get("state") == "ok" and float(p.get("last_ok") or 0) >= floor}
+        bad = [pair for pair in want if pair not in good]
+        if not bad:
+            return None
+        mine = sources[0][0]
+        if mine is None or float(mine.get("at") or 0) < since:
             return "no canary round since the restart yet"
-        if among is not None:  # a half: its pairs with the other half are never probed
-            pairs = [p for p in pairs if isinstance(p, dict) and all(
-                end.strip().rstrip("/") in among for end in str(p.get("pair")).split(" -> "))]
-        bad = [str(p.get("pair")) for p in pairs if isinstance(p, dict) and not (
-            p.get("state") == "ok" and float(p.get("last_ok") or 0) >= since)]
-        return f"pair canary not good yet: {', '.join(bad)}" if bad else None
+        return f"pair canary not good yet: {', '.join(bad)}"

@@ -173,17 +173,20 @@ class Stack:
         return self.c.run(["bash", str(REPO / "install.sh"), "--bundle", "/srv/e2e/units", *args],
                           timeout=120)
 
-    def pdsvc(self, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+    def pdsvc(self, *args: str, timeout: float = 600, env: dict[str, str] | None = None,
+              wrap: tuple[str, ...] = ()
               ) -> subprocess.CompletedProcess[str]:
         """`pdsvc ARGS` inside the container, as an operator on the host runs it: the serve
         venv's python with this checkout on the path, and the dashboard SDK (a dependency of
         pdsvc the serve venv lacks) from a copy beside the bundle; whatever its exit code.
-        ``env``: more environment for it."""
-        return self.c.run(pdsvc_argv(self.work, self.plan["python"], *args), check=False,
-                          timeout=timeout, env=env)
+        ``env``: more environment for it; ``wrap``: a command it runs under (zero_loss.STAMP:
+        each stderr line timed)."""
+        argv = pdsvc_argv(self.work, self.plan["python"], *args)  # env PYTHONPATH=… python …
+        return self.c.run([*argv[:2], *wrap, *argv[2:]], check=False, timeout=timeout, env=env)
 
     def apply(self, config: dict, *args: str, timeout: float = 600,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+              env: dict[str, str] | None = None, wrap: tuple[str, ...] = ()
+              ) -> subprocess.CompletedProcess[str]:
         """`pdsvc apply` of CONFIG to the running stack, from a writable copy of the installed
         bundle (APPLY_DIR/units: /srv/e2e is read-only), as an operator would run it."""
         if not self.c.exists(f"{APPLY_DIR}/units"):
@@ -192,7 +195,7 @@ class Stack:
         self.c.write_file(f"{APPLY_DIR}/config.yaml", yaml.safe_dump(config))
         return self.pdsvc("apply", "-c", f"{APPLY_DIR}/config.yaml", "--topology",
                           "/srv/e2e/topology.json", "-o", f"{APPLY_DIR}/units", *args,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env, wrap=wrap)
 
     def start(self, timeout: float = 180) -> float:
         """`systemctl start <name>-pd.target`; returns how long it blocked."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 import time
@@ -41,9 +42,12 @@ ITL_MS = 25  # a decode's stream: one token every 25 ms ...
 TOKENS = 16  # ... of 16 (a stream lasts ~0.95 s, a non-streamed request ~0.5 s)
 LOAD_SECS = 2.0  # the stand-in's weights; its warm compile is 0.1 s
 RATE = 6.0  # requests a second
-#: The switch of halves of a pair-incompatible apply: the old half out of the router, the new
-#: one added (apply measured 0.13-0.27 s between the first DELETE and the new half listed).
-SWITCH_GAP_S = 0.5
+#: The switch of halves of a pair-incompatible apply: no pair listed from the old half's
+#: DELETEs to the new half listed. apply's own calls take ~0.02 s of it (the DELETEs at once,
+#: one look, the POSTs at once: "posted 0.02 s after"); the rest is the router adding a worker
+#: (smg 1.13: 0.13-0.2 s, it probes the worker and builds its client first). At RATE, at most
+#: two requests arrive in that time.
+SWITCH_GAP_S = 0.35
 BEFORE = 6.0  # s of steady load before each event (the "before" p99)
 TAIL = 3.0  # s of load after full capacity still counted as the event's
 CAPACITY_TIMEOUT = 120.0
@@ -120,14 +124,40 @@ def changed_config(stack: Stack, change: str) -> Path:
     return out
 
 
-def apply(change: str) -> Callable[[Stack], None]:
+#: Runs a command with each line of its stderr prefixed by time.monotonic() (the host's
+#: clock, the container's too: no time namespace), for apply's progress against the load.
+STAMP = ("python3", "-c", "import subprocess, sys, time\n"
+         "p = subprocess.Popen(sys.argv[1:], stderr=subprocess.PIPE, text=True)\n"
+         "for line in p.stderr:\n"
+         "    sys.stderr.write(f'{time.monotonic():.3f} {line}')\n"
+         "sys.exit(p.wait())")
+
+
+def stamped(stderr: str) -> list[tuple[float, str]]:
+    """(time.monotonic(), line) of each line STAMP timed."""
+    out = []
+    for line in stderr.splitlines():
+        t, _, text = line.partition(" ")
+        try:
+            out.append((float(t), text))
+        except ValueError:
+            continue
+    return out
+
+
+def apply(change: str, said: list[tuple[float, str]] | None = None) -> Callable[[Stack], None]:
     """Apply CHANGES[change] to the running stack as a user would (`pdsvc apply --yes`: render,
-    install, roll), blocking until apply says it is done; a failed apply fails the event."""
+    install, roll), blocking until apply says it is done; a failed apply fails the event.
+    ``said``: apply's progress lines, timed, are added to it."""
     def act(stack: Stack) -> None:
         cfg = yaml.safe_load(changed_config(stack, change).read_text())
-        r = stack.apply(cfg, "--yes", "--drain-timeout", "20", "--step-timeout", "300")
+        r = stack.apply(cfg, "--yes", "--drain-timeout", "20", "--step-timeout", "300",
+                        wrap=STAMP)
         assert r.returncode == 0, f"pdsvc apply exited {r.returncode}: {r.stderr[-2000:]}"
-        for line in r.stderr.splitlines():  # the halves' switch: how long no pair was listed
+        lines = stamped(r.stderr)
+        if said is not None:
+            said.extend(lines)
+        for _, line in lines:  # the halves' switch: how long no pair was listed
             if "listed by the router" in line:
                 print(f"\n  apply: {line.strip()}")
     return act
@@ -216,10 +246,19 @@ class Outcome:
             out.append(f"{self.failed['timeout']} request(s) hung until the client's timeout")
         total = sum(self.failed.values())
         if self.goal == "switch" and self.router == "smg":
-            # smg 1.13 answers its own "no workers available" 503 without a retry during the
-            # switch of halves (the old half out, the new one added: ~0.25 s); sglang-router
-            # 0.3.2 reselects the pair inside its retry loop and fails none. What smg may lose
-            # is bounded: only that 503, and no more than the requests of SWITCH_GAP_S.
+            # smg 1.13.0 answers a request that finds no prefill (or decode) worker listed at
+            # once with its own 503 {"code":"no_available_workers","message":"No available
+            # servers: No prefill workers available..."}, not retried (measured: 0.00 s with
+            # --retry-max-retries 6, and the same with its prefill admission queue,
+            # --prefill-max-inflight-requests-per-worker/--prefill-queue-size, which gates a
+            # selected worker, not an empty pool). Its published source retries a failed
+            # selection (smg-project/smg model_gateway/src/routers/http/pd_router.rs
+            # execute_dual_dispatch_attempt -> handle_server_selection_error,
+            # "server_selection_failed", a retryable 503), and marks only its overload shed
+            # `no_available_workers` non-retryable (routers/common/overload.rs shed); 1.13 is a
+            # compiled wheel. sglang-router 0.3.2 reselects the pair inside its retry loop and
+            # fails none. What smg may lose is bounded: only that 503, and no more than the
+            # requests of SWITCH_GAP_S.
             allowed = int(RATE * SWITCH_GAP_S)
             other = {k: n for k, n in self.failed.items() if k != "http 503"}
             if other:
@@ -307,36 +346,84 @@ def run_event(stack: Stack, ld: Load, event: Event) -> Outcome:
     return out
 
 
-def outage(results: list[Result]) -> float:
-    """The longest time (s) between two good answers in a stretch of load (an outage)."""
+def outage(results: list[Result]) -> tuple[float, float]:
+    """The longest time (s) between two good answers in a stretch of load (an outage), and
+    when the first of the two ended."""
     ends = sorted(r.end for r in results if r.ok)
-    return max((b - a for a, b in zip(ends, ends[1:], strict=False)), default=float("nan"))
+    return max(((b - a, a) for a, b in zip(ends, ends[1:], strict=False)),
+               default=(float("nan"), float("nan")))
+
+
+def journal(stack: Stack) -> list[tuple[float, str]]:
+    """(CLOCK_MONOTONIC, line) of the container's journal."""
+    text = stack.c.run(["journalctl", "-o", "short-monotonic", "--no-pager", "-q"],
+                       check=False).stdout
+    out = []
+    for line in text.splitlines():
+        stamp, _, rest = line.partition("]")
+        try:
+            out.append((float(stamp.lstrip("[ ")), rest))
+        except ValueError:
+            continue
+    return out
+
+
+#: Where a 1P1D apply's outage goes, from the last good answer: (phase, where its end is read:
+#: apply's progress or the journal, a pattern, the last match after the drain)
+PHASES = (
+    ("drained", "apply", r"no request in flight"),
+    ("stopped", "journal", r"Stopped .*-(prefill|decode)\.service"),
+    ("started", "journal", r"started engine pid"),
+    ("healthy", "journal", r"healthy after"),
+    ("pairs proven", "apply", r"its pairs good"),
+    ("registered", "apply", r"registered with the router"),
+)
+
+
+def breakdown(last_good: float, first_good: float, said: list[tuple[float, str]],
+              logged: list[tuple[float, str]]) -> str:
+    """The outage by phase: the seconds from the end of one to the end of the next."""
+    parts, at = [], last_good
+    for phase, source, pattern in PHASES:
+        lines = said if source == "apply" else logged
+        ends = [t for t, text in lines if t >= at - 0.5 and re.search(pattern, text)]
+        if not ends:
+            parts.append(f"{phase} ?")
+            continue
+        parts.append(f"{phase} +{max(ends) - at:.2f}")
+        at = max(at, max(ends))
+    parts.append(f"first good answer +{first_good - at:.2f}")
+    return ", ".join(parts)
 
 
 def apply_outage_1p1d(work: Path, venv: Path, router_package: str) -> str:
     """1P1D: `apply` of a pair-compatible change stops serving (nothing else can take the
-    load): the outage against the engine's load time (goal: ≤ LOAD_SECS + 2 s)."""
+    load): the outage against the engine's load time (goal: ≤ LOAD_SECS + 2 s), and where it
+    goes (apply's progress, timed, and the runtimes' and systemd's journal)."""
     why = apply_missing()
     if why:
         return f"1P1D apply outage: skipped: {why}"
     o = overrides(router_package)
     del o["prefill"], o["decode"]
     s = Stack.up(work, venv, **o)
+    said: list[tuple[float, str]] = []
     try:
         with load(s) as ld:
             steady(s, ld)
             t0 = time.monotonic()
-            apply("pair-compatible")(s)
+            apply("pair-compatible", said)(s)
             s.c.wait_for(lambda: at_capacity(s), CAPACITY_TIMEOUT, interval=0.2,
                          what="1P1D back after apply")
             time.sleep(TAIL)
             t1 = time.monotonic()
             ld.settle(t1)
-            gap = outage(ld.between(t0, t1))
+            gap, last_good = outage(ld.between(t0, t1))
+            logged = journal(s)
     finally:
         s.down()
     return (f"1P1D apply outage: {gap:.1f} s against the engine's load time {LOAD_SECS:g} s "
-            f"(goal ≤ {LOAD_SECS + 2:g} s)")
+            f"(goal ≤ {LOAD_SECS + 2:g} s)\n    from the last good answer: "
+            + breakdown(last_good, last_good + gap, said, logged))
 
 
 def describe(out: Outcome) -> str:

@@ -74,6 +74,11 @@ LAST_RESORT = 10
 #: seconds between rounds after one that failed or could not be judged (doubling after
 #: 2 x failures such rounds, up to the steady interval: a peer that stays down is not hammered)
 RETRY_S = 1.0
+#: the same after a round that only found peers not healthy yet (their /health not 200): a
+#: peer that comes up is probed within this, so a 1P1D restarted as one step (both sides at
+#: once) is proven, and serves, as soon as the later of the two is healthy, not a second on;
+#: it costs a /health of the peer a look (doubling as above while it stays down)
+PEER_RETRY_S = 0.25
 #: seconds between looks at each peer's port: a port that closed and opened again is a peer
 #: that was replaced (a connect is all it costs: SGLang's /health runs a generation)
 WATCH_S = 0.5
@@ -343,9 +348,10 @@ class CanaryThread:
 
     A round runs at once (this engine just became ready), then every ``interval`` s while
     rounds are good; after a round that failed or could not be judged, every ``retry`` s
-    (doubling once 2 x failures such rounds came, up to ``interval``); and at once whenever a
-    peer's port opens again after it was seen closed (the peer was replaced) or this engine's
-    own failure counters rose (``failures``: real traffic through a pair failed)."""
+    (PEER_RETRY_S when only peers were not healthy yet; doubling once 2 x failures such rounds
+    came, up to ``interval``); and at once whenever a peer's port opens again after it was
+    seen closed (the peer was replaced) or this engine's own failure counters rose
+    (``failures``: real traffic through a pair failed)."""
 
     def __init__(self, canary: Canary, interval: float, timeout: float,
                  probe: Callable[[Pair, str, float], Round] = probe_pair, *,
@@ -386,7 +392,10 @@ class CanaryThread:
             return self.interval
         self.bad_rounds += 1
         extra = max(0, self.bad_rounds - 2 * self.canary.failures_to_act)
-        return min(self.interval, self.retry * 2 ** min(extra, 16))
+        retry = self.retry
+        if rounds and all(r.ok or r.skipped for r in rounds):  # peers still coming up
+            retry = min(retry, PEER_RETRY_S)
+        return min(self.interval, retry * 2 ** min(extra, 16))
 
     def probed(self) -> list[Pair]:
         """The pairs a round probes: all, or those with the peers apply's hold names."""

@@ -16,5 +16,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 STOP_GRACE_S = 30.0  # after this long without exit following a stop, say so in the log
 CHILD_WAIT_SLICE_S = 1.0  # longest a loop blocks before re-checking for a stop request
-DUTY_SLICE_S = 0.25  # how often the serving loop looks whether one of its duties is due
+#: how often the serving loop looks whether one of its duties is due, and whether a stop came
+#: (its child wait blocks this long): a stop's delay before the engine leaves the router and
+#: gets the signal, and a finished canary round's before it is recorded (apply waits on both)
+DUTY_SLICE_S = 0.05
 KILL_WAIT_S = 30.0  # after SIGKILL, how long to wait for the tree to be gone (GPU memory freed)
