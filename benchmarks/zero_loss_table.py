@@ -15,7 +15,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "zero_loss.txt"
 
 #: one event's row, as tests/support/zero_loss.py `Outcome.row` prints it
-ROW = re.compile(r"^  (?P<event>\S.{0,33}?)\s+(?P<sent>\d+)\s+(?P<failed>\d+)(?: \(≤\d+\))?\s+"
+ROW = re.compile(r"^  (?P<event>\S.{0,33}?)\s+(?P<sent>\d+)\s+(?P<failed>\d+)(?: \(≤(?P<bound>\d+)\))?\s+"
                  r"(?P<kinds>\S.*?)\s+(?P<p99b>\d+\.\d+)\s+(?P<p99d>\d+\.\d+)\s+"
                  r"(?P<cap>\d+\.\d+)(?:\s+MISSES: (?P<miss>.*))?$")
 SECTION = re.compile(r"^(?P<router>[\w.-]+): 2P2D under steady load")
@@ -33,6 +33,8 @@ def parse(text: str) -> tuple[dict[str, dict[str, str]], str]:
             router = m["router"]
         elif (m := ROW.match(line)) and router:
             kinds = "" if m["kinds"] == "-" else f": {m['kinds']}"
+            if m["bound"]:  # a kill: the streams in flight on the engine, the most it may cut
+                kinds += f", {m['bound']} in flight"
             # a rolling apply's goal includes its latency: p99 during <= 2x steady
             p99 = (f", p99 {m['p99b']} → {m['p99d']} s" if m["event"].startswith("apply")
                    else "")

@@ -126,7 +126,7 @@ def test_the_zero_loss_table_reads_every_row_kind() -> None:
             "                            0.94    0.94     14.5   MISSES: 1 failed, goal 0\n"
             "  1P1D apply outage: 3.1 s against the engine's load time 2 s (goal ≤ 4 s)\n")
     cells, goal = zero_loss_table.parse(text)
-    assert cells["kill -9 decode-0's engine"]["smg"] == "2 of 55: cut 2 (5.4 s)"
+    assert cells["kill -9 decode-0's engine"]["smg"] == "2 of 55: cut 2, 3 in flight (5.4 s)"
     assert (cells["apply, pair-incompatible change"]["smg"]
             == "1 of 108: http 503 1 (14.5 s, p99 0.94 → 0.94 s)")
     assert cells["1P1D apply: outage"]["smg"] == "3.1 s" and goal == "load 2 s + 2 s = 4 s"
