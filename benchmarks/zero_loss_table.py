@@ -15,7 +15,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "zero_loss.txt"
 
 #: one event's row, as tests/support/zero_loss.py `Outcome.row` prints it
-ROW = re.compile(r"^  (?P<event>\S.{0,33}?)\s+(?P<sent>\d+)\s+(?P<failed>\d+)(?: \(≤(?P<bound>\d+)\))?\s+"
+ROW = re.compile(r"^  (?P<event>\S.{0,33}?)\s+(?P<sent>\d+)\s+(?P<failed>\d+)"
+                 r"(?: \(≤(?P<bound>\d+)\))?\s+"
                  r"(?P<kinds>\S.*?)\s+(?P<p99b>\d+\.\d+)\s+(?P<p99d>\d+\.\d+)\s+"
                  r"(?P<cap>\d+\.\d+)(?:\s+MISSES: (?P<miss>.*))?$")
 SECTION = re.compile(r"^(?P<router>[\w.-]+): 2P2D under steady load")

@@ -369,7 +369,8 @@ class CanaryThread:
         self.failures = failures
         self.clock = clock
         self.results: list[list[Round]] = []
-        self.bad_rounds = 0  # rounds in a row that were not all good
+        self.bad_rounds = 0  # rounds in a row that failed or could not be judged
+        self.waiting_rounds = 0  # rounds in a row that found peers not up yet
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pair-canary", daemon=True)
@@ -388,14 +389,17 @@ class CanaryThread:
     def next_delay(self, rounds: Sequence[Round]) -> float:
         """Seconds until the next round, given the one just run."""
         if rounds and all(r.ok for r in rounds):
-            self.bad_rounds = 0
+            self.bad_rounds = self.waiting_rounds = 0
             return self.interval
+        if rounds and all(r.ok or r.skipped for r in rounds):  # peers still coming up
+            # counted apart: the looks while a peer loads must not stretch the pauses between
+            # the failed rounds that follow (3 of them decide a heal)
+            self.waiting_rounds += 1
+            extra = max(0, self.waiting_rounds - 2 * self.canary.failures_to_act)
+            return min(self.interval, min(self.retry, PEER_RETRY_S) * 2 ** min(extra, 16))
         self.bad_rounds += 1
         extra = max(0, self.bad_rounds - 2 * self.canary.failures_to_act)
-        retry = self.retry
-        if rounds and all(r.ok or r.skipped for r in rounds):  # peers still coming up
-            retry = min(retry, PEER_RETRY_S)
-        return min(self.interval, retry * 2 ** min(extra, 16))
+        return min(self.interval, self.retry * 2 ** min(extra, 16))
 
     def probed(self) -> list[Pair]:
         """The pairs a round probes: all, or those with the peers apply's hold names."""
@@ -450,18 +454,18 @@ class CanaryThread:
         while not self._stop.is_set():
             if hold is not None and hold.doc() != fenced:
                 # apply held, fenced or released this engine: the pairs to probe changed
-                fenced, due, self.bad_rounds = hold.doc(), self.clock(), 0
+                fenced, due, self.bad_rounds, self.waiting_rounds = hold.doc(), self.clock(), 0, 0
             back = self.replaced_peers(seen)
             if back:
                 self.canary.log(f"pair canary: {', '.join(back)} opened its port again "
                                 "(started or replaced): a round now")
-                due, self.bad_rounds = self.clock(), 0
+                due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
             if self.clock() >= counters_due:
                 counters_due = self.clock() + COUNTERS_S
                 rose = self.failures_rose(last)
                 if rose and due > self.clock():
                     self.canary.log(f"pair canary: {rose}: a round now")
-                    due, self.bad_rounds = self.clock(), 0
+                    due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
             if self.clock() >= due:
                 rounds = self.round()
                 if self._stop.is_set():
