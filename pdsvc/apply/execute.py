@@ -235,9 +235,6 @@ class Executor:
         return entry is not None and entry.get("is_healthy") is not False and str(
             entry.get("status", "")).lower() not in ("draining", "failed")
 
-    def _listed_healthy(self, u: Unit) -> bool:
-        return self._routable(self._router_entry(u)[0])
-
     # ------------------------------------------------------------------ holds
     def _hold(self, u: Unit, *, out: bool, peers: list[str] | None, why: str) -> bool:
         """Write the engine's hold (runtime/hold.py); False without a state directory."""
@@ -332,22 +329,24 @@ class Executor:
         others = [u for u in self.units.values()
                   if u.kind == "engine" and u.name not in out and u.url]
         roles = sorted({u.role for u in going} & {u.role for u in others})
-        deadline = self.host.now() + self.bounds.ready_secs
-        said = False
-        while True:
-            missing = [r for r in roles
-                       if not any(u.role == r and self._listed_healthy(u) for u in others)]
-            if not missing:
-                return
-            if not said:
-                self.say(f"  waiting until the router lists another {' and '.join(missing)} "
-                         f"before {', '.join(sorted(out))} leaves it (serving must not stop)")
-                said = True
-            if self.host.now() >= deadline:
-                raise StepFailed(f"the router lists no other healthy {' or '.join(missing)} "
-                                 f"within {self.bounds.ready_secs:g} s: taking "
-                                 f"{', '.join(sorted(out))} out would stop serving")
-            self.host.sleep(self.bounds.poll_secs)
+        if not roles:
+            return
+        missing: list[str] = []
+
+        def none_missing(workers: list[dict]) -> bool:
+            missing[:] = [r for r in roles if not any(
+                u.role == r and self._routable(self._entry_in(workers, u)) for u in others)]
+            return not missing
+
+        def waiting() -> None:
+            self.say(f"  waiting until the router lists another {' and '.join(missing)} "
+                     f"before {', '.join(sorted(out))} leaves it (serving must not stop)")
+
+        if not self._until(none_missing, others[0], poll=self.bounds.poll_secs,
+                           waiting=waiting):
+            raise StepFailed(f"the router lists no other healthy {' or '.join(missing)} "
+                             f"within {self.bounds.ready_secs:g} s: taking "
+                             f"{', '.join(sorted(out))} out would stop serving")
 
     def _switch(self, step: Step) -> None:
         """B out of the router, then A in; the gap between is what the router serves with no
@@ -363,8 +362,10 @@ class Executor:
         t0 = self.host.now()
         self._at_once(lambda ue: self._delete(*ue), old)
         # never a new engine beside an old one (a mixed pair): A only once B is gone
-        self._until(lambda w: not any(self._routable(self._entry_in(w, u)) for u in b),
-                    b[0], "still listed after its DELETE: " + ", ".join(u.name for u in b))
+        if not self._until(lambda w: not any(self._routable(self._entry_in(w, u)) for u in b),
+                           b[0]):
+            raise StepFailed(f"within {self.bounds.ready_secs:g} s: still listed after its "
+                             f"DELETE: {', '.join(u.name for u in b)}")
         self._at_once(self._register, a)
         t_post = self.host.now()
         for u in a:
@@ -372,22 +373,30 @@ class Executor:
                        why="serving; the old half restarts")
         for u, _ in old:
             self.say(f"  {u.name}: out of the router")
-        self._until(lambda w: all(self._routable(self._entry_in(w, u)) for u in a), a[0],
-                    "not listed by the router: " + ", ".join(u.name for u in a))
+        if not self._until(lambda w: all(self._routable(self._entry_in(w, u)) for u in a), a[0]):
+            raise StepFailed(f"within {self.bounds.ready_secs:g} s: not listed by the router: "
+                             f"{', '.join(u.name for u in a)}")
         self.say(f"  {', '.join(u.name for u in a)}: serving with the new definition (listed "
                  f"by the router {self.host.now() - t0:.2f} s after the first DELETE; posted "
                  f"{t_post - t0:.2f} s after it)")
 
-    def _until(self, done: Callable[[list[dict]], bool], u: Unit, what: str) -> None:
-        """Look at the router's worker list (the one ``u`` names) until ``done``; bounded."""
+    def _until(self, done: Callable[[list[dict]], bool], u: Unit, poll: float = SWITCH_POLL_S,
+               waiting: Callable[[], None] | None = None) -> bool:
+        """Look at the router's worker list (the one ``u`` names) until ``done``, every
+        ``poll`` s at most (``waiting``: called once, after the first look that was not);
+        False once the step's bound passed."""
         deadline = self.host.now() + self.bounds.ready_secs
+        first = True
         while True:
             workers = self._workers(u)
             if workers is not None and done(workers):
-                return
+                return True
+            if first and waiting is not None:
+                waiting()
+            first = False
             if self.host.now() >= deadline:
-                raise StepFailed(f"within {self.bounds.ready_secs:g} s: {what}")
-            self.host.sleep(min(self.bounds.poll_secs, SWITCH_POLL_S))
+                return False
+            self.host.sleep(min(self.bounds.poll_secs, poll))
 
     def _drain(self, engines: list[Unit]) -> None:
         """Out of the router (at once), then wait (bounded) until no request runs on them. The
