@@ -307,13 +307,19 @@ class FakeHost(FakeClock):
         self.log.append(f"release {path.rsplit('/', 1)[1]}")
 
 
-def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_path) -> None:
+def decode_0_changed(tmp_path: Path) -> tuple[Rollout, dict[str, Unit]]:
+    """A 2P2D bundle whose decode-0 gains an argument: its rollout and the new units."""
     b = bundle(tmp_path, two_two())
     new = dict(b)
     new["dsv4-decode-0.service"] = new["dsv4-decode-0.service"].replace(
         "--enable-metrics", "--enable-metrics --max-running-requests 64")
     r = plan_rollout(b, new)
     units = {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}
+    return r, units
+
+
+def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_path) -> None:
+    r, units = decode_0_changed(tmp_path)
     host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"))
     said: list[str] = []
     Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
@@ -337,12 +343,7 @@ def test_an_engine_leaves_the_router_only_once_another_of_its_role_is_listed(
     """decode-1 not (yet) in the router — just started, back from a crash, still proving its
     pairs: the step waits for it before decode-0 leaves, and fails, taking nothing out, if
     it never comes within the bound."""
-    b = bundle(tmp_path, two_two())
-    new = dict(b)
-    new["dsv4-decode-0.service"] = new["dsv4-decode-0.service"].replace(
-        "--enable-metrics", "--enable-metrics --max-running-requests 64")
-    r = plan_rollout(b, new)
-    units = {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}
+    r, units = decode_0_changed(tmp_path)
     host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"),
                     others_from=joins_at if joins_at is not None else float("inf"))
     said: list[str] = []
