@@ -64,6 +64,18 @@ def count(found: dict[str, list[str]]) -> int:
     return sum(len(v) for v in found.values())
 
 
+#: the journal lines a failure's timeline shows: starts, heals, cures, canary verdicts
+TOLD = ("serving on", "restarting", "heal cascade", "stale", "Started", "Stopped", "wrote")
+
+
+def timeline(s: Stack) -> str:
+    """The engines' lines of ``TOLD``, in order, with their monotonic stamps (for a failure)."""
+    units = {s.unit(e) for e in ENGINES}
+    return "\n".join(f"{t:9.2f} {ln[:300]}" for t, ln in zero_loss.journal(s)
+                     if any(u.removesuffix(".service") in ln for u in units)
+                     and any(k in ln for k in TOLD))
+
+
 def test_a_heal_cascade_is_cured_by_one_restart_of_every_engine_and_settles(
         stack: Stack, router_package: str) -> None:
     heals0, cures0 = heals(stack), cures(stack)
@@ -96,10 +108,13 @@ def test_a_heal_cascade_is_cured_by_one_restart_of_every_engine_and_settles(
     together = [e for e in ENGINES if len(cured[e]) > len(cures0[e])]
     print(f"\nBENCH [{router_package}] heal cascade: settled {seconds:.0f} s after the fault, "
           f"{healed} heals, {len(together)} engines restarted together")
-    assert count(found) - found0 == 1, found  # one marker, by one runtime
-    assert together == list(ENGINES), cured  # every engine restarted with the cure, once
-    assert all(len(cured[e]) - len(cures0[e]) == 1 for e in ENGINES), cured
-    assert all(stack.invocation(e) != before[e] for e in ENGINES)
-    said = next(ln for v in found.values() for ln in v)
-    assert "sglang #33789" in said and "smg-project/smg #2382" in said
-    assert f"systemctl restart {stack.target}" in said
+    try:
+        assert count(found) - found0 == 1, found  # one marker, by one runtime
+        assert together == list(ENGINES), cured  # every engine restarted with the cure, once
+        assert all(len(cured[e]) - len(cures0[e]) == 1 for e in ENGINES), cured
+        assert all(stack.invocation(e) != before[e] for e in ENGINES)
+        said = next(ln for v in found.values() for ln in v)
+        assert "sglang #33789" in said and "smg-project/smg #2382" in said
+        assert f"systemctl restart {stack.target}" in said
+    except AssertionError as e:
+        raise AssertionError(f"{e}\ntimeline:\n{timeline(stack)}") from None
