@@ -6,6 +6,7 @@ cure within the hour, and a hold suppressing it all."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -187,13 +188,17 @@ def test_the_engine_runtime_restarts_its_engine_on_a_newer_marker(tmp_path: Path
         "--state-dir", str(tmp_path), "--deployment", "dep", "--role", "decode",
         "--restart-all", RESTART_ALL, "--", "true"])
     unit = Unit(args, command)
-    unit.policy.on_start()
-    unit.policy.on_healthy()
+    assert unit.cascade is None  # no pairs: nothing to cure
+    unit.began = time.time()  # its engine process started
     unit.cascade = Cascade(str(tmp_path), "dep", "dep-decode-0", RESTART_ALL, print)
     duties = unit.duties("http://127.0.0.1:1/health")
     assert duties(True) is None  # no marker
     Path(marker_path(str(tmp_path), "dep")).write_text(json.dumps(
-        {"at": unit.policy.state.serving_since + 0.1, "by": "dep-prefill-0", "why": "x"}))
+        {"at": unit.began - 0.1, "by": "dep-prefill-0", "why": "x"}))
+    unit.cascade.next_look = 0.0
+    assert duties(True) is None  # a marker older than this engine's process: done already
+    Path(marker_path(str(tmp_path), "dep")).write_text(json.dumps(
+        {"at": unit.began + 0.1, "by": "dep-prefill-0", "why": "x"}))
     unit.cascade.next_look = 0.0
     out = duties(True)
     assert out is not None and out.kind == End.HEAL and "restarts together" in out.detail

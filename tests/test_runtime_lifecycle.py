@@ -5,6 +5,7 @@ stopped at their own start deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -177,3 +178,29 @@ def test_a_start_past_its_deadline_is_stopped_and_counts_as_a_failed_start(procs
     assert "not healthy within --start-timeout 1 s" in procs.log(proc)
     assert "gave up after 2 starts in a row that never became healthy" in procs.log(proc)
     assert [e["event"] for e in read_events(events)].count("sigterm") == 2  # stopped, not left
+
+
+def test_an_engine_still_loading_restarts_with_a_heal_cascade_cure(procs, tmp_path):
+    """A cure (runtime/cascade.py) restarts an engine whose process started before it, even
+    one still loading (its own heal just before the cure), so that no engine's load ends
+    while an old peer still drains: the child is stopped, and the runtime exits 75."""
+    from pdsvc.ship.runtime.cascade import marker_path
+    port, events = free_port(), tmp_path / "child.jsonl"
+    proc = procs.start(engine_args(
+        port, "dep-prefill-0", "--state-dir", str(tmp_path), "--deployment", "dep",
+        "--role", "prefill", "--pair", f"http://127.0.0.1:{port}", "8998",
+        f"http://127.0.0.1:{free_port()}",
+        "--", *procs.child(port, events, "--healthy-after", "60")))
+    child_pid(events)  # loading
+    time.sleep(0.7)  # past one look at no marker
+    marker = marker_path(str(tmp_path), "dep")
+    with open(marker + ".tmp", "w") as f:
+        json.dump({"at": time.time(), "by": "dep-decode-0", "why": "a cascade"}, f)
+    os.replace(marker + ".tmp", marker)
+    assert procs.wait(proc) == 75
+    log = procs.log(proc)
+    assert "dep-decode-0 found a heal cascade" in log
+    assert "restarting to heal its pair: stopping the engine (SIGTERM)" in log
+    assert [e for e in read_events(events) if e["event"] == "sigterm"]  # stopped, not left
+    state = json.loads((tmp_path / "dep-prefill-0.restart.json").read_text())
+    assert state["phase"] == "stopped" and state["failed_starts"] == 0  # not a failed start

@@ -23,10 +23,13 @@ The rule (read from the engines' own restart state files, NAME.restart.json in t
   with one bug only; it too replaces a process its peers talked to, so a cure is right there
   as well.
 * **The cure**: the runtime whose heal completes a cascade writes ``DEPLOYMENT.heal-all.json``
-  (atomically: ``at``, ``by``, ``why``) and every engine runtime of the deployment that served
-  since before that time restarts its engine (End.HEAL, the heal's path) within
-  ``MARKER_LOOK_S`` of it. A marker older than ``MARKER_ACT_S`` is not acted on (an engine
-  that was held, or down, starts fresh anyway).
+  (atomically: ``at``, ``by``, ``why``) and every engine runtime of the deployment whose
+  engine process started before that time restarts it (End.HEAL, the heal's path) within
+  ``MARKER_LOOK_S`` of it: one serving, and one still loading too (a heal of its own just
+  before the marker), whose load could otherwise end while an old peer still drains, so that
+  its canary meets an old process. Restarting a loading engine costs the deployment nothing:
+  every other engine loads from the marker on as well. A marker older than ``MARKER_ACT_S``
+  is not acted on (an engine that was held, or down, starts fresh anyway).
 * **Once**: a cascade within ``CURE_WINDOW_S`` (1 h) of the last cure is reported, with the
   command that restarts the whole deployment, and nothing more is done than the heals
   themselves (each still within the heal budget).
@@ -152,18 +155,19 @@ class Cascade:
         self.log(f"{cure}: wrote {marker_path(self.state_dir, self.deployment)}")
         return cure
 
-    def due(self, serving_since: float | None, monotonic: float) -> str | None:
-        """Why this engine restarts now with the whole deployment (a marker newer than its
-        serving start, at most MARKER_ACT_S old, no hold), or None; looks every
-        MARKER_LOOK_S (``monotonic``: the caller's clock)."""
-        if monotonic < self.next_look or serving_since is None:
+    def due(self, began: float | None, monotonic: float) -> str | None:
+        """Why this engine restarts now with the whole deployment (a marker newer than
+        ``began``, when its engine process started (wall clock; None: not started), at most
+        MARKER_ACT_S old, no hold), or None; looks every MARKER_LOOK_S (``monotonic``: the
+        caller's clock)."""
+        if monotonic < self.next_look or began is None:
             return None
         self.next_look = monotonic + MARKER_LOOK_S
         marker = read_marker(self.state_dir, self.deployment)
         if marker is None:
             return None
         at, now = float(marker["at"]), self.clock()
-        if at <= serving_since or now - at >= MARKER_ACT_S or held(self.state_dir):
+        if at <= began or now - at >= MARKER_ACT_S or held(self.state_dir):
             return None
         by = marker.get("by") or "an engine"
         return (f"{by} found a heal cascade {now - at:.1f} s ago: every engine of the "

@@ -125,7 +125,13 @@ class Unit:
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
-        self.cascade: Cascade | None = None  # with pairs and a state dir (start_canary)
+        # an engine with pairs and a state dir takes part in curing a heal cascade
+        self.cascade = Cascade(args.state_dir, args.deployment, args.name,
+                               getattr(args, "restart_all", ""), self.log) \
+            if self.role == "engine" and getattr(args, "pair", None) and args.state_dir \
+            and getattr(args, "role", "") else None
+        self.began: float | None = None  # wall clock: when this run's child was started
+        self.cure = ""  # why the whole deployment restarts, when that ended STARTING
         self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
         self.machine = Machine()
         self.delay = (0.0, "")  # the restart policy's back-off for this start, and why
@@ -298,6 +304,7 @@ class Unit:
         self.notifier.status(f"starting {self.role}")
         probe, what, self.liveness_url = probes_for(a, log)
         probe = self.unless_engines_gave_up(probe)
+        self.began = time.time()
         failed = child.start(self.command)
         if failed is not None:
             why = self.policy.on_failed_start(f"cannot execute {self.command[0]}")
@@ -311,15 +318,24 @@ class Unit:
         outcome = wait_until_healthy(
             probe, child.wait, what=what, log=log, status=self.notifier.status,
             poll_interval=a.poll_interval, progress_every=a.progress_every,
-            should_stop=lambda: child.stopping() or late(), started=started,
+            should_stop=lambda: child.stopping() or late() or self.cured_while_starting(),
+            started=started,
         )
-        if outcome.kind == End.STOP and not child.stopping():
+        if outcome.kind == End.STOP and self.cure and not child.stopping():
+            outcome = Outcome(End.HEAL, elapsed=time.monotonic() - started, detail=self.cure)
+        elif outcome.kind == End.STOP and not child.stopping():
             # our own start deadline, before systemd's TimeoutStartSec= (whose SIGTERM would
             # look like any stop): a start that never got healthy, and counts as one
             outcome = Outcome(End.LATE, elapsed=time.monotonic() - started,
                               detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
         self.outcome = outcome
         return State.SERVING if outcome.kind == End.HEALTHY else State.STOPPING
+
+    def cured_while_starting(self) -> bool:
+        """A heal cascade's cure came while this engine loads (cascade.py): it restarts too."""
+        if self.cascade is not None and not self.cure:
+            self.cure = self.cascade.due(self.began, time.monotonic()) or ""
+        return bool(self.cure)
 
     def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
                                ) -> Callable[[], ProbeResult]:
@@ -370,7 +386,7 @@ class Unit:
                 next_check = now + (a.membership_interval if self.membership.joined
                                     else min(a.membership_interval, MEMBERSHIP_RETRY_S))
             if self.cascade is not None:
-                together = self.cascade.due(self.policy.state.serving_since, now)
+                together = self.cascade.due(self.began, now)
                 if together:
                     return Outcome(End.HEAL, detail=together)
             if self.canary is not None:
@@ -435,9 +451,6 @@ class Unit:
                                    failures=failures)
         if self.membership is not None:
             self.membership.admit = canary.admits
-        if a.state_dir and a.role:
-            self.cascade = Cascade(a.state_dir, a.deployment, a.name,
-                                   getattr(a, "restart_all", ""), self.log)
         self.canary.start()
 
     def serve(self) -> State:
