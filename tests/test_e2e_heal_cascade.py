@@ -99,7 +99,8 @@ def test_a_heal_cascade_is_cured_by_one_restart_of_every_engine_and_settles(
                          "one cure of its heal cascade")
     except AssertionError as e:
         said = {k: v[-3:] for k, v in lines(stack, "pair canary").items()}
-        raise AssertionError(f"{e}\nheals: {heals(stack)}\ncanary: {said}") from None
+        raise AssertionError(f"{e}\nheals: {heals(stack)}\ncanary: {said}\n"
+                             f"timeline:\n{timeline(stack)}") from None
     seconds = last[1] - t0  # the last heal or cure; QUIET passed since without one
     found = lines(stack, FOUND)
     # the heal that completed the cascade became the cure: its line names the cascade
