@@ -221,7 +221,6 @@ def test_after_a_bad_round_every_second_then_slower_then_steady_once_good() -> N
     assert delays == [0.25] * 6 + [0.5, 1.0]  # then slower while it stays down
 
 
-
 def test_looks_while_a_peer_loads_do_not_stretch_the_failed_rounds_after_it() -> None:
     """A replaced decode loads (12 looks that found it not up), then every pair through it
     fails (stale): the 3 failed rounds that decide a heal still come a second apart (they
@@ -233,6 +232,7 @@ def test_looks_while_a_peer_loads_do_not_stretch_the_failed_rounds_after_it() ->
     looks = [t.next_delay(skipped) for _ in range(12)]
     assert looks[:6] == [0.25] * 6 and max(looks) <= 30.0
     assert [t.next_delay(bad) for _ in range(3)] == [1.0, 1.0, 1.0]
+
 
 def test_a_peer_whose_port_opens_again_was_replaced() -> None:
     looks = iter([True, False, False, True, True])

@@ -395,11 +395,14 @@ class CanaryThread:
             # counted apart: the looks while a peer loads must not stretch the pauses between
             # the failed rounds that follow (3 of them decide a heal)
             self.waiting_rounds += 1
-            extra = max(0, self.waiting_rounds - 2 * self.canary.failures_to_act)
-            return min(self.interval, min(self.retry, PEER_RETRY_S) * 2 ** min(extra, 16))
+            return self._backoff(self.waiting_rounds, min(self.retry, PEER_RETRY_S))
         self.bad_rounds += 1
-        extra = max(0, self.bad_rounds - 2 * self.canary.failures_to_act)
-        return min(self.interval, self.retry * 2 ** min(extra, 16))
+        return self._backoff(self.bad_rounds, self.retry)
+
+    def _backoff(self, in_a_row: int, retry: float) -> float:
+        """``retry`` s, doubling once 2 x failures_to_act such rounds came, up to interval."""
+        extra = max(0, in_a_row - 2 * self.canary.failures_to_act)
+        return min(self.interval, retry * 2 ** min(extra, 16))
 
     def probed(self) -> list[Pair]:
         """The pairs a round probes: all, or those with the peers apply's hold names."""

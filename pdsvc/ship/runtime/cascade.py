@@ -127,6 +127,16 @@ class Cascade:
         self.next_look = 0.0
         self.reported: float | None = None  # the marker whose repeat this runtime reported
 
+    @classmethod
+    def of(cls, args: object, log: Callable[[str], None]) -> Cascade | None:
+        """An engine runtime's part, from its argv: one with pairs, a state directory and a
+        role takes part; any other (a router, an engine without pairs) does not."""
+        a = vars(args)
+        if not (a.get("pair") and a.get("state_dir") and a.get("role")):
+            return None
+        return cls(a["state_dir"], a.get("deployment", ""), a["name"],
+                   a.get("restart_all", ""), log)
+
     def after_heal(self) -> str | None:
         """Called once this engine's heal is logged: the cure's reason when that heal
         completes a cascade and this runtime wrote the marker (the caller restarts its engine

@@ -31,7 +31,7 @@ from .gpu import wait_gpus_idle
 from .hold import Hold
 from .jitlock import JitLock
 from .membership import MEMBERSHIP_RETRY_S, Membership, Worker, read_key
-from .notify import Log, Notifier
+from .notify import Log, Notifier, watchdog_hint
 from .phases import End, Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
 from .policy import RestartPolicy, gave_up_engines
 from .probe import (
@@ -45,22 +45,6 @@ from .probe import (
 from .proctree import become_subreaper
 from .statefile import state_path
 from .states import Ending, Machine, State
-
-
-def _watchdog_hint(args: argparse.Namespace, log: Log) -> None:
-    """Warn when the liveness cadence cannot keep the unit's watchdog fed."""
-    usec = os.environ.get("WATCHDOG_USEC", "")
-    if not usec.isdigit():
-        if os.environ.get("NOTIFY_SOCKET"):
-            log("WatchdogSec= is not set for this unit: failed liveness probes are only logged")
-        return
-    watchdog = int(usec) / 1e6
-    if args.liveness_interval + args.liveness_timeout >= watchdog:
-        log(
-            f"warning: --liveness-interval {args.liveness_interval:g} s + --liveness-timeout "
-            f"{args.liveness_timeout:g} s >= WatchdogSec={watchdog:g} s: a single slow probe "
-            "gets the unit killed"
-        )
 
 
 def engine_fingerprint() -> str:
@@ -125,13 +109,8 @@ class Unit:
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
         self.canary: CanaryThread | None = None
-        # an engine with pairs and a state dir takes part in curing a heal cascade
-        self.cascade = Cascade(args.state_dir, args.deployment, args.name,
-                               getattr(args, "restart_all", ""), self.log) \
-            if self.role == "engine" and getattr(args, "pair", None) and args.state_dir \
-            and getattr(args, "role", "") else None
+        self.cascade = Cascade.of(args, self.log)  # an engine with pairs and a state dir
         self.began: float | None = None  # wall clock: when this run's child was started
-        self.cure = ""  # why the whole deployment restarts, when that ended STARTING
         self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
         self.machine = Machine()
         self.delay = (0.0, "")  # the restart policy's back-off for this start, and why
@@ -315,27 +294,28 @@ class Unit:
         def late() -> bool:
             return a.start_timeout is not None and time.monotonic() - started >= a.start_timeout
 
+        cure = [""]  # a heal cascade's cure (cascade.py) restarts a loading engine too
+
+        def cured() -> bool:
+            cure[0] = (self.cascade.due(self.began, time.monotonic()) or "") if self.cascade \
+                else ""
+            return bool(cure[0])
+
         outcome = wait_until_healthy(
             probe, child.wait, what=what, log=log, status=self.notifier.status,
             poll_interval=a.poll_interval, progress_every=a.progress_every,
-            should_stop=lambda: child.stopping() or late() or self.cured_while_starting(),
-            started=started,
+            should_stop=lambda: child.stopping() or late() or cured(), started=started,
         )
-        if outcome.kind == End.STOP and self.cure and not child.stopping():
-            outcome = Outcome(End.HEAL, elapsed=time.monotonic() - started, detail=self.cure)
-        elif outcome.kind == End.STOP and not child.stopping():
-            # our own start deadline, before systemd's TimeoutStartSec= (whose SIGTERM would
-            # look like any stop): a start that never got healthy, and counts as one
-            outcome = Outcome(End.LATE, elapsed=time.monotonic() - started,
-                              detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
+        if outcome.kind == End.STOP and not child.stopping():
+            # the cure (the heal's path), else our own start deadline, before systemd's
+            # TimeoutStartSec= (whose SIGTERM would look like any stop): a start that never got
+            # healthy, and counts as one
+            elapsed = time.monotonic() - started
+            outcome = Outcome(End.HEAL, elapsed=elapsed, detail=cure[0]) if cure[0] else \
+                Outcome(End.LATE, elapsed=elapsed,
+                        detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
         self.outcome = outcome
         return State.SERVING if outcome.kind == End.HEALTHY else State.STOPPING
-
-    def cured_while_starting(self) -> bool:
-        """A heal cascade's cure came while this engine loads (cascade.py): it restarts too."""
-        if self.cascade is not None and not self.cure:
-            self.cure = self.cascade.due(self.began, time.monotonic()) or ""
-        return bool(self.cure)
 
     def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
                                ) -> Callable[[], ProbeResult]:
@@ -475,7 +455,7 @@ class Unit:
         self.notifier("READY=1", f"STATUS={serving}")
         if not self.gave_up:
             log(f"healthy after {healthy.elapsed:.1f} s")
-        _watchdog_hint(a, log)
+        watchdog_hint(a.liveness_interval, a.liveness_timeout, log)
         self.outcome = liveness_loop(
             lambda left=a.liveness_timeout: http_probe(
                 liveness_url, max(0.05, round(min(a.liveness_timeout, left), 2))

@@ -73,3 +73,17 @@ class Notifier:
 
     def status(self, text: str) -> None:
         self(f"STATUS={text}")
+
+
+def watchdog_hint(interval: float, timeout: float, log: Log) -> None:
+    """Warn when the liveness cadence (--liveness-interval ``interval`` + --liveness-timeout
+    ``timeout``) cannot keep the unit's watchdog (WATCHDOG_USEC, sd_watchdog_enabled(3)) fed."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    if not usec.isdigit():
+        if os.environ.get("NOTIFY_SOCKET"):
+            log("WatchdogSec= is not set for this unit: failed liveness probes are only logged")
+        return
+    watchdog = int(usec) / 1e6
+    if interval + timeout >= watchdog:
+        log(f"warning: --liveness-interval {interval:g} s + --liveness-timeout {timeout:g} s "
+            f">= WatchdogSec={watchdog:g} s: a single slow probe gets the unit killed")
