@@ -15,7 +15,9 @@ from click.testing import CliRunner
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
+# running in parallel: groups of tests that share a booted stack, longest first (scheduling);
 # the runtime's process fixtures (tests/test_runtime_*.py, tests/test_supervisord.py)
+import scheduling  # noqa: E402
 from runtime_procs import notify_socket, procs  # noqa: E402, F401
 
 # pdsvc status's stand-in deployments (tests/test_status*.py, tests/test_first_hour.py)
@@ -81,3 +83,17 @@ def router_package(request: pytest.FixtureRequest) -> str:
 
 # the host labs several e2e modules share (session fixtures: one boot per router generation)
 from host_labs import four_hosts, lab_router  # noqa: E402, F401
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    scheduling.collected(items)  # last: after pytest has ordered the tests by their fixtures
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    return scheduling.make_scheduler(config, log) if config.option.dist == "loadgroup" else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    scheduling.configure(config)

@@ -143,6 +143,10 @@ DEFAULT_BOOT_TIMEOUT = 60.0
 #: Hard upper bound of a container's life (seconds); env PDSVC_NSPAWN_MAX_LIFETIME overrides.
 DEFAULT_MAX_LIFETIME = float(os.environ.get("PDSVC_NSPAWN_MAX_LIFETIME", "1200"))
 NSPAWN = "systemd-nspawn"
+#: every container's systemd takes inotify instances of root's, whose default limit (128) a
+#: few containers at once use up (tests in parallel): .ci/run raises it
+INOTIFY_HINT = (" (root's inotify instances ran out, as when many containers boot at once: "
+                "sysctl -w fs.inotify.max_user_instances=4096)")
 PRESET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e-containers.preset")
 HOST_SYSTEMD = "/usr/lib/systemd/systemd"
 REQUIRE_ENV = "PDSVC_REQUIRE_E2E"
@@ -416,7 +420,9 @@ class SystemdContainer(ContainerCommands):
 
     def _boot_deadline_check(self, deadline: float, what: str) -> None:
         if time.monotonic() > deadline:
-            raise ContainerError(f"{self.name}: timed out waiting for {what}\n{self._log_tail()}")
+            tail = self._log_tail()
+            hint = INOTIFY_HINT if "Failed to create inotify object" in tail else ""
+            raise ContainerError(f"{self.name}: timed out waiting for {what}{hint}\n{tail}")
 
     def _check_launcher(self) -> None:
         if self._launcher is not None and self._launcher.poll() is not None:
