@@ -73,3 +73,21 @@ def test_the_default_output_directories_are_not_tracked() -> None:
     tracked = subprocess.run(["git", "ls-files", "units", "units-supervisord", "units-k8s"],
                              cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert tracked == ""
+
+
+def test_the_exit_status_managers_never_restart_is_the_runtimes_give_up(monkeypatch) -> None:
+    """RestartPreventExitStatus= (systemd) and exitcodes= (supervisord) are rendered from the
+    runtime's EXIT_GAVE_UP, not written beside it: change it and both follow."""
+    from pdsvc.render.supervisord import render_supervisord
+    from pdsvc.ship.runtime import codes
+
+    plan = load_plan(REPO / "etc" / "pdsvc.yaml", None, REPO / "etc" / "seed-host.topology.json")
+    for status in (codes.EXIT_GAVE_UP, 79):
+        monkeypatch.setattr(codes, "EXIT_GAVE_UP", status)
+        units = {f.path: f.content for f in render_systemd(plan, "pdsvc render")}
+        engines = [p for p in units if p.endswith(("-prefill.service", "-decode.service"))]
+        assert engines and all(f"\nRestartPreventExitStatus={status} 243\n" in units[p]
+                               for p in engines)
+        conf = next(f.content for f in render_supervisord(plan, "pdsvc render")
+                    if f.path.endswith("supervisord.conf"))
+        assert f"\nexitcodes=0,{status}\n" in conf

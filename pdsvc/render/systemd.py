@@ -32,6 +32,7 @@ from pdsvc.plan.runtime_argv import (
     router_command,
     router_runtime_flags,
 )
+from pdsvc.ship.runtime import codes
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -145,6 +146,8 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    # the runtime's exit statuses the service managers act on (never restart after a give-up)
+    env.globals.update(exit_gave_up=codes.EXIT_GAVE_UP, exit_hung=codes.EXIT_HUNG)
     env.filters.update(sd_escape=sd_escape, sd_exec=sd_exec, sd_env=sd_env, sd_word=sd_word,
                        sd_list_item=sd_list_item, il_field=il_field, printable=printable)
     return env
