@@ -2,7 +2,7 @@
 
 Each string of the config reaches several outputs — systemd units (values, ExecStart= words,
 list settings), supervisord.conf, install.list (read by install.sh as root) and Kubernetes YAML.
-Each output has an exact encoding for most characters (see pdsvc/render/systemd.py,
+Each output has an exact encoding for most characters (see pdsvc/render/kit.py,
 supervisord.py, k8s.py); what none of them can carry losslessly is refused here, at config load:
 
 - control characters (C0 but tab, DEL, C1) and the Unicode line/paragraph separators: systemd

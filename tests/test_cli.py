@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from pdsvc.cli.commands import main
-from pdsvc.render.systemd import runtime_modules, shipped_modules
+from pdsvc.render.kit import runtime_modules, shipped_modules
 
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 CONFIG = ["--config", str(REPO / "etc/pdsvc.yaml")]

@@ -20,12 +20,14 @@ from test_hostile_values import refused
 from pdsvc import routers
 from pdsvc.cli.commands import main
 from pdsvc.config.checks import is_loopback
+from pdsvc.config.load import parse_config
 from pdsvc.config.owned import OWNED_ROUTER_FLAGS
-from pdsvc.config.schema import LifecycleConfig, parse_config
+from pdsvc.config.schema import LifecycleConfig
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan, build_plan
+from pdsvc.render.kit import runtime_modules
 from pdsvc.render.supervisord import render_supervisord
-from pdsvc.render.systemd import render_systemd, runtime_modules
+from pdsvc.render.systemd import render_systemd
 from pdsvc.ship.runtime.cli import parse_args
 from pdsvc.topology import load_topology_file
 

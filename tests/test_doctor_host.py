@@ -285,7 +285,7 @@ def test_only_this_hosts_engines_are_laid_on_its_topology(runner, box: Box) -> N
 ])
 def test_doctor_names_the_router_package_and_its_version(package, versions, status,
                                                           said) -> None:
-    from pdsvc.config.schema import parse_config
+    from pdsvc.config.load import parse_config
     from pdsvc.doctor.venv import Installed, check_router_package, requirements
     from pdsvc.plan.build import build_plan
     from pdsvc.topology import load_topology_file

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pdsvc.config.schema import parse_config
+from pdsvc.config.load import parse_config
 from pdsvc.doctor.routerkey import check_router_key
 from pdsvc.plan.build import build_plan
 from pdsvc.topology import load_topology_file

@@ -31,8 +31,8 @@ from netlab import NetLab, netlab_available
 from stack import e2e_config, host_topology
 
 from pdsvc.cli.kit import load_plan
+from pdsvc.render.kit import key_fetch_command
 from pdsvc.render.supervisord import key_copy_command, keygen_command
-from pdsvc.render.systemd import key_fetch_command
 
 pytestmark = pytest.mark.e2e
 

@@ -35,7 +35,7 @@ from conftest import require
 from nspawn import CONTAINER_ENV, nspawn_available
 from stack import REPO, Stack, e2e_config, host_topology
 
-from pdsvc.render.systemd import runtime_modules
+from pdsvc.render.kit import runtime_modules
 
 pytestmark = pytest.mark.e2e
 

@@ -36,7 +36,7 @@ from ports import free_ports
 from stack import e2e_config, host_topology
 
 from pdsvc.cli.kit import read_config_text
-from pdsvc.config.schema import parse_config
+from pdsvc.config.load import parse_config
 from pdsvc.plan.build import Plan, build_plan
 from pdsvc.render.bundle import write_bundle
 from pdsvc.render.supervisord import keygen_command, program_names, render_supervisord

@@ -13,11 +13,12 @@ from conftest import REPO, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdsvc.config.schema import parse_config
+from pdsvc.config.load import parse_config
 from pdsvc.errors import PdsvcError
 from pdsvc.plan.build import build_plan
 from pdsvc.render.bundle import write_bundle
-from pdsvc.render.systemd import render_systemd, sd_env, sd_exec
+from pdsvc.render.kit import sd_env, sd_exec
+from pdsvc.render.systemd import render_systemd
 from pdsvc.topology import load_topology_file
 from units import exec_words
 

@@ -17,13 +17,8 @@ import pytest
 from golden.regenerate import GOLDEN, REGENERATE, seed_bundle
 
 from pdsvc.cli.kit import load_plan
-from pdsvc.render.systemd import (
-    ENCODING_LINE,
-    INSTALLER_DIR,
-    RUNTIME_DIR,
-    SHIP_SOURCE,
-    render_systemd,
-)
+from pdsvc.render.kit import ENCODING_LINE, INSTALLER_DIR, RUNTIME_DIR, SHIP_SOURCE
+from pdsvc.render.systemd import render_systemd
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,16 +22,18 @@ from consumers import install_list_rows, k8s_unescape, supervisord_reader
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from pdsvc.config.load import parse_config
 from pdsvc.config.reference import reference_markdown
-from pdsvc.config.schema import LifecycleConfig, parse_config
+from pdsvc.config.schema import LifecycleConfig
 from pdsvc.config.sections import MetricsConfig
 from pdsvc.encode import printable
 from pdsvc.errors import ConfigError, OutputError, TopologyError
 from pdsvc.plan.build import Plan, build_plan
 from pdsvc.plan.runtime_argv import KEY_CREDENTIAL, router_command
 from pdsvc.render.k8s import pod_argv, render_k8s
+from pdsvc.render.kit import RUNTIME_DIR, runtime_modules
 from pdsvc.render.supervisord import check_bundle_dir, render_supervisord
-from pdsvc.render.systemd import RUNTIME_DIR, render_systemd, runtime_modules
+from pdsvc.render.systemd import render_systemd
 from pdsvc.ship.runtime.cli import parse_args as runtime_parse_args
 from pdsvc.topology import load_topology_file
 

@@ -15,7 +15,7 @@ from conftest import REPO
 from consumers import install_list_rows
 
 from pdsvc.cli.commands import main
-from pdsvc.config.schema import parse_config
+from pdsvc.config.load import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import build_plan
 from pdsvc.render.systemd import render_systemd

@@ -11,7 +11,7 @@ import yaml
 from conftest import REPO
 
 from pdsvc.cli.commands import main
-from pdsvc.config.schema import parse_config
+from pdsvc.config.load import parse_config
 from pdsvc.errors import ConfigError, TopologyError
 from pdsvc.plan.build import build_plan
 from pdsvc.topology import load_topology_file

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 
 from pdsvc.cli.kit import load_plan
-from pdsvc.config.schema import parse_config
+from pdsvc.config.load import parse_config
 from pdsvc.plan import cache as plancache
 from pdsvc.plan.build import Plan, build_plan, plan_from_dict
 from pdsvc.topology import load_topology_file

@@ -26,7 +26,7 @@ from pdsvc.render.k8s import (
     KUSTOMIZATION,
     render_k8s,
 )
-from pdsvc.render.systemd import MARKER
+from pdsvc.render.kit import MARKER
 
 TOPOLOGY = REPO / "etc/seed-host.topology.json"
 SEED = REPO / "etc/pdsvc.yaml"

@@ -314,7 +314,7 @@ def test_rising_counters_do_not_reset_the_pace_of_failing_rounds() -> None:
 def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from pdsvc.config.schema import parse_config
+    from pdsvc.config.load import parse_config
     from pdsvc.plan.build import build_plan
     from pdsvc.status import runstate
     from pdsvc.topology import load_topology_file
@@ -403,7 +403,7 @@ def test_a_give_up_under_supervisord_waits_out_startsecs() -> None:
 
 
 def _plan(prefills: int, decodes: int, backend: str = "nixl"):
-    from pdsvc.config.schema import parse_config
+    from pdsvc.config.load import parse_config
     from pdsvc.plan.build import build_plan
     from pdsvc.topology import load_topology_file
     text = (f"model: {{path: /srv/m}}\ntransfer: {{backend: {backend}}}\n"

@@ -41,11 +41,12 @@ from runtime_procs import (
     wait_for,
 )
 
-from pdsvc.config.schema import parse_config
+from pdsvc.config.load import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan, build_plan
 from pdsvc.plan.runtime_argv import router_command
 from pdsvc.render.bundle import write_bundle
+from pdsvc.render.kit import MARKER, runtime_modules
 from pdsvc.render.supervisord import (
     STARTSECS,
     program_names,
@@ -53,7 +54,6 @@ from pdsvc.render.supervisord import (
     sv_env,
     sv_word,
 )
-from pdsvc.render.systemd import MARKER, runtime_modules
 from pdsvc.ship.runtime.cli import parse_args
 from pdsvc.ship.runtime.codes import EXIT_HUNG
 from pdsvc.ship.runtime.listener import run_eventlistener

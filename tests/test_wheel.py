@@ -115,7 +115,8 @@ def shipped_in_checkout() -> set[str]:
 def test_every_module_and_template_is_in_the_wheel(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     missing = sorted(shipped_in_checkout() - names)
-    assert not missing, f"{len(missing)} files of the checkout missing from the wheel: {missing}"
+    assert not missing, (f"{len(missing)} files of the checkout missing from the wheel: {missing}"
+                         " (it is built from the files git tracks, as a clone's: git add them)")
     assert any(n.endswith(".data/data/share/pdsvc/install.sh") for n in names)
 
 

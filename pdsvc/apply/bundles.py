@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from pdsvc.render.bundle import RECORD
-from pdsvc.render.systemd import File
+from pdsvc.render.kit import File
 
 #: Beside the bundle: the bundle and config that ran before the last apply (the way back).
 PREVIOUS = ".pdsvc-previous"

@@ -50,7 +50,8 @@ from pdsvc.cli.render import install_script, per_host, shown
 from pdsvc.errors import ConfigError, OutputError
 from pdsvc.plan.build import Plan
 from pdsvc.render.bundle import Origin, write_bundle
-from pdsvc.render.systemd import File, render_systemd
+from pdsvc.render.kit import File
+from pdsvc.render.systemd import render_systemd
 
 APPLY_EPILOG = """\b
 Exit codes: 0 applied, or nothing to do · 1 the install or a step failed (the rollout

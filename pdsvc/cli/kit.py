@@ -149,7 +149,7 @@ def load_plan(config_path: Path, sysfs_root: Path | None, topology_file: Path | 
         for h in plan.hosts if h.topology_sha256
     ):
         return plan
-    from pdsvc.config.schema import parse_config  # pydantic: only when the plan must be built
+    from pdsvc.config.load import parse_config  # pydantic: only when the plan must be built
 
     config = parse_config(text, str(config_path))
     host_topologies = {}

@@ -27,7 +27,8 @@ from pdsvc.cli.kit import (
 )
 from pdsvc.plan.build import Plan
 from pdsvc.render.bundle import Origin, diff_bundle, hosts_index, write_bundle
-from pdsvc.render.systemd import INSTALLER_DIR, RUNTIME_DIR, File, key_fetch_command, render_systemd
+from pdsvc.render.kit import INSTALLER_DIR, RUNTIME_DIR, File, key_fetch_command
+from pdsvc.render.systemd import render_systemd
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,16 +6,13 @@ not shared. Each problem is a (key path, message) pair; parse_config reports the
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
 
 from pdsvc.config.fields import dotted
 from pdsvc.config.pairing import pair_problems
 from pdsvc.config.roles import Instance
+from pdsvc.config.schema import Config
 from pdsvc.config.sections import RUN_REF, expand_ref
 from pdsvc.sglang import DIST_INIT_SPAN
-
-if TYPE_CHECKING:
-    from pdsvc.config.schema import Config
 
 
 def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:

@@ -1,7 +1,8 @@
-"""The config schema (pydantic, strict) and its loader with file:line error messages.
+"""The config schema (pydantic, strict): the model of what a config may say.
 
 The config says *what* the user wants; pdsvc/plan/build.py turns it into every concrete value.
-This module holds the top-level model and parse_config; the sections are in roles.py
+This module holds the top-level model; loading a config (YAML, the model, the checks across
+sections, file:line errors) is load.py's parse_config. The sections are in roles.py
 (prefill, decode) and sections.py (the others), built from fields.py. Checks across sections
 are checks.py, error messages errors.py; checks that need the host are the plan's
 (pdsvc/plan/pinning.py). Every name other modules use is importable from here.
@@ -12,12 +13,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, ValidationError, field_validator
+from pydantic import Field, StringConstraints, field_validator
 
-from pdsvc.config import yamlload
-from pdsvc.config.checks import cross_field_problems
-from pdsvc.config.errors import describe, line_index, nearest_line
-from pdsvc.config.fields import Strict, Text, dotted
+from pdsvc.config.fields import Strict, Text
 from pdsvc.config.owned import OWNED_ENV  # noqa: F401  (re-exported: the config's owned names)
 from pdsvc.config.roles import (  # noqa: F401  (re-exported)
     BOOTSTRAP_PORT,
@@ -52,8 +50,6 @@ from pdsvc.config.sections import (  # noqa: F401  (re-exported)
     TransferConfig,
     expand_ref,
 )
-from pdsvc.encode import one_line
-from pdsvc.errors import ConfigError
 
 HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 
@@ -122,28 +118,3 @@ class Config(Strict):
                 for key in expand_ref(ref, by_role):
                     out.setdefault(key, []).append(host)
         return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def parse_config(text: str, source: str = "<config>") -> Config:
-    """Validate YAML text against the schema; errors name the key, the line and the fix, on
-    one line whatever the config holds (keys and values are shown escaped)."""
-    source = one_line(source)
-    # one parse: the node tree gives line numbers, the same tree gives the data
-    data, node = yamlload.load(text, source)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}:1: the config must be a mapping of keys (name, model, …)")
-    lines = line_index(node)
-    try:
-        config = Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(one_line(describe(e.errors()[0], lines, source, Config))) from None
-    for loc, problem in cross_field_problems(config):
-        line = nearest_line(loc, lines)
-        where = f"{source}:{line}" if line else source
-        raise ConfigError(one_line(f"{where}: {dotted(loc)}: {problem}"))
-    return config

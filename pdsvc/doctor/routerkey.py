@@ -13,8 +13,8 @@ import shlex
 from collections.abc import Callable
 
 from pdsvc.plan.build import Plan
+from pdsvc.render.kit import key_fetch_command
 from pdsvc.render.supervisord import key_copy_command, keygen_command
-from pdsvc.render.systemd import key_fetch_command
 from pdsvc.ship.runtime.membership import read_key
 from pdsvc.ship.runtime.probe import HttpReply, http_call
 

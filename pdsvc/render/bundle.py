@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pdsvc.errors import OutputError
 from pdsvc.plan.build import Plan
-from pdsvc.render.systemd import MARKER, RUNTIME_DIR, File, header_lines
+from pdsvc.render.kit import MARKER, RUNTIME_DIR, File, header_lines
 from pdsvc.ship.install.manifest import edited as _edited
 from pdsvc.ship.install.manifest import sha256_bytes, unified
 

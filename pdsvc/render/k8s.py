@@ -43,7 +43,7 @@ import yaml
 from pdsvc.config.checks import is_loopback
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import EnginePlan, Plan, RouterPlan, engine_argv, router_argv
-from pdsvc.render.systemd import File, header_lines
+from pdsvc.render.kit import File, header_lines
 
 KUSTOMIZATION = "kustomization.yaml"
 CUSTOMISE = (

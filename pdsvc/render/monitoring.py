@@ -28,7 +28,7 @@ import re
 
 from pdsvc.plan.build import Plan
 from pdsvc.plan.runtime_argv import metrics_dir
-from pdsvc.render.systemd import File
+from pdsvc.render.kit import File
 
 DIR = "monitoring"
 MONITORING_CUSTOMISE = ("Customise without editing: copy the jobs and rules into your own "

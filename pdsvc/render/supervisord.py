@@ -41,8 +41,7 @@ from pdsvc.plan.runtime_argv import (
     router_command,
     router_runtime_flags,
 )
-from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
-from pdsvc.render.systemd import (
+from pdsvc.render.kit import (
     POLL_INTERVAL,
     RUNTIME_DIR,
     File,
@@ -51,6 +50,7 @@ from pdsvc.render.systemd import (
     key_fetch_command,
     runtime_files,
 )
+from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
 from pdsvc.topology import format_cpulist
 
 CONF = "supervisord.conf"

@@ -28,7 +28,8 @@ def seed_bundle() -> list:
     """The seed bundle's files as `pdsvc render` in the checkout makes them (paths in their
     headers relative to the checkout), less the copies of pdsvc/ship (runtime/, install/)."""
     from pdsvc.cli.kit import load_plan
-    from pdsvc.render.systemd import INSTALLER_DIR, RUNTIME_DIR, render_systemd
+    from pdsvc.render.kit import INSTALLER_DIR, RUNTIME_DIR
+    from pdsvc.render.systemd import render_systemd
 
     here = Path.cwd()
     os.chdir(REPO)
