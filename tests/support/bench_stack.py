@@ -8,6 +8,7 @@ the router by `timeout`; `down()` stops all of them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -54,6 +55,20 @@ def _up(url: str, timeout: float) -> None:
     raise TimeoutError(f"{url} not 200 within {timeout:g}s")
 
 
+#: The stack and the benchmark client run ahead of the rest of the machine (root may raise a
+#: priority; anyone else runs at the usual one). What `pdsvc bench --slo` measures here is the
+#: stand-in's capacity, its knee; on a machine the suite's other workers keep busy, the client's
+#: sends come late and bunched and the queue they build moves the knee found by more than the
+#: 10 % the test allows (0.898 of it once in four parallel runs of the suite).
+NICE = -10
+
+
+def _ahead() -> None:
+    """In the child, before exec: run ahead of the machine's other work when allowed."""
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+
+
 @dataclass
 class BenchStack:
     work: Path
@@ -93,7 +108,8 @@ class BenchStack:
                 stack.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "fake_sglang", *common, "--port", str(port),
                      "--disaggregation-mode", role, "--disaggregation-bootstrap-port",
-                     str(bport)], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL))
+                     str(bport)], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                    preexec_fn=_ahead))
             _up(f"http://127.0.0.1:{pport}/health", 30)
             _up(f"http://127.0.0.1:{dport}/health", 30)
             log = open(work / "router.log", "w")  # noqa: SIM115
@@ -103,7 +119,7 @@ class BenchStack:
                  "--decode", f"http://127.0.0.1:{dport}", "--host", "127.0.0.1",
                  "--port", str(rport), "--prometheus-host", "127.0.0.1",
                  "--prometheus-port", str(mport), "--disable-circuit-breaker"],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL))
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=_ahead))
             _up(f"{stack.router_url}/readiness", 60)
         except BaseException:
             stack.down()
@@ -118,7 +134,8 @@ class BenchStack:
             [sys.executable, "-m", "pdsvc.cli", "bench", "-c", str(self.config),
              "--topology", str(REPO / "etc/seed-host.topology.json"),
              "-o", str(self.work / "out"), "--state-dir", str(self.work / "state"), *args],
-            capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+            capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout,
+            preexec_fn=_ahead)
 
     def down(self) -> None:
         for p in self.procs:
