@@ -28,8 +28,13 @@ def test_config_reference_is_generated_from_the_schema() -> None:
 def test_readme_test_command_is_what_ci_runs() -> None:
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
-    assert "bash .ci/run" in readme and "python -m pytest -q" in readme
-    assert "python3 -m pytest -q" in ci and "make_serve_venv.sh" in ci
+    assert "bash .ci/run" in readme and "make_serve_venv.sh" in ci
+    # the command the README and docs/testing.md give is the one .ci/run runs
+    run = re.search(r"^python3 -m pytest -q -n \"\$\{PDSVC_TEST_WORKERS:-(\d+)\}\" (.*)$", ci, re.M)
+    assert run, "the pytest line of .ci/run changed: update this test, the README and docs"
+    given = f"python3 -m pytest -q -n {run.group(1)} --dist loadgroup"
+    assert "--dist loadgroup" in run.group(2)
+    assert given in readme and given in (DOCS / "testing.md").read_text()
 
 
 def test_readme_shows_the_path_from_install_to_serving_first() -> None:
@@ -45,7 +50,7 @@ def test_every_doc_is_linked_and_every_link_resolves() -> None:
     readme = (REPO / "README.md").read_text()
     linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)\)", readme))
     assert linked == {p.name for p in DOCS.glob("*.md")}
-    for doc in [REPO / "README.md", *DOCS.glob("*.md")]:
+    for doc in [REPO / "README.md", REPO / "CONTRIBUTING.md", *DOCS.glob("*.md")]:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
             if "://" not in target:
                 assert (doc.parent / target).exists(), (doc.name, target)
