@@ -51,16 +51,18 @@ def test_jit_cold_compile_then_warm_is_faster(engines, tmp_path):
 
 def test_two_concurrent_cold_compiles_second_fails_loudly(engines, tmp_path):
     cache = tmp_path / "shared-triton"
-    env = {"TRITON_CACHE_DIR": str(cache), "FAKE_SGLANG_COMPILE_COLD_SECS": "3"}
+    # the second must start while the first still compiles: 10 s leaves room for a second
+    # python to start on a machine the suite's other workers keep busy (3 s once did not)
+    env = {"TRITON_CACHE_DIR": str(cache), "FAKE_SGLANG_COMPILE_COLD_SECS": "10"}
     first = engines("prefill", env=env)
     lock = cache / "fake-sglang" / ".compiling"
-    wait_until(lock.exists, 4.0, "the first engine's compile lock")
+    wait_until(lock.exists, 10.0, "the first engine's compile lock")
     second = engines("decode", env=env)
-    assert second.wait_exit(timeout=6) == 1
+    assert second.wait_exit(timeout=10) == 1
     err = second.stderr
     assert "RuntimeError: JIT cache race" in err, err
     assert f"pid {first.proc.pid}" in err and str(cache) in err
-    first.wait_healthy(timeout=5)  # the first compiler is unaffected
+    first.wait_healthy(timeout=15)  # the first compiler is unaffected
     assert not lock.exists()
 
 
