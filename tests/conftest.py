@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "support"))
 
 # running in parallel: groups of tests that share a booted stack, longest first (scheduling);
 # the runtime's process fixtures (tests/test_runtime_*.py, tests/test_supervisord.py)

@@ -10,7 +10,7 @@ import ipaddress
 import subprocess
 import sys
 
-import netlab  # tests/support is on sys.path (conftest.py)
+import netlab  # tests/support is on the path (pyproject.toml: pythonpath)
 import nspawn
 import pytest
 from conftest import require

@@ -12,7 +12,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
-import nspawn  # tests/support is on sys.path (conftest.py)
+import nspawn  # tests/support is on the path (pyproject.toml: pythonpath)
 import pytest
 from nspawn import ContainerCommandError, ContainerError, SystemdContainer, wait_for
 from ports import free_port

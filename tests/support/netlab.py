@@ -31,7 +31,7 @@ Topology of ``NetLab(["lb", "gpu-a", "gpu-b"])`` (``T`` = a random 6-hex tag per
 * Stop containers before closing their lab: a namespace deleted while a container still
   runs in it only disappears from /run/netns; it lives on until the container is gone.
 
-Using it (``tests/support`` is on sys.path)::
+Using it (``tests/support`` is on the path: pyproject.toml's pytest ``pythonpath``)::
 
     import netlab, nspawn
     net_lab, systemd_container = netlab.net_lab, nspawn.systemd_container  # the fixtures

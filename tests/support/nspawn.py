@@ -85,7 +85,7 @@ Using it
 --------
 ::
 
-    import nspawn  # conftest.py puts tests/support on sys.path
+    import nspawn  # tests/support is on the path: pyproject.toml's pytest pythonpath
 
     systemd_container = nspawn.systemd_container  # make the fixture visible in this module
     # (a `from nspawn import systemd_container` works too, but ruff flags F811 on its uses)
