@@ -214,6 +214,21 @@ def test_nothing_to_do_exits_0(tmp_path) -> None:
     assert "nothing to do" in res.output
 
 
+def test_bytecode_the_runtime_wrote_in_the_bundle_is_no_change(tmp_path) -> None:
+    """A runtime run from the bundle (supervisord's) leaves runtime/__pycache__/ there when
+    the host's Python writes bytecode, the default: apply restarted every engine and the
+    router for 'the runtime's code (21 files)' until it left the caches out."""
+    cfg, out = rendered(tmp_path, two_two())
+    cache = out / "runtime" / "__pycache__"
+    cache.mkdir()
+    for module in ("lifecycle", "canary"):
+        (cache / f"{module}.cpython-311.pyc").write_bytes(b"\xa7\r\r\n\x00bytecode")
+    res = CliRunner().invoke(main, ["apply", "-c", str(cfg), "--topology", str(TOPO),
+                                    "-o", str(out), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "nothing to do" in res.output
+
+
 def test_an_outage_is_not_taken_without_yes(tmp_path) -> None:
     cfg, out = rendered(tmp_path, ONE_ONE % "")
     cfg.write_text(ONE_ONE % ", args: {max-running-requests: 64}")

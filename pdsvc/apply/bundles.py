@@ -23,14 +23,17 @@ PREVIOUS_CONFIG = "config.yaml"
 
 
 def read_bundle(outdir: Path) -> dict[str, str]:
-    """Every file of the bundle in `outdir` (path in the bundle -> text), hidden ones left out:
-    the record, the kept previous bundle, a render's staging files."""
+    """Every file of the bundle in `outdir` (path in the bundle -> text), hidden ones left out
+    (the record, the kept previous bundle, a render's staging files), and Python's bytecode
+    caches: a runtime that runs from the bundle (supervisord's) writes runtime/__pycache__/
+    wherever the host's Python writes bytecode (the default), which is no change of its code."""
     out: dict[str, str] = {}
     if not outdir.is_dir():
         return out
     for p in sorted(outdir.rglob("*")):
         rel = p.relative_to(outdir)
-        if p.is_file() and not any(part.startswith(".") for part in rel.parts):
+        if p.is_file() and not any(part.startswith(".") or part == "__pycache__"
+                                   for part in rel.parts):
             out[rel.as_posix()] = p.read_text(encoding="utf-8", errors="replace")
     return out
 
