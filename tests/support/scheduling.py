@@ -129,7 +129,7 @@ def make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 class DurationRecorder:
-    """Each test's seconds (setup + call + teardown), written to tests/durations.json at the
+    """Each test's seconds (setup + call + teardown), merged into tests/durations.json at the
     end when PDSVC_WRITE_DURATIONS=1."""
 
     def __init__(self) -> None:
@@ -143,7 +143,10 @@ class DurationRecorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if os.environ.get("PDSVC_WRITE_DURATIONS") != "1" or not self.seconds:
             return
-        table = {t: round(s, 1) for t, s in sorted(self.seconds.items()) if s >= KEEP_S}
+        # merged into the table: a run of some files refreshes theirs and keeps the others'
+        table = {t: s for t, s in _known().items() if t not in self.seconds}
+        table |= {t: round(s, 1) for t, s in self.seconds.items() if s >= KEEP_S}
+        table = dict(sorted(table.items()))
         tmp = DURATIONS.with_suffix(".tmp")
         tmp.write_text(json.dumps(table, indent=0) + "\n")
         tmp.replace(DURATIONS)
