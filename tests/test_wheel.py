@@ -42,9 +42,8 @@ class Installed:
 
 def _clean_env() -> dict[str, str]:
     """The environment a user's shell has: nothing that points back at this checkout."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
-    return env
+    return {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
 
 
 def _run(argv: list[str | Path], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -153,18 +152,17 @@ def test_render_writes_the_checkouts_bundle_and_apply_dry_run_runs(installed: In
                                                                     tmp_path: Path) -> None:
     """The seed config rendered by the installed pdsvc and by the checkout's, each in a
     directory of its own: the same files, line for line; the next step's install.sh exists."""
-    bundles = {}
-    for who, argv in (("wheel", [installed.pdsvc]),
-                      ("checkout", [sys.executable, "-m", "pdsvc.cli"])):
-        work = installed.outside / who if who == "wheel" else tmp_path / who
+    wheel_dir, checkout_dir = installed.outside / "wheel", tmp_path / "checkout"
+    outs = []
+    for work, argv in ((wheel_dir, [installed.pdsvc]),
+                       (checkout_dir, ["env", f"PYTHONPATH={REPO}", sys.executable, "-m",
+                                       "pdsvc.cli"])):
         (work / "etc").mkdir(parents=True)
         shutil.copy(SEED_CONFIG, work / "etc" / "pdsvc.yaml")
         shutil.copy(SEED_TOPOLOGY, work / "etc" / "seed-host.topology.json")
-        env_argv = argv if who == "wheel" else ["env", f"PYTHONPATH={REPO}", *argv]
-        out = _ok(_run([*env_argv, "render", "--topology", "etc/seed-host.topology.json"],
-                       cwd=work), f"{who}: pdsvc render")
-        bundles[who] = (work, out)
-    (wheel_dir, wheel_out), (checkout_dir, _) = bundles["wheel"], bundles["checkout"]
+        outs.append(_ok(_run([*argv, "render", "--topology", "etc/seed-host.topology.json"],
+                             cwd=work), f"{work.name}: pdsvc render"))
+    wheel_out = outs[0]
     assert _tree(wheel_dir / "units") == _tree(checkout_dir / "units")
 
     nxt = re.search(r"^next: sudo (\S+) --bundle units", wheel_out, re.M)

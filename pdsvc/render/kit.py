@@ -130,11 +130,8 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
 
 def jinja_environment() -> jinja2.Environment:
     """The Jinja environment every renderer uses: templates from pdsvc.templates, strict
-    undefined variables, no HTML escaping, the systemd escaping filters."""
-    return _environment()
-
-
-def _environment() -> jinja2.Environment:
+    undefined variables, no HTML escaping, the systemd escaping filters, the runtime's exit
+    statuses."""
     loader = jinja2.FunctionLoader(_load_template)
     env = jinja2.Environment(
         loader=loader,

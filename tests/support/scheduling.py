@@ -15,8 +15,8 @@ worker is a *group*: the tests that must share one process because they share a 
 Groups start longest first, by the seconds their tests took when last measured
 (``tests/durations.json``: setup + call + teardown of each test that took 0.5 s or more), so
 the long e2e stacks are never the tail of the run; a test the table does not know is assumed
-to take a minute (e2e) or a tenth of a second. ``PDSVC_WRITE_DURATIONS=1`` writes the table
-anew from a whole run (docs/testing.md).
+to take a minute (e2e) or a tenth of a second. ``PDSVC_WRITE_DURATIONS=1`` merges a run's
+seconds into the table (docs/testing.md).
 """
 
 from __future__ import annotations
