@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from pdsvc.apply.hosts import bundle_units, hosts_of, sub_bundle
 from pdsvc.apply.programs import CONF, group_members
-from pdsvc.apply.rollout import Rollout, Step, plan_rollout
+from pdsvc.apply.rollout import Rollout, Step, StepKind, plan_rollout
 
 
 def plan(old: dict[str, str], new: dict[str, str]) -> Rollout:
@@ -58,7 +58,7 @@ def _regroup(r: Rollout, old: dict[str, str], new: dict[str, str]) -> Rollout | 
                        key=lambda n: (order.get(new_units[n].role, 0), n))
         on = f" on {host}" if host else ""
         steps.append(Step(
-            "regroup", tuple(names), (), tuple(dict.fromkeys(
+            StepKind.REGROUP, tuple(names), (), tuple(dict.fromkeys(
                 p for s in r.steps for p in s.pairs_down)), 0, True,
             f"the running bundle{on} puts its programs in one supervisord group and this render "
             "gives each a group of its own: supervisord stops that group and starts each "
@@ -89,7 +89,7 @@ def _whole_groups(r: Rollout, old: dict[str, str], new: dict[str, str]) -> Rollo
     steps: list[Step] = []
     for group, members in whole.items():
         steps.append(Step(
-            "update group", members, (), tuple(dict.fromkeys(
+            StepKind.UPDATE_GROUP, members, (), tuple(dict.fromkeys(
                 p for s in r.steps for p in s.pairs_down)), 0, True,
             f"supervisord re-reads a changed program only by re-creating its group {group}, "
             f"which stops all {len(members)} programs of it (supervisorctl update {group})"))
@@ -111,7 +111,7 @@ def by_host(r: Rollout) -> Rollout:
     for s in r.steps:
         if host(s) not in order:
             order.append(host(s))
-    routers = [host(s) for s in r.steps if s.action == "restart router"]
+    routers = [host(s) for s in r.steps if s.action is StepKind.RESTART_ROUTER]
     order = [h for h in order if h not in routers] + [h for h in order if h in routers]
     steps = sorted(r.steps, key=lambda s: order.index(host(s)))
     return replace(r, steps=tuple(steps))

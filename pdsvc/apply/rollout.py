@@ -20,7 +20,9 @@ Rules, each for a reason:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
 
 from pdsvc.apply.hosts import bundle_units
 from pdsvc.apply.units import Unit, flag_values
@@ -46,9 +48,23 @@ class Change:
     pair_breaking: tuple[str, ...] = ()  # the pair settings that change (PAIR_FLAGS/ENV)
 
 
+class StepKind(StrEnum):
+    """What a step does (execute.py runs each kind its own way). The value is the step's
+    name in a printed plan and in --json, as before the kinds were typed."""
+
+    RESTART = "restart"  # one engine (and what is PartOf= it), the others serve
+    RESTART_TOGETHER = "restart together"  # every pair a pair-incompatible change touches
+    RESTART_HALF = "restart half"  # one half of a pair-incompatible change, held out
+    SWITCH_HALVES = "switch halves"  # the router from half B to half A; nothing restarts
+    START = "start"  # a new engine or router
+    RESTART_ROUTER = "restart router"  # serving stops meanwhile
+    REGROUP = "regroup"  # supervisord: programs leave a shared group (order.py)
+    UPDATE_GROUP = "update group"  # supervisord: a shared group re-created (order.py)
+
+
 @dataclass(frozen=True)
 class Step:
-    action: str  # restart | restart together | start | restart router
+    action: StepKind
     units: tuple[str, ...]  # what apply restarts (or starts)
     takes: tuple[str, ...]  # restarted along with them (PartOf=)
     pairs_down: tuple[str, ...]  # "PREFILL -> DECODE" without an engine during the step
@@ -239,71 +255,128 @@ def halves(group: set[str], units: dict[str, Unit]) -> tuple[tuple[str, ...], ..
     return a, b
 
 
+class _Planner:
+    """The steps as the strategies add them: what each takes down (PartOf=), which pairs it
+    leaves, and every unit a step already restarts."""
+
+    def __init__(self, units: dict[str, Unit], capacity: _Capacity) -> None:
+        self.units = units
+        self.capacity = capacity
+        self.steps: list[Step] = []
+        self.done: set[str] = set()
+        self.notes: list[str] = []
+
+    def _down(self, names: Sequence[str]) -> tuple[set[str], set[str]]:
+        """(what restarts along with `names`, everything the step takes down)."""
+        takes = set().union(*(_coupled(n, self.units) for n in names)) - set(names)
+        return takes, set(names) | takes
+
+    def add(self, kind: StepKind, names: Sequence[str], why: str, *, stops: bool = False,
+            halves: tuple[tuple[str, ...], ...] = ()) -> None:
+        """A step that restarts (or starts) `names`; serving stops when `stops`, or when no
+        pair is left (a router restart: always, no pair is routed meanwhile)."""
+        takes, down = self._down(names)
+        lost, left = self.capacity.during(down)
+        stops = stops or (bool(self.capacity.pairs) and left == 0)
+        if kind is StepKind.RESTART_ROUTER:
+            lost, left, stops = (), 0, True
+        self.steps.append(Step(kind, tuple(names), tuple(sorted(takes)), lost, left, stops, why,
+                               halves))
+        self.done.update(down)
+
+    def add_switch(self, a: tuple[str, ...], b: tuple[str, ...], why: str) -> None:
+        """The switch of halves: nothing restarts; A serves while B is out of the router."""
+        self.done.update(self._down(b)[1])
+        lost, left = self.capacity.during(set(b))
+        self.steps.append(Step(StepKind.SWITCH_HALVES, b, (), lost, left, not left, why, (a, b)))
+
+
+def _incompatible(why: str) -> str:
+    return f"old and new engines cannot pair ({why})"
+
+
+def _by_halves(plan: _Planner, a: tuple[str, ...], b: tuple[str, ...], keys: str) -> None:
+    """A pair-incompatible change by halves: A restarts held out, the router switches from B
+    to A, B restarts held out, then both join."""
+    plan.add(StepKind.RESTART_HALF, a, f"{_incompatible(keys)}: half A restarts held out of "
+             "the router (its canary probes only A) while half B serves", halves=(a, b))
+    plan.add_switch(a, b, "B out of the router, then A in: the gap between is one membership "
+                    "call, inside the routers' retries")
+    plan.add(StepKind.RESTART_HALF, b, "half B restarts held out of the router, then both "
+             "halves join", halves=(a, b))
+
+
+def _together(plan: _Planner, group: set[str], keys: str) -> None:
+    """A pair-incompatible change that cannot be halved: every pair it touches, one step."""
+    names = sorted(group, key=lambda n: (ROLE_ORDER[plan.units[n].role], n))
+    plan.add(StepKind.RESTART_TOGETHER, names, f"{_incompatible(keys)}: the engines of every "
+             "pair it touches restart as one step", stops=True)
+
+
+def _pair_incompatible(plan: _Planner, restart: list[Change]) -> set[str]:
+    """The engines a pair-incompatible change restarts (by halves, else together); every
+    engine that shares a pair with one of them comes along. () without such a change."""
+    breaking = {c.unit for c in restart if c.pair_breaking}
+    if not breaking:
+        return set()
+    group = _pair_group(breaking, plan.units)
+    keys = "; ".join(sorted({k for c in restart for k in c.pair_breaking}))
+    split = halves(group, plan.units)
+    if split:
+        _by_halves(plan, *split, keys)
+    else:
+        _together(plan, group, keys)
+    return group
+
+
+def _why(c: Change) -> str:
+    """A change's first three reasons, and how many more."""
+    return "; ".join(r.detail for r in c.reasons[:3])
+
+
+def _one_by_one(plan: _Planner, restart: list[Change], group: set[str]) -> None:
+    """Every other engine one at a time (prefills first: the changes come in role order),
+    unless an earlier step restarts it already (PartOf=)."""
+    for c in restart:
+        if c.unit in group:
+            continue
+        if c.unit in plan.done:
+            plan.notes.append(f"{c.unit} restarts with an earlier step (PartOf=)")
+            continue
+        more = f"; and {len(c.reasons) - 3} more" if len(c.reasons) > 3 else ""
+        plan.add(StepKind.RESTART, [c.unit], _why(c) + more)
+
+
+def _new_engines(plan: _Planner, changes: list[Change]) -> None:
+    for c in changes:
+        if c.action == "start" and c.role != "router":
+            plan.add(StepKind.START, [c.unit], "a new engine")
+
+
+def _router(plan: _Planner, changes: list[Change]) -> None:
+    """The router last: the engines register themselves again once it is back."""
+    for c in changes:
+        if c.role == "router" and c.action in ("restart", "start"):
+            kind = StepKind.RESTART_ROUTER if c.action == "restart" else StepKind.START
+            plan.add(kind, [c.unit], _why(c) + "; the engines register themselves again once "
+                     "it is back")
+
+
 def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
-    """The rollout from the running bundle `old` to `new` (each: path in the bundle -> text)."""
+    """The rollout from the running bundle `old` to `new` (each: path in the bundle -> text):
+    a pair-incompatible change first (by halves or together), then the other engines one by
+    one, new engines, and the router last."""
     old_units, new_units = _units(old), _units(new)
     runtime = {p for p in old.keys() | new.keys() if p.startswith(RUNTIME_PREFIX)}
     runtime_changed = sum(old.get(p) != new.get(p) for p in runtime)
     changes = _changes(old_units, new_units, runtime_changed)
     restart = [c for c in changes if c.action == "restart" and c.role != "router"]
-    capacity = _Capacity({n: u for n, u in new_units.items() if n in old_units})
-    steps: list[Step] = []
-    done: set[str] = set()
-    notes: list[str] = []
-
-    def add(action: str, names: list[str], why: str, *, stops: bool = False) -> None:
-        takes = set().union(*(_coupled(n, new_units) for n in names)) - set(names)
-        down = set(names) | takes
-        lost, left = capacity.during(down)
-        if action == "restart router":
-            lost, left, stops = (), 0, True
-        steps.append(Step(action, tuple(names), tuple(sorted(takes)), lost, left,
-                          stops or (bool(capacity.pairs) and left == 0), why))
-        done.update(down)
-
-    breaking = {c.unit for c in restart if c.pair_breaking}
-    group: set[str] = set()
-    if breaking:
-        group = _pair_group(breaking, new_units)
-        keys = sorted({k for c in restart for k in c.pair_breaking})
-        split = halves(group, new_units)
-    if breaking and split:
-        a, b = split
-        why = "old and new engines cannot pair (" + "; ".join(keys) + ")"
-        for action, names, text in (
-                ("restart half", a, f"{why}: half A restarts held out of the router (its "
-                 "canary probes only A) while half B serves"),
-                ("switch halves", b, "B out of the router, then A in: the gap between is "
-                 "one membership call, inside the routers' retries"),
-                ("restart half", b, "half B restarts held out of the router, then both "
-                 "halves join")):
-            add(action, list(names), text)
-            if action == "switch halves":  # nothing restarts: A serves, B is out
-                steps[-1] = replace(steps[-1], takes=(), pairs_down=capacity.during(
-                    set(b))[0], pairs_left=capacity.during(set(b))[1],
-                    serving_stops=not capacity.during(set(b))[1])
-            steps[-1] = replace(steps[-1], halves=(a, b))
-    elif breaking:
-        add("restart together", sorted(group, key=lambda n: (ROLE_ORDER[new_units[n].role], n)),
-            "old and new engines cannot pair (" + "; ".join(keys) + "): the engines of every "
-            "pair it touches restart as one step", stops=True)
-    for c in restart:
-        if c.unit in group:
-            continue
-        if c.unit in done:
-            notes.append(f"{c.unit} restarts with an earlier step (PartOf=)")
-            continue
-        add("restart", [c.unit], "; ".join(r.detail for r in c.reasons[:3])
-            + (f"; and {len(c.reasons) - 3} more" if len(c.reasons) > 3 else ""))
-    for c in changes:
-        if c.action == "start" and c.role != "router":
-            add("start", [c.unit], "a new engine")
-    for c in changes:
-        if c.role == "router" and c.action in ("restart", "start"):
-            add("restart router" if c.action == "restart" else "start", [c.unit],
-                "; ".join(r.detail for r in c.reasons[:3])
-                + "; the engines register themselves again once it is back")
-    return Rollout(tuple(changes), tuple(steps), tuple(notes))
+    plan = _Planner(new_units, _Capacity({n: u for n, u in new_units.items() if n in old_units}))
+    group = _pair_incompatible(plan, restart)
+    _one_by_one(plan, restart, group)
+    _new_engines(plan, changes)
+    _router(plan, changes)
+    return Rollout(tuple(changes), tuple(plan.steps), tuple(plan.notes))
 
 
 def format_rollout(r: Rollout) -> str:
@@ -324,9 +397,9 @@ def format_rollout(r: Rollout) -> str:
         takes = f" (takes {', '.join(s.takes)} along: PartOf=)" if s.takes else ""
         lines.append(f"  {i}. {s.action} {', '.join(s.units)}{takes}")
         lines.append(f"     why: {s.why}")
-        if s.action == "restart router":
+        if s.action is StepKind.RESTART_ROUTER:
             lines.append("     serving STOPS while the router restarts")
-        elif s.action == "switch halves":
+        elif s.action is StepKind.SWITCH_HALVES:
             lines.append(f"     serving goes on: {', '.join(s.halves[0])} serve(s) with the "
                          f"new definition ({s.pairs_left} pairs), no mixed pair ever routed")
         elif s.serving_stops:
