@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pdsvc.apply.managers import Supervisord
 from pdsvc.apply.order import plan
 from pdsvc.apply.programs import CONF, group_members, program_units
 from pdsvc.cli.kit import load_plan
 from pdsvc.render.supervisord import render_supervisord
+from pdsvc.status.managers import Supervisord
 
 REPO = Path(__file__).resolve().parent.parent
 TOPO = REPO / "etc" / "seed-host.topology.json"
@@ -130,7 +130,7 @@ class FakeSupervisor:
 def test_supervisord_recreates_a_programs_own_group_and_leaves_the_others() -> None:
     api = FakeSupervisor({"dsv4-decode-0": "dsv4-decode-0", "dsv4-decode-1": "dsv4-decode-1"},
                          ["dsv4-decode-0", "dsv4-decode-1"])
-    rc, _ = Supervisord(lambda: api).act("restart", ["dsv4-decode-0"], 10)
+    rc, _ = Supervisord(api=lambda: api).act("restart", ["dsv4-decode-0"], 10)
     assert rc == 0
     assert api.log == ["reloadConfig", "stopProcessGroup dsv4-decode-0",
                        "removeProcessGroup dsv4-decode-0", "addProcessGroup dsv4-decode-0"]
@@ -138,14 +138,14 @@ def test_supervisord_recreates_a_programs_own_group_and_leaves_the_others() -> N
 
 def test_supervisord_refuses_to_recreate_a_shared_group_for_one_program() -> None:
     api = FakeSupervisor({"dsv4-decode-0": "dsv4-pd", "dsv4-decode-1": "dsv4-pd"}, ["dsv4-pd"])
-    rc, out = Supervisord(lambda: api).act("restart", ["dsv4-pd:dsv4-decode-0"], 10)
+    rc, out = Supervisord(api=lambda: api).act("restart", ["dsv4-pd:dsv4-decode-0"], 10)
     assert rc == 1 and "would stop dsv4-pd:dsv4-decode-1 too" in out
     assert api.log == ["reloadConfig"]
 
 
 def test_supervisord_restarts_a_program_whose_definition_did_not_change() -> None:
     api = FakeSupervisor({"dsv4-decode-0": "dsv4-pd", "dsv4-decode-1": "dsv4-pd"}, [])
-    rc, _ = Supervisord(lambda: api).act("restart", ["dsv4-pd:dsv4-decode-0"], 10)
+    rc, _ = Supervisord(api=lambda: api).act("restart", ["dsv4-pd:dsv4-decode-0"], 10)
     assert rc == 0
     assert api.log == ["reloadConfig", "stopProcess dsv4-pd:dsv4-decode-0",
                        "startProcess dsv4-pd:dsv4-decode-0"]
@@ -154,7 +154,7 @@ def test_supervisord_restarts_a_program_whose_definition_did_not_change() -> Non
 def test_supervisord_regroups_removing_the_old_group_before_adding_any() -> None:
     api = FakeSupervisor({"p": "dsv4-pd", "d": "dsv4-pd"}, [], added=("p", "d"),
                          removed=("dsv4-pd",))
-    rc, _ = Supervisord(lambda: api).act("restart", ["p", "d"], 10)
+    rc, _ = Supervisord(api=lambda: api).act("restart", ["p", "d"], 10)
     assert rc == 0
     assert api.log == ["reloadConfig", "stopProcessGroup dsv4-pd", "removeProcessGroup dsv4-pd",
                        "addProcessGroup p", "addProcessGroup d"]

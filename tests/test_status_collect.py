@@ -22,7 +22,7 @@ from pdsvc.status.collect import client_url, http_get, parse_workers
 from pdsvc.status.format import human_age
 from pdsvc.status.managers import (
     ServiceState,
-    SystemdBackend,
+    Systemd,
     state_from_show,
 )
 
@@ -33,10 +33,10 @@ def test_systemd_backend_reads_show_output_with_an_injected_clock(dep: Deploymen
     dep.unit("dsv4-decode.service", "active", "running", restarts=4)
     mono = int((dep.tmp / "units" / "dsv4-decode.service").read_text()
                .split("ActiveEnterTimestampMonotonic=")[1].split()[0])
-    backend = SystemdBackend(str(dep.systemctl), clock=lambda: mono / 1e6 + 61.5)
+    backend = Systemd(systemctl=str(dep.systemctl), clock=lambda: mono / 1e6 + 61.5)
     assert backend.state("dsv4-decode.service") == ServiceState(
         unit="dsv4-decode.service", state="active", sub="running", result="success",
-        since="Sun 2026-11-29 10:39:27 UTC", since_secs=61.5, restarts=4)
+        since="Sun 2026-11-29 10:39:27 UTC", since_secs=pytest.approx(61.5), restarts=4)
 
 
 def test_state_uses_the_last_state_change_when_not_active() -> None:

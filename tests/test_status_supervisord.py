@@ -25,7 +25,7 @@ from status_stands import (
 )
 
 from pdsvc.status.managers import (
-    SupervisordBackend,
+    Supervisord,
     state_from_process_info,
 )
 
@@ -119,7 +119,7 @@ def test_supervisord_hung_socket_is_bounded_by_the_timeout(short_dir: Path) -> N
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(hung))
         s.listen()  # accepts connections, never answers
-        backend = SupervisordBackend(str(hung), {}, timeout=0.3)
+        backend = Supervisord(str(hung), {}, timeout=0.3)
         t0 = time.monotonic()
         state = backend.state("dsv4-decode")
         assert time.monotonic() - t0 < 2

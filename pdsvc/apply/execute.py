@@ -1,11 +1,11 @@
 """Running a rollout's steps on this host: its service manager (systemd or supervisord,
-managers.py) and the router, one step at a time.
+pdsvc/status/managers/) and the router, one step at a time.
 
 Each engine step: take its engines out of the router (`DELETE /workers/{id}` on the control
 plane both router generations have: sglang-router 0.3.2 and smg; the runtime's membership.py
 does the same at every stop), wait until their in-flight requests have finished (the engine's
 `sglang:num_running_reqs`; bounded here, since SGLang's own SIGTERM drain has no bound), then
-restart (`systemctl restart`; supervisord: managers.py), and wait until each unit is active
+restart (`systemctl restart`; supervisord: status/managers/), and wait until each unit is active
 again in a new invocation (systemd's InvocationID; supervisord's pid and start time), its /health
 answers 200, the pair canary has judged every pair good since the restart (the runtime's
 NAME.canary.json: its own, or its peer's once it runs anew, since both ends probe the same
@@ -61,17 +61,19 @@ from pathlib import Path
 from typing import TypeVar
 
 from pdsvc.apply.lease import Lease
-from pdsvc.apply.managers import Manager, Systemd
 from pdsvc.apply.rollout import Step
 from pdsvc.apply.units import Unit
 from pdsvc.ship.runtime.hold import clear_hold, hold_path, write_hold
 from pdsvc.ship.runtime.membership import Worker
 from pdsvc.ship.runtime.statefile import read_json
+from pdsvc.status.managers import ServiceManager, Systemd
 
 RUNNING_REQS = "sglang:num_running_reqs"
 T = TypeVar("T")
 #: Between two looks at the router during the switch of halves, while no pair is listed.
 SWITCH_POLL_S = 0.02
+#: How long one `systemctl show` may take while a step waits (a busy systemd answers late).
+SHOW_TIMEOUT_S = 30.0
 
 
 class StepFailed(Exception):
@@ -152,17 +154,17 @@ def running_requests(metrics: str) -> int | None:
 
 
 class Executor:
-    """Runs steps against one host's service manager (managers.py: systemd or supervisord)
+    """Runs steps against one host's service manager (status/managers/: systemd or supervisord)
     and the router the units name. A unit of a deployment over several hosts (HOST/UNIT) is
     asked for by its own name on its host."""
 
     def __init__(self, units: dict[str, Unit], host: Host, bounds: Bounds,
-                 say: Callable[[str], None], manager: Manager | None = None) -> None:
+                 say: Callable[[str], None], manager: ServiceManager | None = None) -> None:
         self.units = units
         self.host = host
         self.bounds = bounds
         self.say = say
-        self.manager = manager or Systemd(host)
+        self.manager = manager or Systemd(host, timeout=SHOW_TIMEOUT_S)
         self.holds: dict[str, str] = {}  # hold file -> unit, every one written and not removed
         self.lease = Lease(host, say)  # renews them (lease.py; the command starts its thread)
 
@@ -479,7 +481,7 @@ class Executor:
 
     def _not_running(self, u: Unit, invocation: str) -> str | None:
         """None when the manager runs the unit in a new invocation ('FAILED …': never)."""
-        state = self.manager.state(u.local_name)
+        state = self.manager.state(u.local_name).state
         if state == "failed":
             return f"FAILED ({self.manager.look(u.local_name)})"
         if state != "active" or self.manager.invocation(u.local_name) == invocation:

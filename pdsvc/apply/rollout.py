@@ -323,7 +323,8 @@ def _pair_incompatible(plan: _Planner, restart: list[Change]) -> set[str]:
     keys = "; ".join(sorted({k for c in restart for k in c.pair_breaking}))
     split = halves(group, plan.units)
     if split:
-        _by_halves(plan, *split, keys)
+        a, b = split
+        _by_halves(plan, a, b, keys)
     else:
         _together(plan, group, keys)
     return group

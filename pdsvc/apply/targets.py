@@ -8,12 +8,15 @@ import configparser
 import shlex
 from pathlib import Path
 
-from pdsvc.apply.execute import Host
+from pdsvc.apply.execute import SHOW_TIMEOUT_S, Host
 from pdsvc.apply.hosts import sub_bundle
-from pdsvc.apply.managers import Manager, Supervisord, Systemd
 from pdsvc.apply.order import host_sequence
 from pdsvc.apply.programs import CONF
 from pdsvc.apply.rollout import Rollout
+from pdsvc.status.managers import ServiceManager, Supervisord, Systemd
+
+#: Seconds per XML-RPC call of apply to supervisord: stopping a group waits for its programs.
+RPC_TIMEOUT_S = 30.0
 
 
 def manager_name(bundle: dict[str, str]) -> str:
@@ -29,18 +32,15 @@ def control_socket(conf: str) -> str:
 
 
 def make_manager(bundle: dict[str, str], on_host: str | None, host: Host, output: Path,
-                 socket: str | None) -> Manager:
+                 socket: str | None) -> ServiceManager:
+    """The service manager of this host's bundle: systemctl through `host`, or the bundle's
+    supervisord (its control socket, or `socket`)."""
     if manager_name(bundle) == "systemd":
-        return Systemd(host)
+        return Systemd(host, timeout=SHOW_TIMEOUT_S)
     mine = sub_bundle(bundle, on_host) if on_host else bundle
     path = socket or control_socket(mine.get(CONF, ""))
     conf = output / on_host / CONF if on_host else output / CONF
-
-    def api():  # noqa: ANN202  (an XML-RPC namespace)
-        from pdsvc.ship.runtime.listener import supervisor_rpc
-        return supervisor_rpc(f"unix://{path}", 30).supervisor
-
-    return Supervisord(api, str(conf))
+    return Supervisord(path, timeout=RPC_TIMEOUT_S, conf=str(conf))
 
 
 def apply_command(config: Path | None, output: Path, *, topology: Path | None = None,

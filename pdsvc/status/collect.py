@@ -1,6 +1,6 @@
 """`pdsvc status`, the facts: ask the service manager about every unit of the plan and probe
 every endpoint at once (a hung endpoint costs one timeout, not one per probe), then hand them to
-judge.py. A service-manager backend answers `state(unit) -> ServiceState` (managers.py);
+judge.py. The service manager answers `state(unit) -> ServiceState` (managers/);
 `http_get()` probes an engine's `/health`, the router's `/readiness` and `/workers` through the
 one HTTP client (pdsvc.ship.runtime.probe). Nothing here raises when systemd or an endpoint
 cannot be reached: each such fact becomes a row that says why.
@@ -16,7 +16,7 @@ from pdsvc.plan.build import Plan, RouterPlan
 from pdsvc.ship.runtime.probe import MAX_BODY, http_call
 from pdsvc.status import runstate
 from pdsvc.status.judge import judge
-from pdsvc.status.managers import ServiceBackend
+from pdsvc.status.managers import ServiceManager
 from pdsvc.status.model import Probe, Report, UnitView, Worker
 
 HTTP_TIMEOUT = 2.0  # seconds per probe: a status command must answer quickly
@@ -78,7 +78,7 @@ def router_headers(router: RouterPlan, key_file: str | None = None) -> dict[str,
 
 def collect(
     plan: Plan,
-    backend: ServiceBackend,
+    backend: ServiceManager,
     *,
     hostname: str,
     http_timeout: float = HTTP_TIMEOUT,
@@ -97,7 +97,7 @@ def collect(
     headers = router_headers(router, whole.paths.router_key)
     units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
     units += [("router", router.unit)] if plan.router else []
-    urls = [(e.health_url, {}) for e in plan.engines]
+    urls: list[tuple[str, dict[str, str]]] = [(e.health_url, {}) for e in plan.engines]
     urls += [(router.readiness_url, {}), (f"{router.url}/workers", headers)]
     with ThreadPoolExecutor(max_workers=len(units) + len(urls)) as pool:
         states = [pool.submit(backend.state, unit) for _, unit in units]
