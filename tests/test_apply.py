@@ -5,13 +5,14 @@ test_e2e_apply.py."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from pdsvc.apply.execute import Bounds, Executor, StepFailed
-from pdsvc.apply.rollout import Rollout, format_rollout, plan_rollout
+from pdsvc.apply.execute import STEP_RUNS, Bounds, Executor, StepFailed
+from pdsvc.apply.rollout import Rollout, StepKind, format_rollout, plan_rollout
 from pdsvc.apply.units import Unit
 from pdsvc.cli.commands import main
 from pdsvc.cli.kit import load_plan
@@ -254,6 +255,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, says) -> 
 # ---------------------------------------------------------------------- the executor
 
 
+def test_every_step_kind_has_its_run_and_keeps_its_words() -> None:
+    """The executor runs each kind through its own method; a kind prints, compares and goes
+    into --json as the words the plan always used."""
+    assert set(STEP_RUNS) == set(StepKind)
+    assert f"{StepKind.SWITCH_HALVES}" == "switch halves" == StepKind.SWITCH_HALVES
+    assert json.dumps([StepKind.RESTART_ROUTER]) == '["restart router"]'
+
+
 class FakeClock:
     t = 0.0
 
@@ -270,7 +279,7 @@ class FakeClock:
 class FakeHost(FakeClock):
     """systemd and the router as far as one decode's step needs them; a log of what was done."""
 
-    def __init__(self, unit: Unit, others: list[Unit] = (), others_from: float = 0.0) -> None:
+    def __init__(self, unit: Unit, others: Sequence[Unit] = (), others_from: float = 0.0) -> None:
         self.unit = unit
         self.others = others  # the other engines, listed healthy from others_from on
         self.others_from = others_from
@@ -337,7 +346,7 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
     r, units = decode_0_changed(tmp_path)
     host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"))
     said: list[str] = []
-    Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])  # type: ignore[arg-type]
+    Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])
     # held first (the runtime does not re-add it); once healthy and its pairs good, apply
     # registers it itself, then releases it
     assert host.log == ["hold dsv4-decode-0.hold.json out=True", "DELETE w1",
@@ -362,7 +371,7 @@ def test_an_engine_leaves_the_router_only_once_another_of_its_role_is_listed(
     host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"),
                     others_from=joins_at if joins_at is not None else float("inf"))
     said: list[str] = []
-    ex = Executor(units, host, Bounds(10, 10, 0.5), said.append)  # type: ignore[arg-type]
+    ex = Executor(units, host, Bounds(10, 10, 0.5), said.append)
     if joins_at is None:
         with pytest.raises(StepFailed, match="no other healthy decode within 10 s"):
             ex.run_step(r.steps[0])
@@ -456,7 +465,7 @@ def test_halves_never_let_old_and_new_meet_and_every_hold_is_released(tmp_path) 
     r = plan_rollout(bundle(tmp_path, two_two(), "old.yaml"), new)
     units = {n: Unit.parse(n, t) for n, t in new.items() if n.endswith(".service")}
     host = FakeStack(units)
-    ex = Executor(units, host, Bounds(10, 10, 0.5), lambda s: None)  # type: ignore[arg-type]
+    ex = Executor(units, host, Bounds(10, 10, 0.5), lambda s: None)
     for step in r.steps:
         ex.run_step(step)
     assert not ex.holds and not host.holds
@@ -517,7 +526,7 @@ def test_1p1d_one_end_proves_the_pair_and_apply_registers_both_at_once(tmp_path)
     registers both (not one membership check after the other's own retry), then releases."""
     units, r = one_one_step(tmp_path)
     host = OneSideProves(units, proved=2.5)  # after both run anew (2 s)
-    Executor(units, host, Bounds(10, 10, 0.1), lambda s: None).run_step(r.steps[0])  # type: ignore[arg-type]
+    Executor(units, host, Bounds(10, 10, 0.1), lambda s: None).run_step(r.steps[0])
     assert calls_at_once(host.log)[-4:] == ["POST decode", "POST prefill", "release prefill",
                                             "release decode"]
 
@@ -528,5 +537,5 @@ def test_a_peer_round_from_before_the_new_run_proves_nothing(tmp_path) -> None:
     units, r = one_one_step(tmp_path)
     host = OneSideProves(units, proved=1.0)  # during the restart
     with pytest.raises(StepFailed, match="prefill.service: pair canary not good yet"):
-        Executor(units, host, Bounds(10, 5, 0.1), lambda s: None).run_step(r.steps[0])  # type: ignore[arg-type]
+        Executor(units, host, Bounds(10, 5, 0.1), lambda s: None).run_step(r.steps[0])
     assert not any(line.startswith("POST") for line in host.log)

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pdsvc.apply.execute import Bounds, Executor, Host
+from pdsvc.apply.execute import Bounds, Executor
+from pdsvc.apply.host import LocalHost
 from pdsvc.apply.lease import LEASE_ENV, LEASE_SECS, RENEWALS, Lease, lease_secs
 from pdsvc.ship.runtime.hold import Hold, hold_path, write_hold
 from pdsvc.status.runstate import hold_words
 
 
 class FakeHost:
-    """The lease's side of execute.Host: writes recorded, a wall clock a test moves."""
+    """The lease's side of host.Host: writes recorded, a wall clock a test moves."""
 
     def __init__(self) -> None:
         self.t = 1000.0
@@ -49,7 +50,7 @@ def test_the_shipped_lease_is_30_s_renewed_every_5_s_and_the_runtime_honours_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(LEASE_ENV, raising=False)
     assert (LEASE_SECS, LEASE_SECS / RENEWALS) == (30.0, 5.0)
-    ex = Executor({}, Host(), Bounds(), lambda s: None)
+    ex = Executor({}, LocalHost(), Bounds(), lambda s: None)
     assert (ex.lease.secs, ex.lease.every) == (30.0, 5.0)
     path = hold_path(str(tmp_path), "dsv4-decode-0")
     assert path and ex.lease.hold(path, out=True, peers=None, why="restart")
@@ -67,7 +68,7 @@ def test_the_lease_length_comes_from_the_environment_only_when_it_is_a_positive_
 
 
 def test_a_renewal_moves_until_keeps_since_and_never_brings_back_a_released_hold() -> None:
-    host, said = FakeHost(), []
+    host, said = FakeHost(), list[str]()
     lease = Lease(host, said.append, secs=30)
     assert lease.hold("/run/x/p0.hold.json", out=True, peers=["http://d0"], why="step 1")
     assert host.files["/run/x/p0.hold.json"] == {
@@ -82,7 +83,7 @@ def test_a_renewal_moves_until_keeps_since_and_never_brings_back_a_released_hold
 
 
 def test_a_failed_renewal_is_said_once_and_never_raises() -> None:
-    host, said = FakeHost(), []
+    host, said = FakeHost(), list[str]()
     lease = Lease(host, said.append, secs=30)
     lease.hold("/run/x/p0.hold.json", out=True, peers=None, why="")
     for fail in (OSError("No space left on device"), False, OSError("again")):
@@ -109,7 +110,7 @@ def test_the_lease_thread_renews_until_stopped(tmp_path: Path) -> None:
     path = str(tmp_path / "p0.hold.json")
     renewed, writes = threading.Event(), []
 
-    class Watching(Host):
+    class Watching(LocalHost):
         def write_hold(self, *args, **kwargs) -> bool:
             ok = super().write_hold(*args, **kwargs)
             writes.append(ok)

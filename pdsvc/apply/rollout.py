@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from enum import StrEnum
+from enum import Enum
 
 from pdsvc.apply.hosts import bundle_units
 from pdsvc.apply.units import Unit, flag_values
@@ -48,9 +48,10 @@ class Change:
     pair_breaking: tuple[str, ...] = ()  # the pair settings that change (PAIR_FLAGS/ENV)
 
 
-class StepKind(StrEnum):
+class StepKind(str, Enum):
     """What a step does (execute.py runs each kind its own way). The value is the step's
-    name in a printed plan and in --json, as before the kinds were typed."""
+    name in a printed plan and in --json (a str: json writes the value), as before the kinds
+    were typed; enum.StrEnum would do, from Python 3.11 on."""
 
     RESTART = "restart"  # one engine (and what is PartOf= it), the others serve
     RESTART_TOGETHER = "restart together"  # every pair a pair-incompatible change touches
@@ -60,6 +61,12 @@ class StepKind(StrEnum):
     RESTART_ROUTER = "restart router"  # serving stops meanwhile
     REGROUP = "regroup"  # supervisord: programs leave a shared group (order.py)
     UPDATE_GROUP = "update group"  # supervisord: a shared group re-created (order.py)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 @dataclass(frozen=True)

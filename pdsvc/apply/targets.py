@@ -8,15 +8,13 @@ import configparser
 import shlex
 from pathlib import Path
 
-from pdsvc.apply.execute import SHOW_TIMEOUT_S, Host
+from pdsvc.apply.bounds import RPC_TIMEOUT_S, SHOW_TIMEOUT_S
+from pdsvc.apply.host import Host
 from pdsvc.apply.hosts import sub_bundle
 from pdsvc.apply.order import host_sequence
 from pdsvc.apply.programs import CONF
 from pdsvc.apply.rollout import Rollout
 from pdsvc.status.managers import ServiceManager, Supervisord, Systemd
-
-#: Seconds per XML-RPC call of apply to supervisord: stopping a group waits for its programs.
-RPC_TIMEOUT_S = 30.0
 
 
 def manager_name(bundle: dict[str, str]) -> str:

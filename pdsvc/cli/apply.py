@@ -21,7 +21,8 @@ from pdsvc.apply.bundles import (
     running_config,
     save_applied,
 )
-from pdsvc.apply.execute import Bounds, Executor, Host, StepFailed
+from pdsvc.apply.execute import Bounds, Executor, StepFailed
+from pdsvc.apply.host import LocalHost
 from pdsvc.apply.hosts import bundle_units, hosts_of
 from pdsvc.apply.order import host_steps
 from pdsvc.apply.order import plan as plan_apply
@@ -212,7 +213,7 @@ def apply(config_path: Path, output: Path, sysfs_root: Path | None, topology_fil
     _install(files, output, config_path, origin_config, old, force, rollback, on_host,
              manager_name(new), back)
     units = bundle_units(new)
-    host = Host()
+    host = LocalHost()
     mine = host_steps(rollout, on_host) if on_host else list(enumerate(rollout.steps, 1))
     executor = Executor(units, host, Bounds(drain_timeout, step_timeout), _say,
                         make_manager(new, on_host, host, output, socket))
