@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: --drain-timeout's and --step-timeout's defaults (Bounds.drain_secs, Bounds.ready_secs)
+DRAIN_SECS, STEP_SECS = 60.0, 3600.0
 #: How long one `systemctl show` may take while a step waits (a busy systemd answers late).
 SHOW_TIMEOUT_S = 30.0
 #: Seconds per XML-RPC call of apply to supervisord: stopping a group waits for its programs.
@@ -17,8 +19,8 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class Bounds:
-    drain_secs: float = 60.0  # in-flight requests of an engine taken out of the router
-    ready_secs: float = 3600.0  # restarted to serving (healthy, registered, canary good)
+    drain_secs: float = DRAIN_SECS  # in-flight requests of an engine taken out of the router
+    ready_secs: float = STEP_SECS  # restarted to serving (healthy, registered, canary good)
     #: between two looks while a step waits (loopback HTTP, a state file): every look later
     #: than the moment it waits for is a moment serving waits too (1P1D: the outage)
     poll_secs: float = 0.1
