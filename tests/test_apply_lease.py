@@ -19,8 +19,9 @@ from pdsvc.ship.runtime.hold import Hold, hold_path, write_hold
 from pdsvc.status.runstate import hold_words
 
 
-class FakeHost:
-    """The lease's side of host.Host: writes recorded, a wall clock a test moves."""
+class FakeHost(LocalHost):
+    """This host, but its hold writes recorded (the lease's side of host.Host) and a wall
+    clock a test moves."""
 
     def __init__(self) -> None:
         self.t = 1000.0
@@ -99,7 +100,7 @@ def test_a_failed_renewal_is_said_once_and_never_raises() -> None:
 
 def test_the_executors_holds_go_through_the_lease_and_leave_it_when_released() -> None:
     host = FakeHost()
-    ex = Executor({}, host, Bounds(), lambda s: None)  # type: ignore[arg-type]
+    ex = Executor({}, host, Bounds(), lambda s: None)
     ex.holds["/run/x/p0.hold.json"] = "p0.service"
     ex.lease.hold("/run/x/p0.hold.json", out=True, peers=None, why="")
     assert ex.release_all() == ["p0.service"]
