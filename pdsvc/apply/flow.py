@@ -50,7 +50,7 @@ DECLINED = 3
 #: Exit status when the install or a step failed (the rollout stopped there).
 FAILED = 1
 
-Sequence_ = list[tuple[str, list[int], str]]  # (host, its global steps, its command)
+HostCommands = list[tuple[str, list[int], str]]  # (host, its global steps, its command)
 
 
 class Frontend(Protocol):
@@ -126,7 +126,7 @@ def _rollback_command(output: Path, shown: Callable[[Path], str],
     return f"sudo pdsvc apply --rollback --output {shown(output)}"
 
 
-def _going_back(opts: Options, sequence: Sequence_, shown: Callable[[Path], str]) -> str:
+def _going_back(opts: Options, sequence: HostCommands, shown: Callable[[Path], str]) -> str:
     """The commands that go back: this host's; across hosts, then each host that ran its
     steps before this one, the latest first (each with its own copy of OUTPUT)."""
     if not opts.on_host:
@@ -135,7 +135,7 @@ def _going_back(opts: Options, sequence: Sequence_, shown: Callable[[Path], str]
                           [opts.on_host, *reversed(hosts_before(sequence, opts.on_host))])
 
 
-def _show_plan(opts: Options, new: dict[str, str], rollout: Rollout, sequence: Sequence_,
+def _show_plan(opts: Options, new: dict[str, str], rollout: Rollout, sequence: HostCommands,
                fe: Frontend) -> None:
     """The plan, as text or (--json) as JSON, with each host's command across hosts."""
     if opts.as_json:
@@ -231,7 +231,7 @@ def _run_steps(executor: Executor, mine: list[tuple[int, Step]], total: int, bac
 
 
 def _numbers(mine: list[tuple[int, Step]]) -> str:
-    return ', '.join(str(i) for i, _ in mine) or 'none'
+    return ", ".join(str(i) for i, _ in mine) or "none"
 
 
 def _run(opts: Options, new: dict[str, str], rollout: Rollout, back: str,
@@ -257,7 +257,7 @@ def _run(opts: Options, new: dict[str, str], rollout: Rollout, back: str,
             fe.say(f"pdsvc apply: released the hold on {', '.join(released)}")
 
 
-def _done(opts: Options, source: Source, rollout: Rollout, sequence: Sequence_, back: str,
+def _done(opts: Options, source: Source, rollout: Rollout, sequence: HostCommands, back: str,
           fe: Frontend) -> None:
     """Record the config applied, say where the way back is and, across hosts, what next."""
     if not opts.rollback:
