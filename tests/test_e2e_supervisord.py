@@ -40,7 +40,7 @@ from pdsvc.config.load import parse_config
 from pdsvc.plan.build import Plan, build_plan
 from pdsvc.render.bundle import write_bundle
 from pdsvc.render.supervisord import keygen_command, program_names, render_supervisord
-from pdsvc.ship.runtime.codes import EXIT_GAVE_UP
+from pdsvc.ship.runtime.endings import Exit
 from pdsvc.ship.runtime.listener import supervisor_rpc
 from pdsvc.ship.runtime.proctree import process_table
 from pdsvc.topology import load_topology_file
@@ -407,7 +407,7 @@ def gave_up(info: dict) -> bool:
     """supervisord will not start the program again: it exited with the runtime's give-up
     status (in the bundle's exitcodes=), or supervisord itself gave up."""
     return info["statename"] == "FATAL" or (
-        info["statename"] == "EXITED" and info["exitstatus"] == EXIT_GAVE_UP)
+        info["statename"] == "EXITED" and info["exitstatus"] == Exit.GAVE_UP)
 
 
 def test_broken_engine_stops_retrying_and_shows_its_own_error(serve_python: Path,

@@ -72,13 +72,16 @@ def test_the_default_output_directories_are_not_tracked() -> None:
 
 def test_the_exit_status_managers_never_restart_is_the_runtimes_give_up(monkeypatch) -> None:
     """RestartPreventExitStatus= (systemd) and exitcodes= (supervisord) are rendered from the
-    runtime's EXIT_GAVE_UP, not written beside it: change it and both follow."""
+    runtime's Exit.GAVE_UP, not written beside it: change it and both follow."""
+    from types import SimpleNamespace
+
+    from pdsvc.render import kit
     from pdsvc.render.supervisord import render_supervisord
-    from pdsvc.ship.runtime import codes
+    from pdsvc.ship.runtime.endings import Exit
 
     plan = load_plan(REPO / "etc" / "pdsvc.yaml", None, REPO / "etc" / "seed-host.topology.json")
-    for status in (codes.EXIT_GAVE_UP, 79):
-        monkeypatch.setattr(codes, "EXIT_GAVE_UP", status)
+    for status in (Exit.GAVE_UP, 79):
+        monkeypatch.setattr(kit, "Exit", SimpleNamespace(GAVE_UP=status, HUNG=Exit.HUNG))
         units = {f.path: f.content for f in render_systemd(plan, "pdsvc render")}
         engines = [p for p in units if p.endswith(("-prefill.service", "-decode.service"))]
         assert engines and all(f"\nRestartPreventExitStatus={status} 243\n" in units[p]

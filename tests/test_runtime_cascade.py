@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from runtime_procs import FakeClock
 
-from pdsvc.ship.runtime import cascade
+from pdsvc.ship.runtime import timings
 from pdsvc.ship.runtime.cascade import Cascade, Heal, is_cascade, marker_path
+from pdsvc.ship.runtime.endings import Ending
 from pdsvc.ship.runtime.hold import hold_path, write_hold
-from pdsvc.ship.runtime.phases import End
 from pdsvc.ship.runtime.policy import RestartPolicy
 from pdsvc.ship.runtime.statefile import state_path
 
@@ -66,7 +66,7 @@ def test_a_cascade_is_three_heals_of_both_roles(heals: list[Heal], cascade_: boo
 
 def test_heals_outside_the_window_or_before_the_last_cure_do_not_count() -> None:
     heals = [h(0, "decode"), h(10, "decode"), h(20, "prefill")]
-    assert is_cascade(heals, now=20 + cascade.CASCADE_WINDOW_S - 1) is None  # the first aged
+    assert is_cascade(heals, now=20 + timings.CASCADE_WINDOW_S - 1) is None  # the first aged
     assert is_cascade(heals, now=30.0, since=5.0) is None  # the first came before the cure
     assert is_cascade(heals, now=30.0, since=-1.0)
 
@@ -148,7 +148,7 @@ def test_a_cascade_again_within_the_hour_is_reported_once_with_the_command(
     assert "heal cascade again" in report[0] and f"`{RESTART_ALL}`" in report[0]
     assert json.loads(Path(marker_path(str(tmp_path), "dep")).read_text())["at"] == cured
     # an hour later the next cascade is cured again
-    clock.wait(cascade.CURE_WINDOW_S)
+    clock.wait(timings.CURE_WINDOW_S)
     for name in ("dep-decode-0", "dep-prefill-0", "dep-decode-1"):
         clock.wait(20)
         cure = heal(tmp_path, name, clock, lines)
@@ -158,7 +158,7 @@ def test_a_cascade_again_within_the_hour_is_reported_once_with_the_command(
 def test_an_old_marker_restarts_nothing(tmp_path: Path) -> None:
     clock, lines = FakeClock(1000.0), []
     cure_once(tmp_path, clock, lines)
-    clock.wait(cascade.MARKER_ACT_S)  # an engine that was down, held, or stopped meanwhile
+    clock.wait(timings.MARKER_ACT_S)  # an engine that was down, held, or stopped meanwhile
     assert runtime(tmp_path, "dep-decode-0", clock, lines).due(900.0, monotonic=1.0) is None
 
 
@@ -180,7 +180,7 @@ def test_a_hold_suppresses_the_marker_and_acting_on_one(tmp_path: Path) -> None:
 
 
 def test_the_engine_runtime_restarts_its_engine_on_a_newer_marker(tmp_path: Path) -> None:
-    """The wiring: SERVING's duties end with End.HEAL (a heal's path) on the marker."""
+    """The wiring: SERVING's duties end with Ending.HEAL (a heal's path) on the marker."""
     from pdsvc.ship.runtime.cli import parse_args
     from pdsvc.ship.runtime.lifecycle import Unit
     args, command = parse_args([
@@ -201,4 +201,4 @@ def test_the_engine_runtime_restarts_its_engine_on_a_newer_marker(tmp_path: Path
         {"at": unit.began + 0.1, "by": "dep-prefill-0", "why": "x"}))
     unit.cascade.next_look = 0.0
     out = duties(True)
-    assert out is not None and out.kind == End.HEAL and "restarts together" in out.detail
+    assert out is not None and out.kind == Ending.HEAL and "restarts together" in out.detail

@@ -13,7 +13,7 @@ import pytest
 from pair_fakes import WORKER, FakeRouter, rounds
 from runtime_procs import FakeClock
 
-from pdsvc.ship.runtime import canary, membership, probe
+from pdsvc.ship.runtime import canary, membership, probe, timings
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
 from pdsvc.ship.runtime.membership import Membership, Worker
 from pdsvc.ship.runtime.policy import RestartPolicy
@@ -63,7 +63,7 @@ def test_an_entry_held_unhealthy_while_the_engine_is_healthy_is_posted_afresh() 
     router.workers[0].update(status="failed", is_healthy=False)
     m.check(True)
     assert router.workers[0]["status"] == "failed"  # not yet: the router probes it itself
-    clock.now += membership.STUCK_UNHEALTHY_S
+    clock.now += timings.STUCK_UNHEALTHY_S
     m.check(True)
     assert [w["status"] for w in router.workers] == ["draining"]  # deleted, then waits
     m.check(False)  # the engine itself unhealthy: the router is right, leave it
@@ -284,7 +284,7 @@ def test_failure_counters_are_read_from_the_engines_own_metrics() -> None:
 
 
 def test_real_traffic_failing_gets_a_round_at_once_even_mid_interval(monkeypatch) -> None:
-    monkeypatch.setattr(canary, "COUNTERS_S", 0.05)
+    monkeypatch.setattr(canary, "COUNTERS_LOOK_S", 0.05)
     counts = iter([0.0, 0.0, 0.0] + [4.0] * 1000)  # requests through a pair began to fail
     t = _thread(interval=30.0, probe=lambda pair, peer, timeout: Round(pair, True),
                 reachable=lambda url: True, watch=0.05, failures=lambda: next(counts))
@@ -360,7 +360,8 @@ def test_status_reads_why_a_unit_gave_up_and_the_pair_matrix(tmp_path: Path) -> 
 
 
 def test_the_router_stops_waiting_for_an_engine_that_gave_up(tmp_path: Path) -> None:
-    from pdsvc.ship.runtime.policy import GAVE_UP_GRACE_S, gave_up_engines
+    from pdsvc.ship.runtime.policy import gave_up_engines
+    from pdsvc.ship.runtime.timings import GAVE_UP_GRACE_S
 
     clock = FakeClock(1000.0)
     clock.now = 1000.0
@@ -382,20 +383,20 @@ def test_a_give_up_under_supervisord_waits_out_startsecs() -> None:
     """supervisord honours exitcodes= only for a process that ran startsecs: a give-up
     (78) sooner would be retried as a failed spawn (supervisord's process.py)."""
     from pdsvc.ship.runtime.cli import parse_args
-    from pdsvc.ship.runtime.codes import EXIT_GAVE_UP
+    from pdsvc.ship.runtime.endings import Exit
     from pdsvc.ship.runtime.lifecycle import run
 
     args, command = parse_args(["engine", "--name", "x", "--health-url",
                                 "http://127.0.0.1:9/health", "--start-attempts", "1",
                                 "--min-uptime", "1.5", "--", "false"])
     t0 = time.monotonic()
-    assert run(args, command) == EXIT_GAVE_UP
+    assert run(args, command) == Exit.GAVE_UP
     assert time.monotonic() - t0 >= 1.5
     args, command = parse_args(["engine", "--name", "x", "--health-url",
                                 "http://127.0.0.1:9/health", "--start-attempts", "1",
                                 "--", "false"])
     t0 = time.monotonic()
-    assert run(args, command) == EXIT_GAVE_UP
+    assert run(args, command) == Exit.GAVE_UP
     assert time.monotonic() - t0 < 1.5  # systemd: no wait
 
 
@@ -496,9 +497,9 @@ def test_engines_of_one_role_heal_one_at_a_time(monkeypatch) -> None:
     assert first.not_my_turn(0.0) is None  # D1 is listed: D heals now
     first.membership.leave()  # as a heal does first
     assert "turn" in (second.not_my_turn(0.0) or "")
-    assert "no other healthy engine" in (second.not_my_turn(canary.HEAL_STAGGER_S) or "")
+    assert "no other healthy engine" in (second.not_my_turn(timings.HEAL_STAGGER_S) or "")
     router.workers.append({"id": "x", "url": D, "worker_type": "decode", "is_healthy": True})
-    assert second.not_my_turn(canary.HEAL_STAGGER_S) is None  # D is back and listed
+    assert second.not_my_turn(timings.HEAL_STAGGER_S) is None  # D is back and listed
     alone = object.__new__(Runtime)
     alone.args, alone.membership = Args([], 0), second.membership
     assert alone.not_my_turn(0.0) is None  # the only engine of its role waits for no one

@@ -12,10 +12,10 @@ from collections import deque
 
 import pytest
 
+from pdsvc.ship.runtime.endings import Ending, Exit, Phase
 from pdsvc.ship.runtime.states import (
     TIMED,
     TRANSITIONS,
-    Ending,
     IllegalTransition,
     Machine,
     State,
@@ -103,6 +103,41 @@ def test_start_phases_are_the_timed_states_before_the_last() -> None:
 
 def test_own_stops_are_the_runtimes_own() -> None:
     assert {e for e in Ending if e.own_stop} == {Ending.PEER, Ending.HEAL, Ending.LATE}
+
+
+def test_each_ending_says_what_is_recorded_and_the_exit_status() -> None:
+    """One row per ending: the restart file's phase, and the exit status (None: the child's)."""
+    table = {e: (e.phase, e.exit) for e in Ending}
+    assert table == {
+        Ending.ASKED: (Phase.STOPPED, None),
+        Ending.LATE: (Phase.FAILED_START, Exit.REFUSED),
+        Ending.PEER: (Phase.STOPPED, Exit.PEER),
+        Ending.HEAL: (Phase.STOPPED, Exit.PEER),
+        Ending.HUNG: (Phase.CRASHED, Exit.HUNG),
+        Ending.CRASHED: (Phase.CRASHED, None),
+        Ending.FAILED_START: (Phase.FAILED_START, None),
+        Ending.GAVE_UP: (Phase.GAVE_UP, Exit.GAVE_UP),
+    }
+    # own stops are restarted by the process manager: never the give-up status
+    assert all(e.exit != Exit.GAVE_UP for e in Ending if e.own_stop)
+    assert {e for e in Ending if e.failed_start} == {Ending.LATE, Ending.FAILED_START}
+
+
+@pytest.mark.parametrize("ending", [e for e in Ending if e is not Ending.GAVE_UP])
+def test_the_policy_records_each_ending_as_its_phase(tmp_path, ending: Ending) -> None:
+    from pdsvc.ship.runtime.policy import RestartPolicy
+    from pdsvc.ship.runtime.statefile import read_json
+
+    path = str(tmp_path / "x.restart.json")
+    policy = RestartPolicy(path, restart_delay=1, max_delay=8, reset_after=600, attempts=1,
+                           clock=lambda: 1000.0)
+    policy.on_start()
+    final = policy.record_end(ending, "why")
+    # one attempt: a failed start is the last of its row
+    assert final is (Ending.GAVE_UP if ending.failed_start else ending)
+    assert read_json(path)["phase"] == final.phase.value
+    with pytest.raises(ValueError):
+        policy.record_end(Ending.GAVE_UP, "the policy's own verdict")
 
 
 def test_the_lifecycle_has_a_step_for_every_state_but_the_end(tmp_path) -> None:

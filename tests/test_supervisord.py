@@ -55,7 +55,7 @@ from pdsvc.render.supervisord import (
     sv_word,
 )
 from pdsvc.ship.runtime.cli import parse_args
-from pdsvc.ship.runtime.codes import EXIT_HUNG
+from pdsvc.ship.runtime.endings import Exit
 from pdsvc.ship.runtime.listener import run_eventlistener
 from pdsvc.ship.runtime.phases import liveness_loop, wait_for_urls
 from pdsvc.ship.runtime.probe import ProbeResult
@@ -330,7 +330,7 @@ def test_watchdog_secs_kills_a_hung_child_and_exits_124(procs, tmp_path):
     pid = child_pid(events)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
-    assert procs.wait(proc) == EXIT_HUNG
+    assert procs.wait(proc) == Exit.HUNG
     assert time.monotonic() - t0 <= 1.5 + 0.2 + 1.5  # bound + one interval + slack
     log = procs.log(proc)
     assert "(--watchdog-secs 1.5): the engine is hung: sending SIGKILL" in log

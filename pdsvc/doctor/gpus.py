@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pdsvc.ship.runtime.gpu import (
-    NVIDIA_SMI_TIMEOUT_S,
     GpuCheckError,
     _run_nvidia_smi,
     find_nvidia_smi,
@@ -22,6 +21,7 @@ from pdsvc.ship.runtime.gpu import (
     parse_compute_apps,
     query_gpu_rows,
 )
+from pdsvc.ship.runtime.timings import NVIDIA_SMI_TIMEOUT_S
 
 from .host import Host, comm
 

@@ -25,7 +25,7 @@ import jinja2
 from pdsvc.encode import continues_line, printable, uncarried
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
-from pdsvc.ship.runtime import codes
+from pdsvc.ship.runtime.endings import Exit
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -143,7 +143,7 @@ def jinja_environment() -> jinja2.Environment:
         autoescape=False,
     )
     # the runtime's exit statuses the service managers act on (never restart after a give-up)
-    env.globals.update(exit_gave_up=codes.EXIT_GAVE_UP, exit_hung=codes.EXIT_HUNG)
+    env.globals.update(exit_gave_up=int(Exit.GAVE_UP), exit_hung=int(Exit.HUNG))
     env.filters.update(sd_escape=sd_escape, sd_exec=sd_exec, sd_env=sd_env, sd_word=sd_word,
                        sd_list_item=sd_list_item, il_field=il_field, printable=printable)
     return env

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from pdsvc.plan.build import Plan
+from pdsvc.ship.runtime.endings import Phase
 from pdsvc.ship.runtime.hold import lease_end
 from pdsvc.ship.runtime.metrics import exposition, unit_samples
-from pdsvc.ship.runtime.policy import SLOW_HEAL_S, recent_heals
+from pdsvc.ship.runtime.policy import recent_heals
 from pdsvc.ship.runtime.statefile import read_json, state_path
+from pdsvc.ship.runtime.timings import SLOW_HEAL_S
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def pair_views(plan: Plan, directory: Path) -> list[PairView]:
 
 
 def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -> list[str]:
-    out = [f"{r.unit} gave up: {r.reason}" for r in runs if r.phase == "gave-up"]
+    out = [f"{r.unit} gave up: {r.reason}" for r in runs if r.phase == Phase.GAVE_UP]
     out += [f"{r.unit}: {r.heals} pair heals within the hour brought no pair back: it heals "
             f"again only every {SLOW_HEAL_S / 60:g} minutes (`systemctl restart {r.unit}` "
             "starts afresh)"

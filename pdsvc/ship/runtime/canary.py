@@ -63,30 +63,22 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from .probe import START_PROBE_TIMEOUT_S, HttpReply, http_call, judge_generation
+from .probe import HttpReply, http_call, judge_generation
 from .statefile import write_json
+from .timings import (
+    CANARY_PEER_RETRY_S,
+    CANARY_RETRY_S,
+    COUNTERS_LOOK_S,
+    PORT_CONNECT_TIMEOUT_S,
+    PORT_WATCH_S,
+    START_PROBE_TIMEOUT_S,
+)
 
 CANARY_PROMPT = "pdsvc pair canary"
 #: a decode whose prefill heals their pair acts itself only after this many times
 #: ``failures`` rounds: well after the prefill would have (its rounds start up to a second
 #: later, and may take longer), so the two never race
 LAST_RESORT = 10
-#: seconds between rounds after one that failed or could not be judged (doubling after
-#: 2 x failures such rounds, up to the steady interval: a peer that stays down is not hammered)
-RETRY_S = 1.0
-#: the same after a round that only found peers not healthy yet (their /health not 200): a
-#: peer that comes up is probed within this, so a 1P1D restarted as one step (both sides at
-#: once) is proven, and serves, as soon as the later of the two is healthy, not a second on;
-#: it costs a /health of the peer a look (doubling as above while it stays down)
-PEER_RETRY_S = 0.25
-#: seconds between looks at each peer's port: a port that closed and opened again is a peer
-#: that was replaced (a connect is all it costs: SGLang's /health runs a generation)
-WATCH_S = 0.5
-#: seconds between looks at this engine's own failure counters (its /metrics)
-COUNTERS_S = 2.0
-#: seconds between the heals of engines of one role that found the same peer stale at once
-#: (their rounds start on the same event): each waits its turn x this, then asks the router
-HEAL_STAGGER_S = 3.0
 FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
                     "sglang:num_bootstrap_failed_reqs_total")
 
@@ -305,7 +297,7 @@ class Canary:
         write_json(self.path, doc)
 
 
-def port_open(url: str, timeout: float = 0.5) -> bool:
+def port_open(url: str, timeout: float = PORT_CONNECT_TIMEOUT_S) -> bool:
     """Whether a TCP connect to the URL's host:port succeeds (nothing is sent)."""
     parts = urllib.parse.urlsplit(url)
     try:
@@ -348,14 +340,14 @@ class CanaryThread:
 
     A round runs at once (this engine just became ready), then every ``interval`` s while
     rounds are good; after a round that failed or could not be judged, every ``retry`` s
-    (PEER_RETRY_S when only peers were not healthy yet; doubling once 2 x failures such rounds
-    came, up to ``interval``); and at once whenever a peer's port opens again after it was
-    seen closed (the peer was replaced) or this engine's own failure counters rose
-    (``failures``: real traffic through a pair failed)."""
+    (CANARY_PEER_RETRY_S when only peers were not healthy yet; doubling once 2 x failures
+    such rounds came, up to ``interval``); and at once whenever a peer's port opens again
+    after it was seen closed (the peer was replaced) or this engine's own failure counters
+    rose (``failures``: real traffic through a pair failed)."""
 
     def __init__(self, canary: Canary, interval: float, timeout: float,
                  probe: Callable[[Pair, str, float], Round] = probe_pair, *,
-                 retry: float = RETRY_S, watch: float = WATCH_S,
+                 retry: float = CANARY_RETRY_S, watch: float = PORT_WATCH_S,
                  reachable: Callable[[str], bool] = port_open,
                  failures: Callable[[], float | None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -395,7 +387,7 @@ class CanaryThread:
             # counted apart: the looks while a peer loads must not stretch the pauses between
             # the failed rounds that follow (3 of them decide a heal)
             self.waiting_rounds += 1
-            return self._backoff(self.waiting_rounds, min(self.retry, PEER_RETRY_S))
+            return self._backoff(self.waiting_rounds, min(self.retry, CANARY_PEER_RETRY_S))
         self.bad_rounds += 1
         return self._backoff(self.bad_rounds, self.retry)
 
@@ -464,7 +456,7 @@ class CanaryThread:
                                 "(started or replaced): a round now")
                 due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
             if self.clock() >= counters_due:
-                counters_due = self.clock() + COUNTERS_S
+                counters_due = self.clock() + COUNTERS_LOOK_S
                 rose = self.failures_rose(last)
                 if rose and due > self.clock():
                     self.canary.log(f"pair canary: {rose}: a round now")

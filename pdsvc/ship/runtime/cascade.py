@@ -24,7 +24,7 @@ The rule (read from the engines' own restart state files, NAME.restart.json in t
   as well.
 * **The cure**: the runtime whose heal completes a cascade writes ``DEPLOYMENT.heal-all.json``
   (atomically: ``at``, ``by``, ``why``) and every engine runtime of the deployment whose
-  engine process started before that time restarts it (End.HEAL, the heal's path) within
+  engine process started before that time restarts it (Ending.HEAL, the heal's path) within
   ``MARKER_LOOK_S`` of it: one serving, and one still loading too (a heal of its own just
   before the marker), whose load could otherwise end while an old peer still drains, so that
   its canary meets an old process. Restarting a loading engine costs the deployment nothing:
@@ -47,14 +47,9 @@ from dataclasses import dataclass
 
 from .hold import KIND as HOLD_KIND
 from .statefile import read_json, state_path, write_json
+from .timings import CASCADE_WINDOW_S, CURE_WINDOW_S, MARKER_ACT_S, MARKER_LOOK_S
 
 CASCADE_HEALS = 3
-CASCADE_WINDOW_S = 600.0
-CURE_WINDOW_S = 3600.0
-#: a marker is acted on only this long after it was written
-MARKER_ACT_S = 60.0
-#: seconds between a runtime's looks at the marker (a stat and a read of a few hundred bytes)
-MARKER_LOOK_S = 0.5
 KIND = "heal-all"
 ROLES = ("prefill", "decode")
 #: what the journal says about the cause, in every line about a cascade

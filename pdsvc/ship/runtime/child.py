@@ -12,16 +12,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
-from .codes import (
-    CHILD_WAIT_SLICE_S,
-    EXIT_CANNOT_EXEC,
-    EXIT_NOT_FOUND,
-    KILL_WAIT_S,
-    STOP_GRACE_S,
-    STOP_SIGNALS,
-)
+from .endings import Exit
 from .notify import Log, Notifier, notify
 from .proctree import descendants, process_table
+from .timings import (
+    CHILD_WAIT_SLICE_S,
+    KILL_WAIT_S,
+    LEFTOVER_LOOK_S,
+    STOP_GRACE_S,
+)
 
 
 def exit_status(returncode: int) -> int:
@@ -77,6 +76,8 @@ class StderrTap:
 
 
 
+#: the signals that ask this runtime to stop (the process manager's, an operator's Ctrl-C)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
@@ -175,10 +176,10 @@ class Child:
             )
         except FileNotFoundError:
             self.log(f"cannot start {self.role}: {argv[0]}: command not found")
-            return EXIT_NOT_FOUND
+            return Exit.NOT_FOUND
         except OSError as exc:
             self.log(f"cannot start {self.role}: {argv[0]}: {exc.strerror or exc}")
-            return EXIT_CANNOT_EXEC
+            return Exit.CANNOT_EXEC
         assert self.process.stderr is not None
         self.tap = StderrTap(self.process.stderr, sys.stderr.buffer, self.prefix)
         if self.process.stdout is not None:  # --prefix-output: its stdout lines too
@@ -233,7 +234,7 @@ class Child:
                 left = ", ".join(f"{pid} ({table[pid][2]})" for pid in tree if pid in table)
                 self.log(f"still not gone {timeout:g} s after SIGKILL: {left}")
                 return list(killed.values())
-            time.sleep(0.05)
+            time.sleep(LEFTOVER_LOOK_S)
 
     def kill_leftovers(self) -> None:
         """After the child exited: SIGKILL whatever it left behind (``--kill-tree``), as

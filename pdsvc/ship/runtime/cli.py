@@ -8,8 +8,8 @@ import sys
 import urllib.parse
 from collections.abc import Sequence
 
-from .canary import HEAL_STAGGER_S
-from .codes import EXIT_GAVE_UP, EXIT_PEER, EXIT_REFUSED
+from .endings import Exit
+from .timings import HEAL_STAGGER_S
 
 
 def _positive_float(text: str) -> float:
@@ -233,7 +233,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     common.add_argument(
         "--start-attempts", type=_positive_int, default=3, metavar="N",
         help="starts in a row that end before the service is healthy (a missing model, a "
-        f"rejected flag, OOM at load) before giving up: exit {EXIT_GAVE_UP}, which the unit "
+        f"rejected flag, OOM at load) before giving up: exit {Exit.GAVE_UP}, which the unit "
         "does not restart (RestartPreventExitStatus=); stops never count (default: %(default)s)",
     )
 
@@ -274,7 +274,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="/health of a peer on another host this engine must restart with (a NIXL "
         "decode's prefill, sglang #33789; on one host systemd's PartOf= does it): once the "
         "peer is back after --peer-down-probes failed probes in a row, stop the engine and "
-        f"exit {EXIT_PEER} so that Restart=on-failure starts it afresh; repeatable",
+        f"exit {Exit.PEER} so that Restart=on-failure starts it afresh; repeatable",
     )
     engine.add_argument(
         "--peer-down-probes",
@@ -321,7 +321,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     engine.add_argument(
         "--gpu-wait", type=_positive_float, default=600.0, metavar="S",
         help="with --gpus: while a compute process holds one of them, wait (with progress) up "
-        f"to S seconds, then exit {EXIT_REFUSED} so the process manager retries; never counted "
+        f"to S seconds, then exit {Exit.REFUSED} so the process manager retries; never counted "
         "as a failed start (default: %(default)g)",
     )
     member = engine.add_argument_group(

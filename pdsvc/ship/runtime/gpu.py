@@ -11,8 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .notify import Log
-
-NVIDIA_SMI_TIMEOUT_S = 30.0  # nvidia-smi can take seconds per call without persistence mode
+from .timings import NVIDIA_SMI_TIMEOUT_S
 
 
 class GpuHolder(NamedTuple):

@@ -16,7 +16,7 @@ import runpy
 import sys
 from collections.abc import Sequence
 
-from .codes import EXIT_USAGE
+from .endings import Exit
 from .membership import read_key
 
 #: The entry pdsvc's key takes in ``--control-plane-api-keys`` (id:name:role:key).
@@ -29,7 +29,7 @@ def launch(key_spec: str, module: str, args: Sequence[str]) -> int:
         key = read_key(key_spec)
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"launch: cannot read the control-plane key: {exc}\n")
-        return EXIT_USAGE
+        return Exit.USAGE
     sys.argv = [module, *args, "--control-plane-api-keys", KEY_ENTRY.format(key=key)]
     del key
     runpy.run_module(module, run_name="__main__", alter_sys=True)

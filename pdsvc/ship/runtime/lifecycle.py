@@ -16,26 +16,18 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from .canary import HEAL_STAGGER_S, Canary, CanaryThread, Pair, own_failures
+from .canary import Canary, CanaryThread, Pair, own_failures
 from .cascade import Cascade
 from .child import Child, exit_status, runtime_exit_code
-from .codes import (
-    EXIT_GAVE_UP,
-    EXIT_HUNG,
-    EXIT_PEER,
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    KILL_WAIT_S,
-)
+from .endings import Ending, Exit
 from .gpu import wait_gpus_idle
 from .hold import Hold
 from .jitlock import JitLock
-from .membership import MEMBERSHIP_RETRY_S, Membership, Worker, read_key
+from .membership import Membership, Worker, read_key
 from .notify import Log, Notifier, watchdog_hint
 from .phases import End, Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
 from .policy import RestartPolicy, gave_up_engines
 from .probe import (
-    START_PROBE_TIMEOUT_S,
     ProbeResult,
     base_url,
     http_probe,
@@ -44,7 +36,15 @@ from .probe import (
 )
 from .proctree import become_subreaper
 from .statefile import state_path
-from .states import Ending, Machine, State
+from .states import Machine, State
+from .timings import (
+    BACKOFF_LOOK_S,
+    HEAL_STAGGER_S,
+    KILL_WAIT_S,
+    LIVENESS_PROBE_MIN_S,
+    MEMBERSHIP_RETRY_S,
+    START_PROBE_TIMEOUT_S,
+)
 
 
 def engine_fingerprint() -> str:
@@ -190,7 +190,7 @@ class Unit:
         while time.monotonic() < deadline:
             if self.child.stopping():
                 return self.stopped_before_start()
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(BACKOFF_LOOK_S, max(0.0, deadline - time.monotonic())))
         if self.child.stopping():
             return self.stopped_before_start()
         return self.after_backoff()
@@ -235,7 +235,7 @@ class Unit:
         self.notifier.status("refused to start: " + ("GPUs busy" if result == "busy"
                                                      else "nvidia-smi failed"))
         self.policy.on_stop(f"did not start: GPUs {'busy' if result == 'busy' else 'unknown'}")
-        return self.exit(EXIT_REFUSED)
+        return self.exit(Exit.REFUSED)
 
     def jit_lock(self) -> State:
         """JIT_LOCK: take the compile lock while the cache is cold for this engine."""
@@ -249,7 +249,7 @@ class Unit:
             )
         except OSError as exc:
             self.log(f"cannot use JIT cache {a.jit_cache}: {exc}")
-            return self.exit(EXIT_REFUSED)
+            return self.exit(Exit.REFUSED)
         if not taken:
             self.log("stopped while waiting for the JIT compile lock")
             return self.exit(0)
@@ -266,12 +266,10 @@ class Unit:
         except (OSError, ValueError) as exc:
             why = f"cannot read the router's control-plane key: {exc}"
             self.log(why)
-            gave_up = self.policy.on_failed_start(why)  # a config problem: it counts
-            if gave_up:
-                self.log(gave_up)
-                self.notifier.status(gave_up)
-                return EXIT_GAVE_UP
-            return EXIT_USAGE
+            # a config problem: it counts as a failed start
+            if self.policy.record_end(Ending.FAILED_START, why) is Ending.GAVE_UP:
+                return self.give_up(self.policy.state.reason)
+            return Exit.USAGE
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
         self.membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
         return None
@@ -286,8 +284,10 @@ class Unit:
         self.began = time.time()
         failed = child.start(self.command)
         if failed is not None:
-            why = self.policy.on_failed_start(f"cannot execute {self.command[0]}")
-            return self.exit(EXIT_GAVE_UP if why else failed)
+            why = f"cannot execute {self.command[0]}"
+            if self.policy.record_end(Ending.FAILED_START, why) is Ending.GAVE_UP:
+                return self.exit(self.give_up(self.policy.state.reason))
+            return self.exit(failed)
         self.notifier.status(f"waiting for {what}")
         started = time.monotonic()
 
@@ -311,8 +311,8 @@ class Unit:
             # TimeoutStartSec= (whose SIGTERM would look like any stop): a start that never got
             # healthy, and counts as one
             elapsed = time.monotonic() - started
-            outcome = Outcome(End.HEAL, elapsed=elapsed, detail=cure[0]) if cure[0] else \
-                Outcome(End.LATE, elapsed=elapsed,
+            outcome = Outcome(Ending.HEAL, elapsed=elapsed, detail=cure[0]) if cure[0] else \
+                Outcome(Ending.LATE, elapsed=elapsed,
                         detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
         self.outcome = outcome
         return State.SERVING if outcome.kind == End.HEALTHY else State.STOPPING
@@ -358,7 +358,7 @@ class Unit:
                 next_peer = now + a.peer_interval
                 restarted = peers.check()
                 if restarted:
-                    return Outcome(End.PEER, detail=restarted)
+                    return Outcome(Ending.PEER, detail=restarted)
             if self.membership is not None and now >= next_check:
                 self.membership.check(alive)
                 # not (yet) in the router — it restarted, or still drains our previous entry
@@ -368,7 +368,7 @@ class Unit:
             if self.cascade is not None:
                 together = self.cascade.due(self.began, now)
                 if together:
-                    return Outcome(End.HEAL, detail=together)
+                    return Outcome(Ending.HEAL, detail=together)
             if self.canary is not None:
                 rounds = self.canary.take()
                 for r in rounds:
@@ -394,7 +394,7 @@ class Unit:
                     if heal:
                         self.policy.record_heal(a.role or "")
                         cure = self.cascade.after_heal() if self.cascade else None
-                        return Outcome(End.HEAL, detail=cure or why)
+                        return Outcome(Ending.HEAL, detail=cure or why)
                     if wait != said_wait[0]:  # news only: rounds come every second
                         log(f"{why} — but not now: {wait}")
                         self.notifier.status(f"pair failing, not healed now: {wait}")
@@ -458,7 +458,7 @@ class Unit:
         watchdog_hint(a.liveness_interval, a.liveness_timeout, log)
         self.outcome = liveness_loop(
             lambda left=a.liveness_timeout: http_probe(
-                liveness_url, max(0.05, round(min(a.liveness_timeout, left), 2))
+                liveness_url, max(LIVENESS_PROBE_MIN_S, round(min(a.liveness_timeout, left), 2))
             ),
             self.child.wait,
             interval=a.liveness_interval,
@@ -472,63 +472,69 @@ class Unit:
         return State.STOPPING
 
     # ---------------------------------------------------------------- the stop
-    def ending(self, kind: End) -> Ending:
+    def ending(self, kind: End | Ending) -> Ending:
         """How this run ended, from what ended its last loop, whether a stop signal came and
         whether it served; the first that holds (Ending's order)."""
         if self.child.stop_signal is not None:
             return Ending.ASKED
-        own = {End.LATE: Ending.LATE, End.PEER: Ending.PEER, End.HEAL: Ending.HEAL,
-               End.HUNG: Ending.HUNG}
-        if kind in own:
-            return own[kind]
+        if isinstance(kind, Ending):
+            return kind
         return Ending.CRASHED if State.SERVING in self.machine.visited else Ending.FAILED_START
 
     def stopping(self) -> State:
         """STOPPING: leave the router, stop the child, say why, then pick the exit status."""
         outcome = self.outcome
         assert outcome is not None
-        kind = End(outcome.kind)
-        a, child, log, role = self.args, self.child, self.log, self.role
+        kind, child = outcome.kind, self.child
         if self.canary is not None:
             self.canary.stop()
         if self.membership is not None and child.process is not None:
             self.membership.leave()  # first: no new request reaches an engine that drains
-        own_stop = kind in (End.PEER, End.HEAL, End.LATE)
+        own_stop = isinstance(kind, Ending) and kind.own_stop
         if own_stop:
-            assert child.process is not None
-            why = {End.PEER: "restarting with its peer", End.HEAL: "restarting to heal its pair",
-                   End.LATE: "giving up this start"}[kind]
-            log(f"{outcome.detail}; {why}: stopping the {role} (SIGTERM) and exiting "
-                f"{EXIT_PEER} so that the process manager restarts it")
-            self.notifier.status(f"{why}: {outcome.detail}")
-            child.stop_time, child.forwarded = time.monotonic(), True
-            with contextlib.suppress(ProcessLookupError):
-                child.process.send_signal(signal.SIGTERM)
-        if kind is End.HUNG:
+            self.stop_own(kind, outcome.detail)
+        if kind is Ending.HUNG:
             child.kill_now(
                 f"no successful liveness probe for {outcome.elapsed:.0f} s "
-                f"(--watchdog-secs {a.watchdog_secs:g}): the {role} is hung"
+                f"(--watchdog-secs {self.args.watchdog_secs:g}): the {self.role} is hung"
             )
-        if kind is End.STOP:
-            child.forward_stop()
-            returncode = child.wait_after_stop(a.progress_every, a.stop_timeout)
-        elif own_stop:
-            # our own stop, not the manager's: its watchdog still runs, so keep it fed while
-            # the engine drains (bounded by --stop-timeout, which the units pass for this)
-            returncode = child.wait_after_stop(a.progress_every, a.stop_timeout,
-                                               tick=lambda: self.notifier("WATCHDOG=1"))
-        elif kind is End.HUNG:
-            returncode = child.wait(KILL_WAIT_S)
-            returncode = -signal.SIGKILL if returncode is None else returncode
-        else:
-            returncode = outcome.returncode if outcome.returncode is not None else 1
+        returncode = self.wait_child(kind, outcome, own_stop)
         child.kill_leftovers()
         if self.jit is not None:
             self.jit.release()
         return self.exit(self.exit_code(self.ending(kind), outcome, returncode))
 
+    def stop_own(self, ending: Ending, detail: str) -> None:
+        """Our own stop (a peer's restart, a heal, too late): SIGTERM the child, and say why."""
+        child = self.child
+        assert child.process is not None
+        why = OWN_STOPS[ending]
+        self.log(f"{detail}; {why}: stopping the {self.role} (SIGTERM) and exiting "
+                 f"{ending.exit} so that the process manager restarts it")
+        self.notifier.status(f"{why}: {detail}")
+        child.stop_time, child.forwarded = time.monotonic(), True
+        with contextlib.suppress(ProcessLookupError):
+            child.process.send_signal(signal.SIGTERM)
+
+    def wait_child(self, kind: End | Ending, outcome: Outcome, own_stop: bool) -> int:
+        """The child's returncode once it is gone, however it was stopped."""
+        a, child = self.args, self.child
+        if kind is End.STOP:
+            child.forward_stop()
+            return child.wait_after_stop(a.progress_every, a.stop_timeout)
+        if own_stop:
+            # our own stop, not the manager's: its watchdog still runs, so keep it fed while
+            # the engine drains (bounded by --stop-timeout, which the units pass for this)
+            return child.wait_after_stop(a.progress_every, a.stop_timeout,
+                                         tick=lambda: self.notifier("WATCHDOG=1"))
+        if kind is Ending.HUNG:
+            returncode = child.wait(KILL_WAIT_S)
+            return -signal.SIGKILL if returncode is None else returncode
+        return outcome.returncode if outcome.returncode is not None else 1
+
     def exit_code(self, ending: Ending, outcome: Outcome, returncode: int) -> int:
-        """Say how the child exited, tell the restart policy, and pick the exit status."""
+        """Say how the child exited, tell the restart policy, and pick the exit status: the
+        ending's own (endings.Ending.exit), else the child's."""
         child, log, role = self.child, self.log, self.role
         status = exit_status(returncode)
         last_error = child.tap.drain() if child.tap is not None and status != 0 else ""
@@ -538,39 +544,36 @@ class Unit:
         if said:
             self.notifier.status(f"{role} exited with status {status}: {last_error}")
         code = runtime_exit_code(returncode, child.stop_signal)
-        ended = f"{role} exited with status {status}" + (f": {last_error}" if last_error else "")
         if ending is Ending.ASKED:
             assert child.stop_signal is not None
             stop_name = signal.Signals(child.stop_signal).name
-            self.policy.on_stop(f"stopped ({stop_name})", asked=True)
+            self.policy.record_end(ending, f"stopped ({stop_name})")
             verdict = "a clean stop" if code == 0 else "a failed stop"
             log(f"after {stop_name}: treating it as {verdict}; exiting {code}")
             return code
-        if ending is Ending.LATE:
-            gave_up = self.policy.on_failed_start(outcome.detail)
-            if gave_up:
-                log(gave_up)
-                self.notifier.status(gave_up)
-                return EXIT_GAVE_UP
-            return EXIT_REFUSED
-        if ending.own_stop:
-            self.policy.on_stop(outcome.detail)
-            return EXIT_PEER
+        ended = f"{role} exited with status {status}" + (f": {last_error}" if last_error else "")
+        reasons = {Ending.HUNG: f"hung: no good liveness probe for {outcome.elapsed:.0f} s",
+                   Ending.CRASHED: ended, Ending.FAILED_START: ended}
+        final = self.policy.record_end(ending, reasons.get(ending, outcome.detail))
+        if final is Ending.GAVE_UP:
+            return self.give_up(self.policy.state.reason)
         if ending is Ending.HUNG:
-            self.policy.on_crash(f"hung: no good liveness probe for {outcome.elapsed:.0f} s")
-            log(f"exiting {EXIT_HUNG} so that the process manager restarts the {role}")
-            return EXIT_HUNG
-        if ending is Ending.CRASHED:
-            self.policy.on_crash(ended)
-            return code
-        gave_up = self.policy.on_failed_start(ended)
-        if gave_up:
-            log(gave_up)
-            log(f"exiting {EXIT_GAVE_UP}: not restarted (RestartPreventExitStatus=); fix the "
-                "cause, then start the unit again")
-            self.notifier.status(gave_up)
-            return EXIT_GAVE_UP
-        return code
+            log(f"exiting {Exit.HUNG} so that the process manager restarts the {role}")
+        return code if final.exit is None else final.exit
+
+    def give_up(self, why: str) -> int:
+        """The last of --start-attempts failed starts in a row: not restarted."""
+        self.log(why)
+        self.log(f"exiting {Exit.GAVE_UP}: not restarted (RestartPreventExitStatus=); fix the "
+                 "cause, then start the unit again")
+        self.notifier.status(why)
+        return Exit.GAVE_UP
+
+
+#: the runtime's own stops, and what it says it does
+OWN_STOPS = {Ending.PEER: "restarting with its peer",
+             Ending.HEAL: "restarting to heal its pair",
+             Ending.LATE: "giving up this start"}
 
 
 def run(args: argparse.Namespace, command: Sequence[str]) -> int:
@@ -581,6 +584,6 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     # RUNNING startsecs; a give-up sooner is a failed spawn, retried (supervisord's
     # process.py, ProcessStates.STARTING -> BACKOFF), and the give-up would not hold
     left = (getattr(args, "min_uptime", None) or 0.0) - (time.monotonic() - started)
-    if code == EXIT_GAVE_UP and left > 0:
+    if code == Exit.GAVE_UP and left > 0:
         time.sleep(left)
     return code

@@ -12,7 +12,7 @@ import xmlrpc.client
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-from .codes import EXIT_USAGE
+from .endings import Exit
 from .notify import Log
 
 
@@ -121,7 +121,7 @@ def run_eventlistener(
         if not server_url:
             log("no --server-url and SUPERVISOR_SERVER_URL is unset: run this as a "
                 "supervisord [eventlistener:x] program")
-            return EXIT_USAGE
+            return Exit.USAGE
         rpc = supervisor_rpc(server_url)
     restarter = Restarter(couples, rpc, log)
     for trigger, dependents in couples.items():

@@ -26,15 +26,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .probe import HttpReply, http_call
-
-#: One control-plane call's timeout: the router answers these from memory.
-CALL_TIMEOUT_S = 3.0
-#: How soon to look again while this engine is not (yet) in the router: it restarted, or
-#: smg still lists our previous entry as draining (seconds after a DELETE), and every second
-#: after that one ends is a second the stack does not serve.
-MEMBERSHIP_RETRY_S = 0.25
-#: An entry the router lists as unhealthy this long while our engine is healthy is re-posted.
-STUCK_UNHEALTHY_S = 30.0
+from .timings import ROUTER_CALL_TIMEOUT_S, STUCK_UNHEALTHY_S
 
 
 class Worker(NamedTuple):
@@ -93,7 +85,7 @@ class Membership:
 
     def _entry(self) -> tuple[dict | None, str | None]:
         """(this worker's entry in GET /workers or None, an error text or None)."""
-        reply = self.call(f"{self.router}/workers", CALL_TIMEOUT_S, headers=self.headers)
+        reply = self.call(f"{self.router}/workers", ROUTER_CALL_TIMEOUT_S, headers=self.headers)
         doc = reply.json() if reply.status == 200 else None
         if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
             why = reply.detail if reply.status != 200 else "GET /workers: not a worker list"
@@ -113,7 +105,7 @@ class Membership:
         return error is None and any(u.rstrip("/") in self.listed for u in urls)
 
     def _post(self) -> bool:
-        reply = self.call(f"{self.router}/workers", CALL_TIMEOUT_S, self.worker.payload(),
+        reply = self.call(f"{self.router}/workers", ROUTER_CALL_TIMEOUT_S, self.worker.payload(),
                           self.headers)
         if reply.status in (200, 201, 202, 409):
             return True
@@ -122,7 +114,7 @@ class Membership:
 
     def _delete(self, entry: dict) -> None:
         worker_id = urllib.parse.quote(str(entry.get("id", "")), safe="")
-        self.call(f"{self.router}/workers/{worker_id}", CALL_TIMEOUT_S, headers=self.headers,
+        self.call(f"{self.router}/workers/{worker_id}", ROUTER_CALL_TIMEOUT_S, headers=self.headers,
                   method="DELETE")
 
     def join(self) -> bool:

@@ -29,8 +29,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from .policy import SLOW_HEAL_S, recent_heals
+from .endings import Phase
+from .policy import recent_heals
 from .statefile import read_json, state_path, write_atomic, write_json
+from .timings import SLOW_HEAL_S, TEXTFILE_POLL_S, TEXTFILE_REFRESH_S
 
 #: family -> (type, help). The order is the order of the text.
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -76,14 +78,13 @@ FAMILIES: dict[str, tuple[str, str]] = {
                                          "time): a runtime that is up writes at least every "
                                          "15 s."),
 }
-PHASES = ("starting", "serving", "stopped", "crashed", "failed-start", "gave-up")
+PHASES = tuple(p.value for p in Phase)
 PAIR_STATES = ("ok", "failing", "peer-down", "unknown")
 #: how the previous run ended (its phase as the next run finds it) -> the start's cause
-START_CAUSES = {None: "first", "crashed": "crash", "failed-start": "failed-start",
-                "serving": "killed", "starting": "killed", "stopped": "stop",
-                "gave-up": "after-gave-up"}
-#: seconds between looks at the state files, and the longest a written file may age
-POLL_S, REFRESH_S = 1.0, 15.0
+#: (keyed by the file's words: a str enum member hashes by its name, not its value)
+START_CAUSES = {None: "first", **{p.value: cause for p, cause in (
+    (Phase.CRASHED, "crash"), (Phase.FAILED_START, "failed-start"), (Phase.SERVING, "killed"),
+    (Phase.STARTING, "killed"), (Phase.STOPPED, "stop"), (Phase.GAVE_UP, "after-gave-up"))}}
 
 
 @dataclass(frozen=True)
@@ -136,15 +137,15 @@ def unit_samples(labels: Mapping[str, str], run: dict | None, canary: dict | Non
     phase = run.get("phase")
     if up is not None:
         add("pdsvc_unit_up", 1.0 if up else 0.0)
-        add("pdsvc_unit_ready", 1.0 if up and phase == "serving" else 0.0)
+        add("pdsvc_unit_ready", 1.0 if up and phase == Phase.SERVING else 0.0)
     if phase is not None:
         for p in PHASES:
             add("pdsvc_unit_phase", 1.0 if phase == p else 0.0, ("phase", p))
-    add("pdsvc_unit_gave_up", 1.0 if phase == "gave-up" else 0.0)
+    add("pdsvc_unit_gave_up", 1.0 if phase == Phase.GAVE_UP else 0.0)
     add("pdsvc_unit_crashes_in_a_row", _number(run.get("crashes")) or 0.0)
     add("pdsvc_unit_failed_starts_in_a_row", _number(run.get("failed_starts")) or 0.0)
     since = _number(run.get("serving_since"))
-    if phase == "serving" and since is not None:
+    if phase == Phase.SERVING and since is not None:
         add("pdsvc_unit_serving_since_timestamp_seconds", since)
     phases = run.get("start_phases")
     for name, seconds in (phases.items() if isinstance(phases, dict) else ()):
@@ -231,7 +232,7 @@ class Textfile:
 
     def refresh(self, *, up: bool, starting: bool = False) -> None:
         """Read the state files, count what happened, and write the textfile when a value
-        changed or it is REFRESH_S old."""
+        changed or it is TEXTFILE_REFRESH_S old."""
         run, canary = read_json(self._path("restart")), read_json(self._path("canary"))
         if count(self._counters, run, starting=starting):
             write_json(self._path("metrics"), self._counters)
@@ -239,19 +240,19 @@ class Textfile:
         samples = unit_samples(self.labels, run, canary, self._counters, up=up,
                                heal_budget=self.heal_budget, now=now)
         said = tuple(s for s in samples if s.family != "pdsvc_textfile_timestamp_seconds")
-        if said == self._said and now - self._written < REFRESH_S:
+        if said == self._said and now - self._written < TEXTFILE_REFRESH_S:
             return
         write_textfile(os.path.join(self.metrics_dir, f"{self.name}.prom"), exposition(samples))
         self._said, self._written = said, now
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(TEXTFILE_POLL_S):
             self.refresh(up=True)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """Around one run: a start counted before the restart policy reads how the last run
-        ended, a look every POLL_S, and the run's end written once it returned."""
+        ended, a look every TEXTFILE_POLL_S, and the run's end written once it returned."""
         self._counters = read_json(self._path("metrics")) or {}
         self.refresh(up=True, starting=True)
         thread = threading.Thread(target=self._run, name="metrics-textfile", daemon=True)
@@ -260,7 +261,7 @@ class Textfile:
             yield
         finally:
             self._stop.set()
-            thread.join(POLL_S + 1.0)
+            thread.join(TEXTFILE_POLL_S + 1.0)
             self._said = ()
             self.refresh(up=False)
 

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from .codes import CHILD_WAIT_SLICE_S, DUTY_SLICE_S
-from .probe import START_PROBE_TIMEOUT_S, ProbeResult, http_probe
+from .endings import Ending
+from .probe import ProbeResult, http_probe
+from .timings import CHILD_WAIT_SLICE_S, DUTY_SLICE_S, START_PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
     Clock = Callable[[], float]
@@ -17,20 +18,19 @@ if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evalua
 
 
 class End(str, enum.Enum):
-    """Why a loop of this module (or the runtime's own start deadline) ended. A ``str`` too, so
-    that an Outcome compares with the word: ``Outcome("exited", 3) == Outcome(End.EXITED, 3)``."""
+    """Why a loop of this module ended, when that is not yet how the run ends: the run's
+    ``Ending`` follows from it and from whether the engine served (lifecycle.Unit.ending). A
+    loop that decides the ending itself (hung, a peer's restart, a heal, too late) returns
+    that ``Ending``. Both are ``str`` enums, so an Outcome compares with the word:
+    ``Outcome("exited", 3) == Outcome(End.EXITED, 3)``."""
 
     HEALTHY = "healthy"
     EXITED = "exited"  # the child exited (returncode set)
     STOP = "stop"  # a stop signal arrived
-    HUNG = "hung"  # no good liveness probe for hang_after
-    PEER = "peer"  # a --restart-with peer restarted (detail says which)
-    HEAL = "heal"  # the pair canary: this engine holds a broken pair's stale side (detail: why)
-    LATE = "late"  # not healthy within --start-timeout (lifecycle's deadline)
 
 
 class Outcome(NamedTuple):
-    kind: End
+    kind: End | Ending
     returncode: int | None = None
     elapsed: float = 0.0
     detail: str = ""
@@ -184,7 +184,7 @@ def liveness_loop(
         if should_stop():
             return Outcome(End.STOP)
         if left() <= 0:
-            return Outcome(End.HUNG, elapsed=clock() - last_ok)
+            return Outcome(Ending.HUNG, elapsed=clock() - last_ok)
         ended = duties(alive) if duties is not None else None
         if ended is not None:
             return ended

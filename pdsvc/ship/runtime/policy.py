@@ -12,8 +12,8 @@ the unit's ``StateDirectory=``.
   crashes repeat (``RestartSec=`` × 2^(n-1), at most ``max_delay``), and resets once the engine
   has served ``reset_after`` seconds in a row.
 * An engine that fails to become healthy ``attempts`` starts in a row (a missing model, OOM at
-  load, a flag SGLang rejects) gives up: the main process exits ``EXIT_GAVE_UP``, which the
-  unit lists in ``RestartPreventExitStatus=``, with the reason in one line.
+  load, a flag SGLang rejects) gives up: the main process exits ``Exit.GAVE_UP`` (endings.py),
+  which the unit lists in ``RestartPreventExitStatus=``, with the reason in one line.
 * A stop (operator, ``PartOf=``, a pair heal) is neither a crash nor a failed start.
 * Giving up clears the count, so the operator's next ``systemctl start`` tries afresh.
 
@@ -27,23 +27,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from .endings import Ending, Phase
 from .statefile import read_json, state_path, write_json
-
-#: The heal budget's window: heals within it that brought no pair back count against it.
-HEAL_WINDOW_S = 3600.0
-#: Past the budget, one more heal every this many seconds (never none).
-SLOW_HEAL_S = 300.0
-
-#: How a run ended, as the next run reads it.
-STARTING, SERVING, STOPPED, CRASHED, FAILED_START, GAVE_UP = (
-    "starting", "serving", "stopped", "crashed", "failed-start", "gave-up")
+from .timings import GAVE_UP_GRACE_S, HEAL_WINDOW_S, SLOW_HEAL_S
 
 
 @dataclass
 class RunState:
     """What one unit's previous runs left behind (the file's JSON object)."""
 
-    phase: str = STOPPED
+    phase: str = Phase.STOPPED.value  # how the last run stands (endings.Phase)
     failed_starts: int = 0  # starts in a row that ended before the engine was healthy
     crashes: int = 0  # crashes in a row after serving, each less than reset_after after healthy
     serving_since: float | None = None  # wall clock, while serving
@@ -100,17 +93,17 @@ class RestartPolicy:
         (a run that never wrote its end was killed: a crash if it served, else a failed
         start) and returns the delay this start must wait."""
         s, now = self.state, self.clock()
-        if s.phase == SERVING:  # the main process itself died while serving (kill -9)
+        if s.phase == Phase.SERVING:  # the main process itself died while serving (kill -9)
             self._crashed(now, "the previous run ended without a word (killed while serving)")
-        elif s.phase == STARTING:
+        elif s.phase == Phase.STARTING:
             s.failed_starts += 1
             s.reason = "the previous run ended without a word (killed while starting)"
         verdict = Verdict(0.0, "")
-        if s.phase == CRASHED and s.crashes > 1:
+        if s.phase == Phase.CRASHED and s.crashes > 1:
             delay = min(self.max_delay, self.restart_delay * (2 ** (s.crashes - 1) - 1))
             verdict = Verdict(delay, f"crash #{s.crashes} in a row ({s.reason}): backing off "
                               f"{delay:g} s more before the restart")
-        s.phase, s.serving_since = STARTING, None
+        s.phase, s.serving_since = Phase.STARTING.value, None
         self._save()
         return verdict
 
@@ -119,11 +112,11 @@ class RestartPolicy:
         served = now - s.serving_since if s.serving_since is not None else 0.0
         s.crashes = 1 if served >= self.reset_after else s.crashes + 1
         s.failed_starts = 0
-        s.phase, s.reason, s.ended_at, s.serving_since = CRASHED, reason, now, None
+        s.phase, s.reason, s.ended_at, s.serving_since = Phase.CRASHED.value, reason, now, None
 
     def on_healthy(self, phases: dict[str, float] | None = None) -> None:
         s = self.state
-        s.phase, s.serving_since, s.failed_starts = SERVING, self.clock(), 0
+        s.phase, s.serving_since, s.failed_starts = Phase.SERVING.value, self.clock(), 0
         if phases is not None:
             s.start_phases = dict(phases)
         self._save()
@@ -138,22 +131,38 @@ class RestartPolicy:
         reason to give up with, or None to let the process manager restart it."""
         s = self.state
         s.failed_starts += 1
-        s.phase, s.reason, s.ended_at = FAILED_START, reason, self.clock()
+        s.phase, s.reason, s.ended_at = Phase.FAILED_START.value, reason, self.clock()
         if s.failed_starts < self.attempts:
             self._save()
             return None
         why = (f"gave up after {s.failed_starts} starts in a row that never became healthy; "
                f"last: {reason}")
-        s.phase, s.reason, s.failed_starts, s.crashes = GAVE_UP, why, 0, 0
+        s.phase, s.reason, s.failed_starts, s.crashes = Phase.GAVE_UP.value, why, 0, 0
         self._save()
         return why
+
+    def record_end(self, ending: Ending, reason: str) -> Ending:
+        """Record how this run ended (``ending``, in one line: ``reason``); returns the
+        ending, ``Ending.GAVE_UP`` when a failed start was the last of ``attempts`` in a row
+        (``reason`` is then the give-up's, in the state file)."""
+        if ending is Ending.GAVE_UP:
+            raise ValueError("a give-up is the policy's verdict, never its input")
+        if ending is Ending.ASKED:
+            self.on_stop(reason, asked=True)
+        elif ending.failed_start:
+            return Ending.GAVE_UP if self.on_failed_start(reason) else ending
+        elif ending.phase is Phase.CRASHED:
+            self.on_crash(reason)
+        else:
+            self.on_stop(reason)
+        return ending
 
     def on_stop(self, reason: str, *, asked: bool = False) -> None:
         """A stop (operator, coupling, a pair heal): no crash count changes. ``asked``: the
         process manager stopped it (an operator, or ``PartOf=``), not this runtime itself."""
         s = self.state
-        was_serving = s.phase == SERVING
-        s.phase, s.reason, s.ended_at = STOPPED, reason, self.clock()
+        was_serving = s.phase == Phase.SERVING
+        s.phase, s.reason, s.ended_at = Phase.STOPPED.value, reason, self.clock()
         if asked:
             # an operator's stop or restart starts the heal budget (and the cascade's count)
             # afresh
@@ -212,9 +221,6 @@ def recent_heals(heals: object, now: float, window: float = HEAL_WINDOW_S) -> li
             if isinstance(t, (int, float)) and not isinstance(t, bool) and now - t < window]
 
 
-#: a gave-up state older than the router's start is believed after this many seconds of it
-#: (an engine started with the router rewrites its state within a second of its start)
-GAVE_UP_GRACE_S = 10.0
 
 
 def gave_up_engines(state_dir: str | None, names: Sequence[str], since: float,
@@ -228,7 +234,7 @@ def gave_up_engines(state_dir: str | None, names: Sequence[str], since: float,
     for name in names:
         doc = read_json(state_path(state_dir, name, "restart")) or {}
         ended = doc.get("ended_at")
-        if doc.get("phase") != GAVE_UP or not isinstance(ended, (int, float)):
+        if doc.get("phase") != Phase.GAVE_UP or not isinstance(ended, (int, float)):
             continue
         if ended >= since or now - since >= GAVE_UP_GRACE_S:
             out.append(f"{name} gave up ({doc.get('reason') or 'no reason recorded'})")

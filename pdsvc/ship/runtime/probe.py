@@ -13,7 +13,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-START_PROBE_TIMEOUT_S = 5.0  # a start-phase probe that times out just means "not yet"
+from .timings import START_PROBE_TIMEOUT_S
+
 READINESS_PROBE_BODY = {
     "text": "pdsvc readiness probe",
     "sampling_params": {"max_new_tokens": 1, "temperature": 0},

@@ -10,8 +10,8 @@ A state a run does not need is skipped (no back-off after a good run, no GPU che
 router, no lock for a warm cache); a run refused before its start goes straight to EXITED. Every
 other step is an error of the runtime itself: ``Machine.enter`` raises rather than carry on.
 
-How a run ended, once it stops, is an ``Ending``: what the exit status then says to the process
-manager follows from it alone (lifecycle.Unit.stopping).
+How a run ended, once it stops, is an ``Ending`` (endings.py): what the restart policy records
+and what the exit status says to the process manager follow from it alone.
 """
 
 from __future__ import annotations
@@ -48,23 +48,6 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 
 #: The states whose time a start spends before SERVING, reported as its start phases.
 TIMED = (_S.BACKOFF, _S.WAIT_GPUS, _S.JIT_LOCK, _S.STARTING, _S.SERVING)
-
-
-class Ending(enum.Enum):
-    """How a run that started its child ended; decided in this order (the first that holds)."""
-
-    ASKED = "asked"  # a stop signal from the process manager: a clean stop or a failed one
-    LATE = "late"  # not healthy within --start-timeout: a failed start
-    PEER = "peer"  # our own stop: a --restart-with peer restarted
-    HEAL = "heal"  # our own stop: the pair canary heals this engine's pair
-    HUNG = "hung"  # no good liveness probe for --watchdog-secs: killed
-    CRASHED = "crashed"  # the child exited after it served
-    FAILED_START = "failed_start"  # the child exited before it served
-
-    @property
-    def own_stop(self) -> bool:
-        """Stopped by the runtime itself, which the process manager must restart (EXIT_PEER)."""
-        return self in (Ending.PEER, Ending.HEAL, Ending.LATE)
 
 
 class IllegalTransition(RuntimeError):

@@ -1,0 +1,86 @@
+"""Every fixed timing of the runtime, in one place: seconds (``_S``), one line on what each paces.
+
+What an operator may tune is not here but in options.py (a flag of the runtime, its default
+there; the config's lifecycle section passes it). What is here paces the runtime's own loops
+and bounds its own calls; docs/lifecycle.md names them in each fault's timeline.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- the main loop (lifecycle.py)
+#: longest a loop blocks on the child before it looks again for a stop request
+CHILD_WAIT_SLICE_S = 1.0
+#: how often the serving loop looks whether one of its duties is due, and whether a stop came
+#: (its child wait blocks this long): a stop's delay before the engine leaves the router and
+#: gets the signal, and a finished canary round's before it is recorded (apply waits on both)
+DUTY_SLICE_S = 0.05
+#: how often BACKOFF looks for a stop while it waits out the restart policy's delay
+BACKOFF_LOOK_S = 0.2
+#: the shortest timeout of one liveness probe when --watchdog-secs is nearly out
+LIVENESS_PROBE_MIN_S = 0.05
+
+# ---------------------------------------------------------------- the child (child.py)
+#: after a stop, this long without the child's exit: say so in the log (and again each time)
+STOP_GRACE_S = 30.0
+#: after SIGKILL, how long to wait for the tree to be gone (its GPU memory freed)
+KILL_WAIT_S = 30.0
+#: how often the leftover-process sweep looks whether the killed descendants are gone
+LEFTOVER_LOOK_S = 0.05
+
+# ---------------------------------------------------------------- probes (probe.py, gpu.py)
+#: one start-phase probe's timeout: one that times out just means "not yet"
+START_PROBE_TIMEOUT_S = 5.0
+#: one nvidia-smi call's timeout: it can take seconds per call without persistence mode
+NVIDIA_SMI_TIMEOUT_S = 30.0
+
+# ---------------------------------------------------------------- membership (membership.py)
+#: one control-plane call's timeout: the router answers these from memory
+ROUTER_CALL_TIMEOUT_S = 3.0
+#: how soon to look again while this engine is not (yet) in the router: it restarted, or smg
+#: still lists our previous entry as draining (seconds after a DELETE), and every second after
+#: that one ends is a second the stack does not serve
+MEMBERSHIP_RETRY_S = 0.25
+#: an entry the router lists as unhealthy this long while our engine is healthy is re-posted
+STUCK_UNHEALTHY_S = 30.0
+
+# ---------------------------------------------------------------- the pair canary (canary.py)
+#: seconds between rounds after one that failed or could not be judged (doubling after
+#: 2 x failures such rounds, up to the steady interval: a peer that stays down is not hammered)
+CANARY_RETRY_S = 1.0
+#: the same after a round that only found peers not healthy yet (their /health not 200): a
+#: peer that comes up is probed within this, so a 1P1D restarted as one step (both sides at
+#: once) is proven, and serves, as soon as the later of the two is healthy, not a second on
+CANARY_PEER_RETRY_S = 0.25
+#: seconds between looks at each peer's port: a port that closed and opened again is a peer
+#: that was replaced (a connect is all it costs: SGLang's /health runs a generation)
+PORT_WATCH_S = 0.5
+#: one such look's connect timeout
+PORT_CONNECT_TIMEOUT_S = 0.5
+#: seconds between looks at this engine's own failure counters (its /metrics)
+COUNTERS_LOOK_S = 2.0
+#: seconds between the heals of engines of one role that found the same peer stale at once
+#: (their rounds start on the same event): each waits its turn x this, then asks the router
+HEAL_STAGGER_S = 3.0
+
+# ---------------------------------------------------------------- heals (policy.py, cascade.py)
+#: the heal budget's window: heals within it that brought no pair back count against it
+HEAL_WINDOW_S = 3600.0
+#: past the budget, one more heal every this many seconds (never none)
+SLOW_HEAL_S = 300.0
+#: heals of both roles within this window are a heal cascade
+CASCADE_WINDOW_S = 600.0
+#: a cascade that comes back within this of the runtimes' own cure names the operator's cure
+CURE_WINDOW_S = 3600.0
+#: a cure marker is acted on only this long after it was written
+MARKER_ACT_S = 60.0
+#: seconds between a runtime's looks at the cure marker (a stat, a read of a few hundred bytes)
+MARKER_LOOK_S = 0.5
+#: the router believes an engine's give-up older than its own start after this long of it
+#: (an engine started with the router rewrites its state within a second of its start)
+GAVE_UP_GRACE_S = 10.0
+
+# ---------------------------------------------------------------- the textfile (metrics.py)
+#: seconds between the textfile writer's looks at the state files
+TEXTFILE_POLL_S = 1.0
+#: the longest a written textfile may age before it is written again, changed or not
+TEXTFILE_REFRESH_S = 15.0
