@@ -68,6 +68,38 @@ def test_a_negative_heal_budget_is_refused_by_the_runtimes_own_bound() -> None:
         plan_of(BASE + "lifecycle: {canary_heal_attempts: -1}\n")
 
 
+def _runtime_flag(field: str) -> str | None:
+    """The runtime option a lifecycle field is passed as (its runtime_flag), or None."""
+    for meta in LifecycleConfig.model_fields[field].metadata:
+        flag = getattr(getattr(meta, "func", None), "runtime_flag", None)
+        if flag:
+            return flag
+    return None
+
+
+def test_the_config_and_the_runtime_agree_on_every_default_the_config_owns() -> None:
+    """A knob the config passes has one default: the runtime's (options.Options) equals the
+    config's, so a unit started by hand behaves as a rendered one; and every knob the runtime
+    marks as the config's is passed by exactly one lifecycle field."""
+    import dataclasses
+
+    from pdsvc.ship.runtime.options import Options
+
+    options = {"--" + f.name.replace("_", "-"): f for f in dataclasses.fields(Options)}
+    passed = {}
+    for name, info in LifecycleConfig.model_fields.items():
+        flag = _runtime_flag(name)
+        assert flag in options, f"lifecycle.{name}: no runtime option {flag}"
+        opt = options[flag]
+        assert opt.metadata["config"], f"{flag}: the config owns it; mark it config=True"
+        assert opt.default == info.default, (
+            f"{flag}: runtime default {opt.default!r}, config's lifecycle.{name} "
+            f"{info.default!r}")
+        passed[flag] = name
+    owned = {flag for flag, f in options.items() if f.metadata.get("config")}
+    assert owned == set(passed), f"marked config=True but not passed: {owned - set(passed)}"
+
+
 def _bounds(field: str) -> tuple[int, int]:
     """The least and the greatest value the schema accepts for a lifecycle field."""
     top = LifecycleConfig.model_json_schema()["properties"][field]["maximum"]

@@ -64,6 +64,7 @@ def runtime_flag(flag: str) -> AfterValidator:
         except argparse.ArgumentTypeError as e:
             raise ValueError(f"{e}: every start of the unit would refuse it ({flag})") from None
         return value
+    check.runtime_flag = flag  # type: ignore[attr-defined]  # which option: the contract test
     return AfterValidator(check)
 
 

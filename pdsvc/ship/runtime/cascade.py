@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .hold import KIND as HOLD_KIND
+from .options import Options
 from .statefile import read_json, state_path, write_json
 from .timings import CASCADE_WINDOW_S, CURE_WINDOW_S, MARKER_ACT_S, MARKER_LOOK_S
 
@@ -123,14 +124,12 @@ class Cascade:
         self.reported: float | None = None  # the marker whose repeat this runtime reported
 
     @classmethod
-    def of(cls, args: object, log: Callable[[str], None]) -> Cascade | None:
-        """An engine runtime's part, from its argv: one with pairs, a state directory and a
-        role takes part; any other (a router, an engine without pairs) does not."""
-        a = vars(args)
-        if not (a.get("pair") and a.get("state_dir") and a.get("role")):
+    def of(cls, a: Options, log: Callable[[str], None]) -> Cascade | None:
+        """An engine runtime's part, from its options: one with pairs, a state directory and
+        a role takes part; any other (a router, an engine without pairs) does not."""
+        if not (a.pair and a.state_dir and a.role):
             return None
-        return cls(a["state_dir"], a.get("deployment", ""), a["name"],
-                   a.get("restart_all", ""), log)
+        return cls(a.state_dir, a.deployment, a.name, a.restart_all, log)
 
     def after_heal(self) -> str | None:
         """Called once this engine's heal is logged: the cure's reason when that heal

@@ -9,7 +9,6 @@ status then says to the process manager, is decided here and nowhere else; the p
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -25,6 +24,7 @@ from .hold import Hold
 from .jitlock import JitLock
 from .membership import Membership, Worker, read_key
 from .notify import Log, Notifier, watchdog_hint
+from .options import Options
 from .phases import End, Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
 from .policy import RestartPolicy, gave_up_engines
 from .probe import (
@@ -62,7 +62,7 @@ def engine_fingerprint() -> str:
     return "_".join(parts)
 
 
-def probes_for(args: argparse.Namespace, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:
+def probes_for(args: Options, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:
     """(start-phase probe, what it waits for, liveness URL) for the mode."""
     if args.mode == "engine":
         url = args.health_url
@@ -91,7 +91,7 @@ def _signal_suffix(returncode: int) -> str:
 class Unit:
     """One run of one unit's main process."""
 
-    def __init__(self, args: argparse.Namespace, command: Sequence[str]) -> None:
+    def __init__(self, args: Options, command: Sequence[str]) -> None:
         self.args, self.command = args, list(command)
         self.role = args.mode
         self.log = Log(args.name)
@@ -323,7 +323,7 @@ class Unit:
         which an engine that gave up (exit 78: not restarted) can no longer serve. Once one
         of this host's engines (--engine) gave up, the wait ends: READY=1 with the reason in
         the status, so that `systemctl start` returns and the target's gate names it."""
-        names = getattr(self.args, "engine", None)
+        names = self.args.engine
         if self.role != "router" or not names:
             return probe
         since = time.time()
@@ -342,7 +342,7 @@ class Unit:
         a, log = self.args, self.log
         next_check = 0.0
         peers = None
-        if getattr(a, "restart_with", None):
+        if a.restart_with:
             # a peer probe must not hold up this engine's own probes (and its watchdog)
             peers = PeerWatch(a.restart_with, a.peer_down_probes,
                               min(a.liveness_timeout, a.peer_interval), log=self.log)
@@ -576,14 +576,14 @@ OWN_STOPS = {Ending.PEER: "restarting with its peer",
              Ending.LATE: "giving up this start"}
 
 
-def run(args: argparse.Namespace, command: Sequence[str]) -> int:
+def run(args: Options, command: Sequence[str]) -> int:
     """Supervise one engine or the router; returns the exit status (see cli.EPILOG)."""
     started = time.monotonic()
     code = Unit(args, command).run()
     # supervisord judges an exit code against exitcodes= only once the process has been
     # RUNNING startsecs; a give-up sooner is a failed spawn, retried (supervisord's
     # process.py, ProcessStates.STARTING -> BACKOFF), and the give-up would not hold
-    left = (getattr(args, "min_uptime", None) or 0.0) - (time.monotonic() - started)
+    left = (args.min_uptime or 0.0) - (time.monotonic() - started)
     if code == Exit.GAVE_UP and left > 0:
         time.sleep(left)
     return code

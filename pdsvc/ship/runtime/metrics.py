@@ -20,7 +20,6 @@ Labels: ``deployment`` (config ``name``), ``role`` (prefill | decode | router), 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import stat
@@ -30,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from .endings import Phase
+from .options import Options
 from .policy import recent_heals
 from .statefile import read_json, state_path, write_atomic, write_json
 from .timings import SLOW_HEAL_S, TEXTFILE_POLL_S, TEXTFILE_REFRESH_S
@@ -266,13 +266,13 @@ class Textfile:
             self.refresh(up=False)
 
 
-def textfile(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+def textfile(args: Options) -> contextlib.AbstractContextManager:
     """The textfile for the runtime's options (--metrics-dir, --deployment, --state-dir), or a
     context that does nothing when metrics are off."""
-    metrics_dir = getattr(args, "metrics_dir", None)
+    metrics_dir = args.metrics_dir
     if not metrics_dir or not args.state_dir:
         return contextlib.nullcontext()
-    role = "router" if args.mode == "router" else (getattr(args, "role", None) or "engine")
+    role = "router" if args.mode == "router" else (args.role or "engine")
     labels = {"deployment": args.deployment or "", "role": role, "unit": f"{args.name}.service"}
-    budget = getattr(args, "canary_heals", None) if getattr(args, "pair", None) else None
+    budget = args.canary_heals if args.pair else None
     return Textfile(args.name, args.state_dir, metrics_dir, labels, budget).running()
