@@ -191,7 +191,7 @@ def test_the_engine_runtime_restarts_its_engine_on_a_newer_marker(tmp_path: Path
     assert unit.cascade is None  # no pairs: nothing to cure
     unit.began = time.time()  # its engine process started
     unit.cascade = Cascade(str(tmp_path), "dep", "dep-decode-0", RESTART_ALL, print)
-    duties = unit.duties("http://127.0.0.1:1/health")
+    duties = unit.serving().duties
     assert duties(True) is None  # no marker
     Path(marker_path(str(tmp_path), "dep")).write_text(json.dumps(
         {"at": unit.began - 0.1, "by": "dep-prefill-0", "why": "x"}))

@@ -11,7 +11,7 @@ from pathlib import Path
 from pair_fakes import WORKER, FakeRouter, rounds
 from runtime_procs import FakeClock
 
-from pdsvc.ship.runtime import canary
+from pdsvc.ship.runtime import rounds as canary_rounds
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
 from pdsvc.ship.runtime.hold import Hold, clear_hold, hold_path, write_hold
 from pdsvc.ship.runtime.membership import Membership
@@ -73,7 +73,7 @@ def test_the_canary_only_reports_while_held_and_probes_only_the_named_peers(
         probed.append(peer)
         return Round(pair, pair is mine)
 
-    t = canary.CanaryThread(c, 30.0, 5.0, probe=probe)
+    t = canary_rounds.CanaryThread(c, 30.0, 5.0, probe=probe)
     assert [p.decode for p in t.probed()] == [D0]
     for _ in range(6):
         c.record(t.round())

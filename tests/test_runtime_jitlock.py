@@ -17,8 +17,7 @@ from runtime_procs import (
     wait_for,
 )
 
-from pdsvc.ship.runtime.jitlock import JitLock
-from pdsvc.ship.runtime.lifecycle import engine_fingerprint
+from pdsvc.ship.runtime.jitlock import JitLock, engine_fingerprint
 from pdsvc.ship.runtime.notify import Log
 
 # ---------------------------------------------------------------------------------------------

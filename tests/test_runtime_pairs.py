@@ -14,10 +14,14 @@ from pair_fakes import WORKER, FakeRouter, rounds
 from runtime_procs import FakeClock
 
 from pdsvc.ship.runtime import canary, membership, probe, timings
+from pdsvc.ship.runtime import rounds as canary_rounds
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
 from pdsvc.ship.runtime.membership import Membership, Worker
+from pdsvc.ship.runtime.notify import Notifier
+from pdsvc.ship.runtime.options import Options
 from pdsvc.ship.runtime.policy import RestartPolicy
 from pdsvc.ship.runtime.probe import HttpReply
+from pdsvc.ship.runtime.serving import Serving
 
 # --------------------------------------------------------------------------- membership
 
@@ -128,7 +132,7 @@ def test_the_canary_sends_what_the_router_sends_to_both_sides() -> None:
         return GOOD
 
     pair = Pair(P0, 8998, D)
-    assert canary.probe_pair(pair, D, 5.0, call=call, room=lambda: 42).ok
+    assert canary_rounds.probe_pair(pair, D, 5.0, call=call, room=lambda: 42).ok
     assert set(sent) == {f"{P0}/generate", f"{D}/generate"}
     body = sent[f"{D}/generate"]
     assert body == sent[f"{P0}/generate"]  # the same body, both sides
@@ -138,7 +142,7 @@ def test_the_canary_sends_what_the_router_sends_to_both_sides() -> None:
 
 
 def test_a_peer_that_is_down_is_not_a_pair_failure() -> None:
-    r = canary.probe_pair(Pair(P0, 8998, D), D, 1.0,
+    r = canary_rounds.probe_pair(Pair(P0, 8998, D), D, 1.0,
                           call=lambda url, *a, **k: HttpReply(None, b"", "connection refused"))
     assert r.skipped and not r.error
 
@@ -203,9 +207,9 @@ def test_one_flapping_pair_does_not_take_down_a_decode_that_serves_its_other_pai
 # --------------------------------------------------------------------------- when rounds run
 
 
-def _thread(interval: float = 30.0, **kw) -> canary.CanaryThread:
+def _thread(interval: float = 30.0, **kw) -> canary_rounds.CanaryThread:
     c = Canary(P0, [Pair(P0, 8998, D)], failures_to_act=3, log=lambda s: None)
-    return canary.CanaryThread(c, interval, 5.0, **kw)
+    return canary_rounds.CanaryThread(c, interval, 5.0, **kw)
 
 
 def test_after_a_bad_round_every_second_then_slower_then_steady_once_good() -> None:
@@ -279,12 +283,12 @@ def test_failure_counters_are_read_from_the_engines_own_metrics() -> None:
             'sglang:num_transfer_failed_reqs_total{model_name="m",engine_type="decode"} 3.0\n'
             "sglang:num_bootstrap_failed_reqs_total 2\n"
             'sglang:num_requests_total{model_name="m"} 99.0\n')
-    assert canary.failure_count(text) == 5.0
-    assert canary.failure_count("sglang:num_requests_total 9\n") is None  # metrics off
+    assert canary_rounds.failure_count(text) == 5.0
+    assert canary_rounds.failure_count("sglang:num_requests_total 9\n") is None  # metrics off
 
 
 def test_real_traffic_failing_gets_a_round_at_once_even_mid_interval(monkeypatch) -> None:
-    monkeypatch.setattr(canary, "COUNTERS_LOOK_S", 0.05)
+    monkeypatch.setattr(canary_rounds, "COUNTERS_LOOK_S", 0.05)
     counts = iter([0.0, 0.0, 0.0] + [4.0] * 1000)  # requests through a pair began to fail
     t = _thread(interval=30.0, probe=lambda pair, peer, timeout: Round(pair, True),
                 reachable=lambda url: True, watch=0.05, failures=lambda: next(counts))
@@ -476,30 +480,29 @@ def test_a_replaced_engine_joins_only_once_its_pairs_with_listed_engines_are_goo
     assert m.join() and P1 in [w["url"] for w in router.workers]
 
 
-class Args:
-    def __init__(self, sibling: list[str], turn: int) -> None:
-        self.sibling, self.heal_turn = sibling, turn
+def serving(sibling: list[str], turn: int, membership: Membership) -> Serving:
+    """SERVING's duties of an engine with these siblings, at this turn among its role."""
+    return Serving(Options(sibling=sibling, heal_turn=turn), print, Notifier(print),
+                   RestartPolicy(None, restart_delay=1, max_delay=1, reset_after=1, attempts=1),
+                   membership, None, None, None, None)
 
 
 def test_engines_of_one_role_heal_one_at_a_time(monkeypatch) -> None:
     """Two decodes stale toward the same replaced prefill: the first in turn heals at once,
     the second waits its turn, then sees the first gone from the router and waits on."""
-    from pdsvc.ship.runtime.lifecycle import Unit as Runtime
     router = FakeRouter()
     for wid, url in (("d0", D), ("d1", D1)):
         router.workers.append({"id": wid, "url": url, "worker_type": "decode",
                                "is_healthy": True})
-    first, second = object.__new__(Runtime), object.__new__(Runtime)
-    first.args, second.args = Args([D1], 0), Args([D], 1)
-    first.membership = Membership("http://r", Worker(D, "decode", None), "k", print, call=router)
-    second.membership = Membership("http://r", Worker(D1, "decode", None), "k", print,
-                                   call=router)
+    first = serving([D1], 0, Membership("http://r", Worker(D, "decode", None), "k", print,
+                                        call=router))
+    second = serving([D], 1, Membership("http://r", Worker(D1, "decode", None), "k", print,
+                                        call=router))
     assert first.not_my_turn(0.0) is None  # D1 is listed: D heals now
     first.membership.leave()  # as a heal does first
     assert "turn" in (second.not_my_turn(0.0) or "")
     assert "no other healthy engine" in (second.not_my_turn(timings.HEAL_STAGGER_S) or "")
     router.workers.append({"id": "x", "url": D, "worker_type": "decode", "is_healthy": True})
     assert second.not_my_turn(timings.HEAL_STAGGER_S) is None  # D is back and listed
-    alone = object.__new__(Runtime)
-    alone.args, alone.membership = Args([], 0), second.membership
+    alone = serving([], 0, second.membership)
     assert alone.not_my_turn(0.0) is None  # the only engine of its role waits for no one

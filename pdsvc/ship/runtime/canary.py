@@ -12,9 +12,9 @@ once, with ``bootstrap_host`` (the host of the prefill's URL, verbatim), ``boots
 a fresh random ``bootstrap_room`` below 2^63, which is what the router adds (sglang-router
 ``src/routers/http/pd_router.rs``); the decode's reply is the verdict.
 
-When a round runs. Detection must not wait for the steady interval (the canary is real
-traffic, so that interval may be long): a round runs as soon as this engine is ready, as soon
-as a peer comes back after its port was closed (it was replaced: the moment a stale pair is
+When a round runs (rounds.py). Detection must not wait for the steady interval (the canary is
+real traffic, so that interval may be long): a round runs as soon as this engine is ready, as
+soon as a peer comes back after its port was closed (it was replaced: the moment a stale pair is
 born), as soon as this engine's own KV failure counters rise (real traffic failed: SGLang's
 ``sglang:num_transfer_failed_reqs_total`` / ``sglang:num_bootstrap_failed_reqs_total`` with
 --enable-metrics, srt/observability/metrics_collector.py), and every second after a round that
@@ -55,32 +55,18 @@ page size or KV dtype mismatch) and reports without healing.
 from __future__ import annotations
 
 import json
-import random
-import socket
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from .probe import HttpReply, http_call, judge_generation
 from .statefile import write_json
-from .timings import (
-    CANARY_PEER_RETRY_S,
-    CANARY_RETRY_S,
-    COUNTERS_LOOK_S,
-    PORT_CONNECT_TIMEOUT_S,
-    PORT_WATCH_S,
-    START_PROBE_TIMEOUT_S,
-)
 
 CANARY_PROMPT = "pdsvc pair canary"
 #: a decode whose prefill heals their pair acts itself only after this many times
 #: ``failures`` rounds: well after the prefill would have (its rounds start up to a second
 #: later, and may take longer), so the two never race
 LAST_RESORT = 10
-FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
-                    "sglang:num_bootstrap_failed_reqs_total")
 
 
 @dataclass(frozen=True)
@@ -130,32 +116,6 @@ class Round:
     ok: bool
     error: str = ""
     skipped: str = ""
-
-
-def probe_pair(pair: Pair, peer: str, timeout: float,
-               call: Callable[..., HttpReply] = http_call,
-               room: Callable[[], int] = lambda: random.getrandbits(63)) -> Round:
-    """One canary round for ``pair``: the peer's /health, then the PD request on both sides."""
-    health = call(f"{peer}/health", START_PROBE_TIMEOUT_S)
-    if health.status != 200:
-        return Round(pair, False, skipped=f"peer {peer} /health: {health.detail}")
-    body, headers = pair.body(room()), {"Content-Type": "application/json"}
-    replies: dict[str, HttpReply] = {}
-
-    def send(side: str, url: str) -> None:
-        replies[side] = call(f"{url}/generate", timeout, body, headers)
-
-    threads = [threading.Thread(target=send, args=(side, url), daemon=True)
-               for side, url in (("prefill", pair.prefill), ("decode", pair.decode))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 1.0)
-    decode = replies.get("decode")
-    if decode is None:
-        return Round(pair, False, f"decode: no reply within {timeout:g} s")
-    bad = judge_generation(decode)
-    return Round(pair, bad is None, f"decode: {bad}" if bad else "")
 
 
 class Canary:
@@ -295,177 +255,3 @@ class Canary:
         self._saved = said
         doc = {"me": self.me, "at": self.wall(), "pairs": [asdict(s) for s in self.states.values()]}
         write_json(self.path, doc)
-
-
-def port_open(url: str, timeout: float = PORT_CONNECT_TIMEOUT_S) -> bool:
-    """Whether a TCP connect to the URL's host:port succeeds (nothing is sent)."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "", parts.port or 80), timeout):
-            return True
-    except OSError:
-        return False
-
-
-def failure_count(text: str) -> float | None:
-    """The sum of FAILURE_COUNTERS in a Prometheus text exposition, or None without them."""
-    total, found = 0.0, False
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in FAILURE_COUNTERS:
-            continue
-        rest = line[line.index("}") + 1:] if "{" in line else line[len(name):]
-        try:
-            total += float(rest.split()[0])
-        except (IndexError, ValueError):
-            continue
-        found = True
-    return total if found else None
-
-
-def own_failures(metrics_url: str) -> Callable[[], float | None]:
-    """A look at this engine's failure counters (None: no /metrics, or not those)."""
-    def look() -> float | None:
-        reply = http_call(metrics_url, START_PROBE_TIMEOUT_S)
-        if reply.status != 200:
-            return None
-        return failure_count(reply.body.decode("utf-8", errors="replace"))
-    return look
-
-
-class CanaryThread:
-    """Runs the rounds off the main loop (a generation may take seconds; the main loop must
-    keep feeding the watchdog), all pairs at once; each finished round is handed over through
-    ``results`` for the main loop to decide on.
-
-    A round runs at once (this engine just became ready), then every ``interval`` s while
-    rounds are good; after a round that failed or could not be judged, every ``retry`` s
-    (CANARY_PEER_RETRY_S when only peers were not healthy yet; doubling once 2 x failures
-    such rounds came, up to ``interval``); and at once whenever a peer's port opens again
-    after it was seen closed (the peer was replaced) or this engine's own failure counters
-    rose (``failures``: real traffic through a pair failed)."""
-
-    def __init__(self, canary: Canary, interval: float, timeout: float,
-                 probe: Callable[[Pair, str, float], Round] = probe_pair, *,
-                 retry: float = CANARY_RETRY_S, watch: float = PORT_WATCH_S,
-                 reachable: Callable[[str], bool] = port_open,
-                 failures: Callable[[], float | None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.canary = canary
-        self.interval = interval
-        self.timeout = timeout
-        self.probe = probe
-        self.retry = min(retry, interval)
-        self.watch = watch
-        self.reachable = reachable
-        self.failures = failures
-        self.clock = clock
-        self.results: list[list[Round]] = []
-        self.bad_rounds = 0  # rounds in a row that failed or could not be judged
-        self.waiting_rounds = 0  # rounds in a row that found peers not up yet
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pair-canary", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def take(self) -> list[list[Round]]:
-        with self._lock:
-            done, self.results = self.results, []
-        return done
-
-    def next_delay(self, rounds: Sequence[Round]) -> float:
-        """Seconds until the next round, given the one just run."""
-        if rounds and all(r.ok for r in rounds):
-            self.bad_rounds = self.waiting_rounds = 0
-            return self.interval
-        if rounds and all(r.ok or r.skipped for r in rounds):  # peers still coming up
-            # counted apart: the looks while a peer loads must not stretch the pauses between
-            # the failed rounds that follow (3 of them decide a heal)
-            self.waiting_rounds += 1
-            return self._backoff(self.waiting_rounds, min(self.retry, CANARY_PEER_RETRY_S))
-        self.bad_rounds += 1
-        return self._backoff(self.bad_rounds, self.retry)
-
-    def _backoff(self, in_a_row: int, retry: float) -> float:
-        """``retry`` s, doubling once 2 x failures_to_act such rounds came, up to interval."""
-        extra = max(0, in_a_row - 2 * self.canary.failures_to_act)
-        return min(self.interval, retry * 2 ** min(extra, 16))
-
-    def probed(self) -> list[Pair]:
-        """The pairs a round probes: all, or those with the peers apply's hold names."""
-        hold = self.canary.hold
-        return [p for p in self.canary.pairs
-                if hold is None or hold.allows(self.canary.peer(p))]
-
-    def round(self) -> list[Round]:
-        rounds: list[Round] = []
-
-        def one(pair: Pair, out: list[Round] = rounds) -> None:
-            out.append(self.probe(pair, self.canary.peer(pair), self.timeout))
-
-        workers = [threading.Thread(target=one, args=(p,), daemon=True)
-                   for p in self.probed()]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(self.timeout + START_PROBE_TIMEOUT_S + 2.0)
-        return list(rounds)
-
-    def replaced_peers(self, seen: dict[str, bool]) -> list[str]:
-        """Look at every peer's port once; the peers whose port opened again since it was
-        seen closed (``seen``: the last look, updated)."""
-        back = []
-        for peer in sorted({self.canary.peer(p) for p in self.canary.pairs}):
-            up = self.reachable(peer)
-            if up and seen.get(peer) is False:
-                back.append(peer)
-            seen[peer] = up
-        return back
-
-    def failures_rose(self, last: list[float | None]) -> str | None:
-        """Look at this engine's failure counters once (``last``: the previous look,
-        updated); why a round is due now, or None. Only while rounds are good: failing
-        rounds (each second) raise the counters themselves, and are as frequent as they get."""
-        if self.failures is None:
-            return None
-        now = self.failures()
-        before, last[0] = last[0], now
-        if now is not None and before is not None and now > before and not self.bad_rounds:
-            return f"this engine's KV transfer/bootstrap failures rose ({before:g} -> {now:g})"
-        return None
-
-    def _run(self) -> None:
-        seen: dict[str, bool] = {}
-        last: list[float | None] = [None]
-        counters_due = self.clock()
-        due = self.clock()  # a round as soon as this engine is ready
-        hold = self.canary.hold
-        fenced = hold.doc() if hold is not None else None
-        while not self._stop.is_set():
-            if hold is not None and hold.doc() != fenced:
-                # apply held, fenced or released this engine: the pairs to probe changed
-                fenced, due, self.bad_rounds, self.waiting_rounds = hold.doc(), self.clock(), 0, 0
-            back = self.replaced_peers(seen)
-            if back:
-                self.canary.log(f"pair canary: {', '.join(back)} opened its port again "
-                                "(started or replaced): a round now")
-                due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
-            if self.clock() >= counters_due:
-                counters_due = self.clock() + COUNTERS_LOOK_S
-                rose = self.failures_rose(last)
-                if rose and due > self.clock():
-                    self.canary.log(f"pair canary: {rose}: a round now")
-                    due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
-            if self.clock() >= due:
-                rounds = self.round()
-                if self._stop.is_set():
-                    return
-                with self._lock:
-                    self.results.append(rounds)
-                due = self.clock() + self.next_delay(rounds)
-            self._stop.wait(max(0.0, min(self.watch, due - self.clock())))

@@ -121,3 +121,18 @@ class JitLock:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             os.close(fd)  # closing the only fd of the open file releases the flock
+
+
+def engine_fingerprint() -> str:
+    """What the cached kernels depend on besides the engine's name: the SGLang (and torch)
+    versions of this interpreter — the engine's own venv. An upgrade makes the cache cold
+    again, so engines serialise their compiles after it too."""
+    from importlib import metadata
+
+    parts = []
+    for dist in ("sglang", "torch"):
+        try:
+            parts.append(f"{dist}-{metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"no-{dist}")
+    return "_".join(parts)

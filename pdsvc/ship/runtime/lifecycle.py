@@ -2,30 +2,29 @@
 
 Signal handlers only record a stop (child.Child; gunicorn's arbiter: handlers queue, one loop
 dispatches); ``Unit.run`` is that loop: it calls the current state's step, which does the
-state's work and names the next state, until EXITED. What ends each state, and what the exit
-status then says to the process manager, is decided here and nowhere else; the policy
-(policy.py's RestartPolicy) remembers across runs.
+state's work and names the next state, until EXITED; each transition is marked where it is
+taken (``# STARTING -> SERVING``). What SERVING does is serving.py's; how a run stops and the
+exit status it ends in, stopping.py's; the policy (policy.py's RestartPolicy) remembers across
+runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 
-from .canary import Canary, CanaryThread, Pair, own_failures
+from .canary import Canary, Pair
 from .cascade import Cascade
-from .child import Child, exit_status, runtime_exit_code
+from .child import Child
 from .endings import Ending, Exit
 from .gpu import wait_gpus_idle
 from .hold import Hold
-from .jitlock import JitLock
+from .jitlock import JitLock, engine_fingerprint
 from .membership import Membership, Worker, read_key
 from .notify import Log, Notifier, watchdog_hint
 from .options import Options
-from .phases import End, Outcome, PeerWatch, liveness_loop, wait_for_urls, wait_until_healthy
+from .phases import End, Outcome, liveness_loop, wait_for_urls, wait_until_healthy
 from .policy import RestartPolicy, gave_up_engines
 from .probe import (
     ProbeResult,
@@ -35,31 +34,16 @@ from .probe import (
     router_start_probe,
 )
 from .proctree import become_subreaper
+from .rounds import CanaryThread, own_failures
+from .serving import Serving
 from .statefile import state_path
 from .states import Machine, State
+from .stopping import Stopping, give_up
 from .timings import (
     BACKOFF_LOOK_S,
-    HEAL_STAGGER_S,
-    KILL_WAIT_S,
     LIVENESS_PROBE_MIN_S,
-    MEMBERSHIP_RETRY_S,
     START_PROBE_TIMEOUT_S,
 )
-
-
-def engine_fingerprint() -> str:
-    """What the cached kernels depend on besides the engine's name: the SGLang (and torch)
-    versions of this interpreter — the engine's own venv. An upgrade makes the cache cold
-    again, so engines serialise their compiles after it too."""
-    from importlib import metadata
-
-    parts = []
-    for dist in ("sglang", "torch"):
-        try:
-            parts.append(f"{dist}-{metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            parts.append(f"no-{dist}")
-    return "_".join(parts)
 
 
 def probes_for(args: Options, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:
@@ -77,15 +61,6 @@ def probes_for(args: Options, log: Log) -> tuple[Callable[[], ProbeResult], str,
     )
     what = f"{args.readiness_url} + a good completion via {args.generate_url}"
     return probe, what, args.liveness_url or liveness_url_for(args.readiness_url)
-
-
-def _signal_suffix(returncode: int) -> str:
-    if returncode >= 0:
-        return ""
-    try:
-        return f" (killed by {signal.Signals(-returncode).name})"
-    except ValueError:
-        return f" (killed by signal {-returncode})"
 
 
 class Unit:
@@ -108,7 +83,8 @@ class Unit:
         self.hold = Hold.of(state, args.name, self.log)  # pdsvc apply's, while it rolls a change
         self.jit: JitLock | None = None
         self.membership: Membership | None = None
-        self.canary: CanaryThread | None = None
+        self.canary: Canary | None = None  # the pair canary's judgment (engines with pairs)
+        self.rounds: CanaryThread | None = None  # and the thread that runs its rounds
         self.cascade = Cascade.of(args, self.log)  # an engine with pairs and a state dir
         self.began: float | None = None  # wall clock: when this run's child was started
         self.gave_up: list[str] = []  # router: engines of this host that gave up (--engine)
@@ -156,7 +132,7 @@ class Unit:
     def stopped_before_start(self) -> State:
         self.log(f"stopped before the {self.role} was started")
         self.policy.on_stop("stopped before the start", asked=True)
-        return self.exit(0)
+        return self.exit(0)  # (before STARTING) -> EXITED
 
     # ---------------------------------------------------------------- before the start
     def preflight(self) -> State:
@@ -172,13 +148,13 @@ class Unit:
             progress_every=a.progress_every, should_stop=child.stopping,
         ):
             log(f"stopped while waiting for {', '.join(a.wait_for)}")
-            return self.exit(0)
+            return self.exit(0)  # PREFLIGHT -> EXITED
         # back off first: a crash in a row waits before it holds the GPUs' check or the JIT
         # compile lock, which other engines may be waiting for
         verdict = self.policy.on_start()
         if verdict.delay > 0:
             self.delay = (verdict.delay, verdict.why)
-            return State.BACKOFF
+            return State.BACKOFF  # PREFLIGHT -> BACKOFF
         return self.after_backoff()
 
     def backoff(self) -> State:
@@ -202,7 +178,7 @@ class Unit:
             return self.exit(refused)
         a = self.args
         if self.role == "engine" and a.gpus:
-            return State.WAIT_GPUS
+            return State.WAIT_GPUS  # PREFLIGHT | BACKOFF -> WAIT_GPUS
         return self.after_gpus()
 
     def after_gpus(self) -> State:
@@ -212,14 +188,14 @@ class Unit:
             jit = JitLock(a.jit_cache, key, a.name, self.log, a.progress_every)
             self.jit = jit
             if not jit.is_warm():
-                return State.JIT_LOCK
+                return State.JIT_LOCK  # ... -> JIT_LOCK: a cold cache
             self.log(f"JIT cache warm for {a.jit_key}: starting without the compile lock")
         return self.after_jit()
 
     def after_jit(self) -> State:
         if self.child.stopping():
             return self.stopped_before_start()
-        return State.STARTING
+        return State.STARTING  # ... -> STARTING: run the child
 
     def wait_gpus(self) -> State:
         """WAIT_GPUS: the engine starts only on idle GPUs (a bounded wait)."""
@@ -268,7 +244,7 @@ class Unit:
             self.log(why)
             # a config problem: it counts as a failed start
             if self.policy.record_end(Ending.FAILED_START, why) is Ending.GAVE_UP:
-                return self.give_up(self.policy.state.reason)
+                return give_up(self.log, self.notifier, self.policy.state.reason)
             return Exit.USAGE
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
         self.membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
@@ -286,7 +262,7 @@ class Unit:
         if failed is not None:
             why = f"cannot execute {self.command[0]}"
             if self.policy.record_end(Ending.FAILED_START, why) is Ending.GAVE_UP:
-                return self.exit(self.give_up(self.policy.state.reason))
+                return self.exit(give_up(self.log, self.notifier, self.policy.state.reason))
             return self.exit(failed)
         self.notifier.status(f"waiting for {what}")
         started = time.monotonic()
@@ -315,6 +291,7 @@ class Unit:
                 Outcome(Ending.LATE, elapsed=elapsed,
                         detail=f"not healthy within --start-timeout {a.start_timeout:g} s")
         self.outcome = outcome
+        # STARTING -> SERVING once healthy; STARTING -> STOPPING otherwise
         return State.SERVING if outcome.kind == End.HEALTHY else State.STOPPING
 
     def unless_engines_gave_up(self, probe: Callable[[], ProbeResult]
@@ -337,85 +314,10 @@ class Unit:
         return check
 
     # ---------------------------------------------------------------- serving
-    def duties(self, liveness_url: str) -> Callable[[bool], Outcome | None]:
-        """What SERVING does besides the liveness probe, each on its own clock."""
-        a, log = self.args, self.log
-        next_check = 0.0
-        peers = None
-        if a.restart_with:
-            # a peer probe must not hold up this engine's own probes (and its watchdog)
-            peers = PeerWatch(a.restart_with, a.peer_down_probes,
-                              min(a.liveness_timeout, a.peer_interval), log=self.log)
-            peers.check()  # from the first second: a peer killed now is seen go and return
-        next_peer = time.monotonic() + a.peer_interval if peers else float("inf")
-        said_wait = [""]
-        verdict_since: list[float | None] = [None]
-
-        def run(alive: bool) -> Outcome | None:
-            nonlocal next_check, next_peer
-            now = time.monotonic()
-            if peers is not None and now >= next_peer:
-                next_peer = now + a.peer_interval
-                restarted = peers.check()
-                if restarted:
-                    return Outcome(Ending.PEER, detail=restarted)
-            if self.membership is not None and now >= next_check:
-                self.membership.check(alive)
-                # not (yet) in the router — it restarted, or still drains our previous entry
-                # (smg keeps one for seconds): look again soon, not a whole interval later
-                next_check = now + (a.membership_interval if self.membership.joined
-                                    else min(a.membership_interval, MEMBERSHIP_RETRY_S))
-            if self.cascade is not None:
-                together = self.cascade.due(self.began, now)
-                if together:
-                    return Outcome(Ending.HEAL, detail=together)
-            if self.canary is not None:
-                rounds = self.canary.take()
-                for r in rounds:
-                    self.canary.canary.record(r)
-                    if any(one.ok for one in r):
-                        self.policy.on_pair_good()
-                why = self.canary.canary.verdict() if rounds and alive else None
-                if not rounds:
-                    pass
-                elif not why:
-                    verdict_since[0] = None
-                else:
-                    verdict_since[0] = verdict_since[0] or now
-                    turn = self.not_my_turn(now - verdict_since[0])
-                    if turn:
-                        if turn != said_wait[0]:
-                            log(f"{why} — but not now: {turn}")
-                            self.notifier.status(f"pair failing, heal waits: {turn}")
-                        said_wait[0] = turn
-                        why = None
-                if why:
-                    heal, wait = self.policy.may_heal(a.canary_heals)
-                    if heal:
-                        self.policy.record_heal(a.role or "")
-                        cure = self.cascade.after_heal() if self.cascade else None
-                        return Outcome(Ending.HEAL, detail=cure or why)
-                    if wait != said_wait[0]:  # news only: rounds come every second
-                        log(f"{why} — but not now: {wait}")
-                        self.notifier.status(f"pair failing, not healed now: {wait}")
-                    said_wait[0] = wait
-            return None
-
-        return run
-
-    def not_my_turn(self, waited: float) -> str | None:
-        """Why a heal of this engine must wait, so that engines of one role heal one at a
-        time and another pair serves meanwhile, or None. Only with siblings (other
-        engines of this role): the only engine of its role has no one to wait for."""
-        a = self.args
-        if not a.sibling or self.membership is None:
-            return None
-        if waited < a.heal_turn * HEAL_STAGGER_S:
-            return f"its turn among its role comes {a.heal_turn * HEAL_STAGGER_S:g} s in"
-        if not self.membership.lists_any(a.sibling):
-            return ("the router lists no other healthy engine of this role (one is down or "
-                    "healing): healing now would leave no pair serving")
-        return None
+    def serving(self) -> Serving:
+        """SERVING's state and duties (serving.py), from this run's parts."""
+        return Serving(self.args, self.log, self.notifier, self.policy, self.membership,
+                       self.cascade, self.canary, self.rounds, self.began)
 
     def start_canary(self) -> None:
         a = self.args
@@ -427,11 +329,12 @@ class Unit:
                         path=self.canary_path, followers=a.follower, hold=self.hold)
         # real traffic that failed through a pair shows in this engine's own counters
         failures = own_failures(f"{base_url(a.health_url)}/metrics")
-        self.canary = CanaryThread(canary, a.canary_interval, a.canary_timeout,
+        self.canary = canary
+        self.rounds = CanaryThread(canary, a.canary_interval, a.canary_timeout,
                                    failures=failures)
         if self.membership is not None:
             self.membership.admit = canary.admits
-        self.canary.start()
+        self.rounds.start()
 
     def serve(self) -> State:
         """SERVING: join the router, READY=1, then liveness, membership and the canary."""
@@ -467,113 +370,27 @@ class Unit:
             serving_status=serving,
             should_stop=self.child.stopping,
             hang_after=a.watchdog_secs,
-            duties=self.duties(liveness_url),
+            duties=self.serving().duties,
         )
-        return State.STOPPING
+        return State.STOPPING  # SERVING -> STOPPING
 
     # ---------------------------------------------------------------- the stop
-    def ending(self, kind: End | Ending) -> Ending:
-        """How this run ended, from what ended its last loop, whether a stop signal came and
-        whether it served; the first that holds (Ending's order)."""
-        if self.child.stop_signal is not None:
-            return Ending.ASKED
-        if isinstance(kind, Ending):
-            return kind
-        return Ending.CRASHED if State.SERVING in self.machine.visited else Ending.FAILED_START
-
     def stopping(self) -> State:
-        """STOPPING: leave the router, stop the child, say why, then pick the exit status."""
+        """STOPPING: stop the canary, leave the router, stop the child (stopping.py says
+        how, and picks the exit status), release what this run held."""
         outcome = self.outcome
         assert outcome is not None
-        kind, child = outcome.kind, self.child
-        if self.canary is not None:
-            self.canary.stop()
-        if self.membership is not None and child.process is not None:
+        if self.rounds is not None:
+            self.rounds.stop()
+        if self.membership is not None and self.child.process is not None:
             self.membership.leave()  # first: no new request reaches an engine that drains
-        own_stop = isinstance(kind, Ending) and kind.own_stop
-        if own_stop:
-            self.stop_own(kind, outcome.detail)
-        if kind is Ending.HUNG:
-            child.kill_now(
-                f"no successful liveness probe for {outcome.elapsed:.0f} s "
-                f"(--watchdog-secs {self.args.watchdog_secs:g}): the {self.role} is hung"
-            )
-        returncode = self.wait_child(kind, outcome, own_stop)
-        child.kill_leftovers()
+        stop = Stopping(self.args, self.role, self.log, self.notifier, self.child, self.policy,
+                        served=State.SERVING in self.machine.visited)
+        code = stop.run(outcome)
+        self.child.kill_leftovers()
         if self.jit is not None:
             self.jit.release()
-        return self.exit(self.exit_code(self.ending(kind), outcome, returncode))
-
-    def stop_own(self, ending: Ending, detail: str) -> None:
-        """Our own stop (a peer's restart, a heal, too late): SIGTERM the child, and say why."""
-        child = self.child
-        assert child.process is not None
-        why = OWN_STOPS[ending]
-        self.log(f"{detail}; {why}: stopping the {self.role} (SIGTERM) and exiting "
-                 f"{ending.exit} so that the process manager restarts it")
-        self.notifier.status(f"{why}: {detail}")
-        child.stop_time, child.forwarded = time.monotonic(), True
-        with contextlib.suppress(ProcessLookupError):
-            child.process.send_signal(signal.SIGTERM)
-
-    def wait_child(self, kind: End | Ending, outcome: Outcome, own_stop: bool) -> int:
-        """The child's returncode once it is gone, however it was stopped."""
-        a, child = self.args, self.child
-        if kind is End.STOP:
-            child.forward_stop()
-            return child.wait_after_stop(a.progress_every, a.stop_timeout)
-        if own_stop:
-            # our own stop, not the manager's: its watchdog still runs, so keep it fed while
-            # the engine drains (bounded by --stop-timeout, which the units pass for this)
-            return child.wait_after_stop(a.progress_every, a.stop_timeout,
-                                         tick=lambda: self.notifier("WATCHDOG=1"))
-        if kind is Ending.HUNG:
-            returncode = child.wait(KILL_WAIT_S)
-            return -signal.SIGKILL if returncode is None else returncode
-        return outcome.returncode if outcome.returncode is not None else 1
-
-    def exit_code(self, ending: Ending, outcome: Outcome, returncode: int) -> int:
-        """Say how the child exited, tell the restart policy, and pick the exit status: the
-        ending's own (endings.Ending.exit), else the child's."""
-        child, log, role = self.child, self.log, self.role
-        status = exit_status(returncode)
-        last_error = child.tap.drain() if child.tap is not None and status != 0 else ""
-        said = f"; its last error: {last_error}" if last_error and ending is not Ending.ASKED \
-            else ""
-        log(f"{role} exited with status {status}" + _signal_suffix(returncode) + said)
-        if said:
-            self.notifier.status(f"{role} exited with status {status}: {last_error}")
-        code = runtime_exit_code(returncode, child.stop_signal)
-        if ending is Ending.ASKED:
-            assert child.stop_signal is not None
-            stop_name = signal.Signals(child.stop_signal).name
-            self.policy.record_end(ending, f"stopped ({stop_name})")
-            verdict = "a clean stop" if code == 0 else "a failed stop"
-            log(f"after {stop_name}: treating it as {verdict}; exiting {code}")
-            return code
-        ended = f"{role} exited with status {status}" + (f": {last_error}" if last_error else "")
-        reasons = {Ending.HUNG: f"hung: no good liveness probe for {outcome.elapsed:.0f} s",
-                   Ending.CRASHED: ended, Ending.FAILED_START: ended}
-        final = self.policy.record_end(ending, reasons.get(ending, outcome.detail))
-        if final is Ending.GAVE_UP:
-            return self.give_up(self.policy.state.reason)
-        if ending is Ending.HUNG:
-            log(f"exiting {Exit.HUNG} so that the process manager restarts the {role}")
-        return code if final.exit is None else final.exit
-
-    def give_up(self, why: str) -> int:
-        """The last of --start-attempts failed starts in a row: not restarted."""
-        self.log(why)
-        self.log(f"exiting {Exit.GAVE_UP}: not restarted (RestartPreventExitStatus=); fix the "
-                 "cause, then start the unit again")
-        self.notifier.status(why)
-        return Exit.GAVE_UP
-
-
-#: the runtime's own stops, and what it says it does
-OWN_STOPS = {Ending.PEER: "restarting with its peer",
-             Ending.HEAL: "restarting to heal its pair",
-             Ending.LATE: "giving up this start"}
+        return self.exit(code)  # STOPPING -> EXITED
 
 
 def run(args: Options, command: Sequence[str]) -> int:
