@@ -167,49 +167,61 @@ def liveness_loop(
     ``probe`` is then called with the seconds left until that deadline, to cap its timeout, so
     that one slow probe cannot stretch the bound.
     """
-    failures = 0
-    last_ok = clock()
+    watch = Liveness(log, notify, serving_status, clock(), hang_after)
     next_probe = clock() + interval
-
-    def left() -> float:
-        return float("inf") if hang_after is None else last_ok + hang_after - clock()
-
-    alive = True
     while True:
         most = CHILD_WAIT_SLICE_S if duties is None else DUTY_SLICE_S
-        slice_s = min(most, max(0.0, next_probe - clock()), max(0.0, left()))
-        returncode = child_wait(slice_s)
+        left = watch.left(clock())
+        returncode = child_wait(min(most, max(0.0, next_probe - clock()), max(0.0, left)))
         if returncode is not None:
             return Outcome(End.EXITED, returncode)
         if should_stop():
             return Outcome(End.STOP)
-        if left() <= 0:
-            return Outcome(Ending.HUNG, elapsed=clock() - last_ok)
-        ended = duties(alive) if duties is not None else None
+        if watch.left(clock()) <= 0:
+            return Outcome(Ending.HUNG, elapsed=clock() - watch.last_ok)
+        ended = duties(watch.alive) if duties is not None else None
         if ended is not None:
             return ended
         if clock() < next_probe:
             continue
         next_probe = clock() + interval
-        result = probe() if hang_after is None else probe(left())
+        result = probe() if hang_after is None else probe(watch.left(clock()))
         if should_stop():
             return Outcome(End.STOP)
+        watch.record(result, clock())
+
+
+class Liveness:
+    """What the liveness probes said so far: failures in a row, the last good one, and the
+    watchdog's deadline (``hang_after`` after it; none without)."""
+
+    def __init__(self, log: Callable[[str], None], notify: Callable[..., None],
+                 serving_status: str, now: float, hang_after: float | None) -> None:
+        self.log, self.notify, self.serving_status = log, notify, serving_status
+        self.hang_after = hang_after
+        self.failures = 0
+        self.last_ok = now
+        self.alive = True
+
+    def left(self, now: float) -> float:
+        """Seconds until the watchdog's deadline."""
+        return float("inf") if self.hang_after is None else self.last_ok + self.hang_after - now
+
+    def record(self, result: ProbeResult, now: float) -> None:
+        """A probe's result: WATCHDOG=1 after a 200, a log line and a status after a failure."""
         if result.ok:
-            if failures:
-                log(f"liveness probe OK again after {failures} failure(s)")
-                notify("WATCHDOG=1", f"STATUS={serving_status}")
+            if self.failures:
+                self.log(f"liveness probe OK again after {self.failures} failure(s)")
+                self.notify("WATCHDOG=1", f"STATUS={self.serving_status}")
             else:
-                notify("WATCHDOG=1")
-            failures = 0
-            last_ok = clock()
-            alive = True
-        else:
-            alive = False
-            failures += 1
-            log(f"liveness probe failed: {result.detail}")
-            notify(
-                f"STATUS=liveness probe failing ({failures}x, no watchdog ping): {result.detail}"
-            )
+                self.notify("WATCHDOG=1")
+            self.failures, self.last_ok, self.alive = 0, now, True
+            return
+        self.alive = False
+        self.failures += 1
+        self.log(f"liveness probe failed: {result.detail}")
+        self.notify(f"STATUS=liveness probe failing ({self.failures}x, no watchdog ping): "
+                    f"{result.detail}")
 
 
 def wait_for_urls(
