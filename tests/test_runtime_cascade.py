@@ -17,7 +17,7 @@ from pdsvc.ship.runtime.cascade import Cascade, Heal, is_cascade, marker_path
 from pdsvc.ship.runtime.endings import Ending
 from pdsvc.ship.runtime.hold import hold_path, write_hold
 from pdsvc.ship.runtime.policy import RestartPolicy
-from pdsvc.ship.runtime.statefile import state_path
+from pdsvc.ship.runtime.statefile import Kind, state_path
 
 ENGINES = {"dep-prefill-0": "prefill", "dep-prefill-1": "prefill",
            "dep-decode-0": "decode", "dep-decode-1": "decode"}
@@ -25,7 +25,7 @@ RESTART_ALL = "systemctl restart dep-pd.target"
 
 
 def policy(state: Path, name: str, clock: FakeClock) -> RestartPolicy:
-    return RestartPolicy(state_path(str(state), name, "restart"), restart_delay=1.0,
+    return RestartPolicy(state_path(str(state), name, Kind.RESTART), restart_delay=1.0,
                          max_delay=8.0, reset_after=600.0, attempts=3, clock=clock)
 
 

@@ -15,7 +15,7 @@ from pdsvc.ship.runtime import rounds as canary_rounds
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
 from pdsvc.ship.runtime.hold import Hold, clear_hold, hold_path, write_hold
 from pdsvc.ship.runtime.membership import Membership
-from pdsvc.ship.runtime.statefile import state_path
+from pdsvc.ship.runtime.statefile import Kind, state_path
 
 P0, P1 = "http://10.0.0.2:30000", "http://10.0.0.3:30000"
 D0, D1 = "http://10.0.0.4:30000", "http://10.0.0.5:30000"
@@ -23,7 +23,7 @@ D0, D1 = "http://10.0.0.4:30000", "http://10.0.0.5:30000"
 
 def test_the_hold_file_is_the_units_state_file_and_readable_by_the_runtime(tmp_path) -> None:
     path = hold_path(str(tmp_path), "dsv4-prefill-0")
-    assert path == state_path(str(tmp_path), "dsv4-prefill-0", "hold")
+    assert path == state_path(str(tmp_path), "dsv4-prefill-0", Kind.HOLD)
     hold = Hold(path)
     assert not hold.active() and hold.out() is None and hold.allows(D0)
     write_hold(path, out=True, peers=[D0 + "/"], why="step 1")

@@ -185,7 +185,7 @@ def test_an_engine_still_loading_restarts_with_a_heal_cascade_cure(procs, tmp_pa
     one still loading (its own heal just before the cure), so that no engine's load ends
     while an old peer still drains: the child is stopped, and the runtime exits 75."""
     from pdsvc.ship.runtime.cascade import marker_path
-    from pdsvc.ship.runtime.statefile import write_json
+    from pdsvc.ship.runtime.statefile import write_state
     port, events = free_port(), tmp_path / "child.jsonl"
     proc = procs.start(engine_args(
         port, "dep-prefill-0", "--state-dir", str(tmp_path), "--deployment", "dep",
@@ -194,7 +194,7 @@ def test_an_engine_still_loading_restarts_with_a_heal_cascade_cure(procs, tmp_pa
         "--", *procs.child(port, events, "--healthy-after", "60")))
     child_pid(events)  # loading
     time.sleep(0.7)  # past one look at no marker
-    write_json(marker_path(str(tmp_path), "dep"),
+    write_state(marker_path(str(tmp_path), "dep"),
                {"at": time.time(), "by": "dep-decode-0", "why": "a cascade"})
     assert procs.wait(proc) == 75
     log = procs.log(proc)

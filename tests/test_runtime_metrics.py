@@ -11,7 +11,7 @@ import stat
 import subprocess
 
 from pdsvc.ship.runtime.metrics import Textfile, write_textfile
-from pdsvc.ship.runtime.statefile import write_json
+from pdsvc.ship.runtime.statefile import write_state
 
 U = 'deployment="dsv4",role="prefill",unit="dsv4-prefill.service"'
 LABELS = {"deployment": "dsv4", "role": "prefill", "unit": "dsv4-prefill.service"}
@@ -25,9 +25,9 @@ def _text(tmp_path) -> str:
 def test_starts_by_cause_heals_and_pairs(tmp_path) -> None:
     state, mdir = str(tmp_path), str(tmp_path / "metrics")
     with Textfile("dsv4-prefill", state, mdir, dict(LABELS), heal_budget=2).running():
-        write_json(f"{state}/dsv4-prefill.restart.json",
+        write_state(f"{state}/dsv4-prefill.restart.json",
                    {"phase": "serving", "crashes": 0, "heals": [100.0]})
-        write_json(f"{state}/dsv4-prefill.canary.json", {"pairs": [
+        write_state(f"{state}/dsv4-prefill.canary.json", {"pairs": [
             {"pair": PAIR, "state": "failing", "failures": 4, "failing_since": 50.0}]})
     text = _text(tmp_path)
     assert f'pdsvc_unit_starts_total{{{U},cause="first"}} 1' in text
@@ -36,12 +36,12 @@ def test_starts_by_cause_heals_and_pairs(tmp_path) -> None:
     assert f'pdsvc_unit_heals_total{{{U}}} 1' in text
     assert stat.S_IMODE((tmp_path / "metrics" / "dsv4-prefill.prom").stat().st_mode) == 0o644
     # the next run: the last one ended crashed; the heal already counted is not counted again
-    write_json(f"{state}/dsv4-prefill.restart.json",
+    write_state(f"{state}/dsv4-prefill.restart.json",
                {"phase": "crashed", "crashes": 1, "heals": [100.0]})
     with Textfile("dsv4-prefill", state, mdir, dict(LABELS), heal_budget=2).running():
         assert f'pdsvc_unit_up{{{U}}} 1' \
             in _text(tmp_path)
-        write_json(f"{state}/dsv4-prefill.restart.json", {"phase": "gave-up"})
+        write_state(f"{state}/dsv4-prefill.restart.json", {"phase": "gave-up"})
     text = _text(tmp_path)
     assert 'cause="crash"} 1' in text and 'cause="first"} 1' in text
     assert f'pdsvc_unit_heals_total{{{U}}} 1' in text
@@ -81,8 +81,8 @@ def test_status_metrics_are_the_runtimes_series_for_every_unit(tmp_path) -> None
 
     repo = Path(__file__).resolve().parent.parent
     plan = load_plan(repo / "etc/pdsvc.yaml", None, repo / "etc/seed-host.topology.json")
-    write_json(f"{tmp_path}/dsv4-decode.restart.json", {"phase": "gave-up"})
-    write_json(f"{tmp_path}/dsv4-prefill.canary.json", {"pairs": [
+    write_state(f"{tmp_path}/dsv4-decode.restart.json", {"phase": "gave-up"})
+    write_state(f"{tmp_path}/dsv4-prefill.canary.json", {"pairs": [
         {"pair": PAIR, "state": "ok", "failures": 0, "last_ok": 12.5}]})
     text = metrics_text(plan, tmp_path, {"dsv4-prefill.service": True}, 99.0)
     assert f'pdsvc_unit_up{{{U}}} 1' in text

@@ -126,7 +126,7 @@ def test_each_ending_says_what_is_recorded_and_the_exit_status() -> None:
 @pytest.mark.parametrize("ending", [e for e in Ending if e is not Ending.GAVE_UP])
 def test_the_policy_records_each_ending_as_its_phase(tmp_path, ending: Ending) -> None:
     from pdsvc.ship.runtime.policy import RestartPolicy
-    from pdsvc.ship.runtime.statefile import read_json
+    from pdsvc.ship.runtime.statefile import read_state
 
     path = str(tmp_path / "x.restart.json")
     policy = RestartPolicy(path, restart_delay=1, max_delay=8, reset_after=600, attempts=1,
@@ -135,7 +135,7 @@ def test_the_policy_records_each_ending_as_its_phase(tmp_path, ending: Ending) -
     final = policy.record_end(ending, "why")
     # one attempt: a failed start is the last of its row
     assert final is (Ending.GAVE_UP if ending.failed_start else ending)
-    assert read_json(path)["phase"] == final.phase.value
+    assert read_state(path)["phase"] == final.phase.value
     with pytest.raises(ValueError):
         policy.record_end(Ending.GAVE_UP, "the policy's own verdict")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pdsvc.ship.runtime.hold import clear_hold, write_hold
-from pdsvc.ship.runtime.statefile import read_json
+from pdsvc.ship.runtime.statefile import read_state
 
 
 class Host(Protocol):
@@ -84,7 +84,7 @@ class LocalHost:
         """Whether the hold is there (the runtime's state directory exists and the write went
         through)."""
         doc = write_hold(path, out=out, peers=peers, why=why, until=until, since=since)
-        return read_json(path) == doc
+        return read_state(path) == doc
 
     def clear_hold(self, path: str) -> None:
         clear_hold(path)

@@ -18,7 +18,7 @@ from pdsvc.ship.runtime.endings import Phase
 from pdsvc.ship.runtime.hold import lease_end
 from pdsvc.ship.runtime.metrics import exposition, unit_samples
 from pdsvc.ship.runtime.policy import recent_heals
-from pdsvc.ship.runtime.statefile import read_json, state_path
+from pdsvc.ship.runtime.statefile import Kind, NewerFormat, read_known, read_state, state_path
 from pdsvc.ship.runtime.timings import SLOW_HEAL_S
 
 
@@ -42,8 +42,12 @@ class PairView:
     by: str  # the engine whose canary said so
 
 
-def _state(directory: Path, name: str, kind: str) -> dict[str, Any] | None:
-    return read_json(state_path(str(directory), name, kind))
+#: a unit whose restart file is of a newer format than this pdsvc reads (UnitRun.phase)
+NEWER = "newer-format"
+
+
+def _state(directory: Path, name: str, kind: Kind) -> dict[str, Any] | None:
+    return read_known(state_path(str(directory), name, kind))
 
 
 def state_dir(plan: Plan, backend: str) -> Path:
@@ -56,7 +60,10 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
     runs = []
     names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
     for name in dict.fromkeys(names):
-        doc = _state(directory, name, "restart") or {}
+        try:
+            doc = read_state(state_path(str(directory), name, Kind.RESTART)) or {}
+        except NewerFormat as e:
+            doc = {"phase": NEWER, "reason": str(e)}
         recent = recent_heals(doc.get("heals"), time.time())
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
                             str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
@@ -67,11 +74,11 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
 def hold_words(directory: Path, name: str, now: float | None = None) -> str:
     """apply's hold on the engine as words: how long its lease has left, or that it expired
     (the runtime ignores it then: hold.Hold.doc)."""
-    hold = _state(directory, name, "hold")
+    hold = _state(directory, name, Kind.HOLD)
     if hold is None:
         return ""
     now = time.time() if now is None else now
-    path, by = state_path(str(directory), name, "hold"), hold.get("by") or "pdsvc apply"
+    path, by = state_path(str(directory), name, Kind.HOLD), hold.get("by") or "pdsvc apply"
     until = lease_end(hold)
     if until is not None and until <= now:
         return f"hold by {by} expired {now - until:.0f} s ago (not renewed: apply is gone): " \
@@ -93,7 +100,7 @@ def pair_views(plan: Plan, directory: Path) -> list[PairView]:
     for e in plan.engines:
         for prefill, _, decode in e.pairs:
             views.setdefault((prefill, decode), PairView(prefill, decode, "unknown", None, "", ""))
-        doc = _state(directory, e.name, "canary") or {}
+        doc = _state(directory, e.name, Kind.CANARY) or {}
         for p in doc.get("pairs", []):
             prefill, _, decode = str(p.get("pair", "")).partition(" -> ")
             key, state = (prefill, decode), str(p.get("state", "unknown"))
@@ -107,6 +114,7 @@ def pair_views(plan: Plan, directory: Path) -> list[PairView]:
 
 def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -> list[str]:
     out = [f"{r.unit} gave up: {r.reason}" for r in runs if r.phase == Phase.GAVE_UP]
+    out += [f"{r.unit}: {r.reason}" for r in runs if r.phase == NEWER]
     out += [f"{r.unit}: {r.heals} pair heals within the hour brought no pair back: it heals "
             f"again only every {SLOW_HEAL_S / 60:g} minutes (`systemctl restart {r.unit}` "
             "starts afresh)"
@@ -161,8 +169,8 @@ def metrics_text(plan: Plan, directory: Path, up: dict[str, bool], now: float) -
     for name, role, paired in dict.fromkeys(units):
         labels = {"deployment": plan.name, "role": role, "unit": f"{name}.service"}
         samples += unit_samples(
-            labels, _state(directory, name, "restart"),
-            _state(directory, name, "canary"), _state(directory, name, "metrics"),
+            labels, _state(directory, name, Kind.RESTART),
+            _state(directory, name, Kind.CANARY), _state(directory, name, Kind.METRICS),
             up=up.get(f"{name}.service"),
             heal_budget=plan.lifecycle.canary_heal_attempts if paired else None, now=now)
     return exposition(samples)

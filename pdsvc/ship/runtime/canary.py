@@ -60,7 +60,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from .statefile import write_json
+from .statefile import write_state
 
 CANARY_PROMPT = "pdsvc pair canary"
 #: a decode whose prefill heals their pair acts itself only after this many times
@@ -254,4 +254,4 @@ class Canary:
             return
         self._saved = said
         doc = {"me": self.me, "at": self.wall(), "pairs": [asdict(s) for s in self.states.values()]}
-        write_json(self.path, doc)
+        write_state(self.path, doc)

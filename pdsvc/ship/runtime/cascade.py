@@ -45,13 +45,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .hold import KIND as HOLD_KIND
 from .options import Options
-from .statefile import read_json, state_path, write_json
+from .statefile import Kind, read_known, state_path, write_state
 from .timings import CASCADE_WINDOW_S, CURE_WINDOW_S, MARKER_ACT_S, MARKER_LOOK_S
 
 CASCADE_HEALS = 3
-KIND = "heal-all"
 ROLES = ("prefill", "decode")
 #: what the journal says about the cause, in every line about a cascade
 CAUSE = ("both sides of a pair go stale toward a replaced peer (sglang #33789 and "
@@ -66,12 +64,12 @@ class Heal:
 
 
 def marker_path(state_dir: str, deployment: str) -> str:
-    return state_path(state_dir, deployment or "deployment", KIND)
+    return state_path(state_dir, deployment or "deployment", Kind.HEAL_ALL)
 
 
 def read_marker(state_dir: str, deployment: str) -> dict | None:
     """The last cure's marker ({"at", "by", "why"}), or None (missing or unreadable)."""
-    doc = read_json(marker_path(state_dir, deployment))
+    doc = read_known(marker_path(state_dir, deployment))
     if doc is None or not isinstance(doc.get("at"), (int, float)):
         return None
     return doc
@@ -79,7 +77,7 @@ def read_marker(state_dir: str, deployment: str) -> dict | None:
 
 def held(state_dir: str) -> list[str]:
     """The engines `pdsvc apply` holds now (their NAME.hold.json files)."""
-    suffix = f".{HOLD_KIND}.json"
+    suffix = f".{Kind.HOLD.value}.json"
     return sorted(os.path.basename(p)[:-len(suffix)]
                   for p in glob.glob(os.path.join(state_dir, f"*{suffix}")))
 
@@ -87,9 +85,9 @@ def held(state_dir: str) -> list[str]:
 def heals(state_dir: str) -> list[Heal]:
     """Every engine's logged heals (the restart policy's files), oldest first."""
     out = []
-    suffix = ".restart.json"
+    suffix = f".{Kind.RESTART.value}.json"
     for path in glob.glob(os.path.join(state_dir, f"*{suffix}")):
-        doc = read_json(path) or {}
+        doc = read_known(path) or {}
         role, log = doc.get("role"), doc.get("heal_log")
         if role not in ROLES or not isinstance(log, list):
             continue
@@ -154,7 +152,7 @@ class Cascade:
         cure = (f"heal cascade in deployment {self.deployment or '?'}: {why}; {CAUSE}. The "
                 f"cure: one restart of every engine together, so that no new process meets "
                 f"an old one (the same as `{self.restart_all}`)")
-        write_json(marker_path(self.state_dir, self.deployment),
+        write_state(marker_path(self.state_dir, self.deployment),
                    {"at": now, "by": self.name, "why": cure})
         self.log(f"{cure}: wrote {marker_path(self.state_dir, self.deployment)}")
         return cure

@@ -1,7 +1,7 @@
 """A hold: `pdsvc apply`'s word to one engine's runtime while it rolls a change.
 
 The file is the unit's state file NAME.hold.json (statefile.state_path(STATE_DIR, NAME,
-"hold")), written whole by apply (root) before it takes the engine out of the router and
+Kind.HOLD)), written whole by apply (root) before it takes the engine out of the router and
 removed when its step ends, on failure and on Ctrl-C too. The runtime only reads it:
 
   {"by": "pdsvc apply", "since": WALL, "until": WALL, "out": true|false,
@@ -34,19 +34,16 @@ the hold at once. `pdsvc status` shows a hold, how long its lease has left, or t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
 
-from .statefile import read_json, state_path, write_atomic
-
-KIND = "hold"
+from .statefile import Kind, read_known, state_path, write_state
 
 
 def hold_path(state_dir: str | None, name: str) -> str | None:
-    return state_path(state_dir, name, KIND) if state_dir else None
+    return state_path(state_dir, name, Kind.HOLD) if state_dir else None
 
 
 def lease_end(doc: dict) -> float | None:
@@ -75,7 +72,7 @@ class Hold:
 
     def doc(self) -> dict | None:
         """The hold in force: None without a file, or once its lease has run out."""
-        doc = read_json(self.path) if self.path else None
+        doc = read_known(self.path, self.log)
         until = lease_end(doc) if doc is not None else None
         if until is None:
             return doc
@@ -121,8 +118,7 @@ def write_hold(path: str, *, out: bool, peers: list[str] | None = None, why: str
         doc["until"] = until
     if peers is not None:
         doc["peers"] = sorted(p.rstrip("/") for p in peers)
-    write_atomic(path, json.dumps(doc), mode=0o644)
-    return doc
+    return write_state(path, doc, mode=0o644)
 
 
 def clear_hold(path: str) -> None:

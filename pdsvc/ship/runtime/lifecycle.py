@@ -36,7 +36,7 @@ from .probe import (
 from .proctree import become_subreaper
 from .rounds import CanaryThread, own_failures
 from .serving import Serving
-from .statefile import state_path
+from .statefile import Kind, state_path
 from .states import Machine, State
 from .stopping import Stopping, give_up
 from .timings import (
@@ -75,11 +75,11 @@ class Unit:
                            prefix_output=args.prefix_output)
         state = args.state_dir
         self.policy = RestartPolicy(
-            state_path(state, args.name, "restart") if state else None,
+            state_path(state, args.name, Kind.RESTART) if state else None,
             restart_delay=args.restart_delay,
             max_delay=args.restart_max_delay, reset_after=args.restart_reset,
-            attempts=args.start_attempts)
-        self.canary_path = state_path(state, args.name, "canary") if state else None
+            attempts=args.start_attempts, log=self.log)
+        self.canary_path = state_path(state, args.name, Kind.CANARY) if state else None
         self.hold = Hold.of(state, args.name, self.log)  # pdsvc apply's, while it rolls a change
         self.jit: JitLock | None = None
         self.membership: Membership | None = None

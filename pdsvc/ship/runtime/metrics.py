@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from .endings import Phase
 from .options import Options
 from .policy import recent_heals
-from .statefile import read_json, state_path, write_atomic, write_json
+from .statefile import Kind, read_known, state_path, write_atomic, write_state
 from .timings import SLOW_HEAL_S, TEXTFILE_POLL_S, TEXTFILE_REFRESH_S
 
 #: family -> (type, help). The order is the order of the text.
@@ -227,15 +227,15 @@ class Textfile:
     _written: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def _path(self, kind: str) -> str:
+    def _path(self, kind: Kind) -> str:
         return state_path(self.state_dir, self.name, kind)
 
     def refresh(self, *, up: bool, starting: bool = False) -> None:
         """Read the state files, count what happened, and write the textfile when a value
         changed or it is TEXTFILE_REFRESH_S old."""
-        run, canary = read_json(self._path("restart")), read_json(self._path("canary"))
+        run, canary = read_known(self._path(Kind.RESTART)), read_known(self._path(Kind.CANARY))
         if count(self._counters, run, starting=starting):
-            write_json(self._path("metrics"), self._counters)
+            write_state(self._path(Kind.METRICS), self._counters)
         now = self.clock()
         samples = unit_samples(self.labels, run, canary, self._counters, up=up,
                                heal_budget=self.heal_budget, now=now)
@@ -253,7 +253,8 @@ class Textfile:
     def running(self) -> Iterator[None]:
         """Around one run: a start counted before the restart policy reads how the last run
         ended, a look every TEXTFILE_POLL_S, and the run's end written once it returned."""
-        self._counters = read_json(self._path("metrics")) or {}
+        self._counters = {k: v for k, v in (read_known(self._path(Kind.METRICS)) or {}).items()
+                          if k != "format"}
         self.refresh(up=True, starting=True)
         thread = threading.Thread(target=self._run, name="metrics-textfile", daemon=True)
         thread.start()

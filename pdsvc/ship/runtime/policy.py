@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from .endings import Ending, Phase
-from .statefile import read_json, state_path, write_json
+from .statefile import Kind, read_known, state_path, write_state
 from .timings import GAVE_UP_GRACE_S, HEAL_WINDOW_S, SLOW_HEAL_S
 
 
@@ -65,8 +65,10 @@ class RestartPolicy:
 
     def __init__(self, path: str | None, *, restart_delay: float, max_delay: float,
                  reset_after: float, attempts: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 log: Callable[[str], None] | None = None) -> None:
         self.path = path
+        self.log = log  # says that the file is of a newer format (then: a first start)
         self.restart_delay = restart_delay
         self.max_delay = max_delay
         self.reset_after = reset_after
@@ -76,7 +78,7 @@ class RestartPolicy:
 
     # ------------------------------------------------------------------ the file
     def _load(self) -> RunState:
-        raw = read_json(self.path) if self.path else None
+        raw = read_known(self.path, self.log)
         known = {k: v for k, v in (raw or {}).items() if k in RunState.__dataclass_fields__}
         try:
             return RunState(**known)
@@ -85,7 +87,7 @@ class RestartPolicy:
 
     def _save(self) -> None:
         if self.path:
-            write_json(self.path, asdict(self.state))
+            write_state(self.path, asdict(self.state))
 
     # ------------------------------------------------------------------ transitions
     def on_start(self) -> Verdict:
@@ -232,7 +234,7 @@ def gave_up_engines(state_dir: str | None, names: Sequence[str], since: float,
         return []
     out = []
     for name in names:
-        doc = read_json(state_path(state_dir, name, "restart")) or {}
+        doc = read_known(state_path(state_dir, name, Kind.RESTART)) or {}
         ended = doc.get("ended_at")
         if doc.get("phase") != Phase.GAVE_UP or not isinstance(ended, (int, float)):
             continue
