@@ -157,3 +157,52 @@ def test_peer_probes_run_at_once_so_many_dead_peers_cost_one_timeout() -> None:
     assert all(n == 1 for n in watch.failures.values())
 
 
+
+
+@pytest.mark.parametrize("script, confirming", [
+    (["ok", "refused"], True),  # its port closed: confirm at once
+    (["ok", "timeout"], False),  # slow or unreachable: the usual pace
+    (["refused"], False),  # never seen up: still loading
+    (["ok", "refused", "ok"], False),  # back: nothing to confirm
+])
+def test_a_refusal_of_a_peer_seen_up_is_confirmed_at_once(script, confirming) -> None:
+    watch = PeerWatch(["http://10.0.0.2:30000/health"], down_after=3, timeout=1,
+                      probe=_peer(script))
+    for _ in script:
+        watch.check()
+    assert watch.confirming is confirming
+
+
+def test_serving_confirms_a_peers_death_within_a_second_and_a_blip_at_the_pace() -> None:
+    """SERVING's peer watch (serving.py): after a refusal it probes every PEER_CONFIRM_S, so
+    --peer-down-probes refusals restart this engine well within a second of the first; a
+    probe that timed out keeps the --peer-interval pace."""
+    from pdsvc.ship.runtime.notify import Notifier
+    from pdsvc.ship.runtime.options import Options
+    from pdsvc.ship.runtime.policy import RestartPolicy
+    from pdsvc.ship.runtime.serving import Serving
+    from pdsvc.ship.runtime.timings import PEER_CONFIRM_S
+
+    def serving(script: list[str]) -> tuple[Serving, FakeClock]:
+        clock = FakeClock()
+        s = Serving(Options(peer_interval=1.0), print, Notifier(print),
+                    RestartPolicy(None, restart_delay=1, max_delay=1, reset_after=1,
+                                  attempts=1), None, None, None, None, None, clock=clock)
+        s.peers = PeerWatch(["http://10.0.0.2:30000/health"], down_after=3, timeout=1,
+                            probe=_peer(script))
+        s.next_peer = 0.0
+        return s, clock
+
+    def run(s: Serving, clock: FakeClock) -> float | None:
+        """Call the duty every 50 ms (DUTY_SLICE_S) for 10 s: when it said restart."""
+        for _ in range(200):
+            if s.watch_peers(clock.now) is not None:
+                return clock.now
+            clock.now += 0.05
+        return None
+
+    s, clock = serving(["ok", "refused", "refused", "refused", "ok"])
+    at = run(s, clock)  # ok at 0, the first refusal at 1 s, then two more a confirm apart
+    assert at is not None and at - 1.0 <= 2 * PEER_CONFIRM_S + 0.1
+    s, clock = serving(["ok", "timeout", "timeout", "timeout", "ok", "ok", "ok"])
+    assert run(s, clock) is None and s.peers is not None and not s.peers.confirming

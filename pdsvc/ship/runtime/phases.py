@@ -48,6 +48,12 @@ class PeerWatch:
     does, and never talks to the prefill's successor with the state of the old one (a decode
     that did would leave that successor stale toward this engine's own successor: smg #2382).
     A peer never seen healthy (still loading when this engine came up) is not a restart.
+
+    A refused connection from a peer seen healthy is confirmed at once: while one is
+    ``confirming``, the caller probes again every PEER_CONFIRM_S, not every --peer-interval,
+    so a peer whose process is gone is known within a second, across hosts as on one. A probe
+    that times out (a slow peer, a network blip) never speeds it up: it counts, at the usual
+    pace, and without a refusal it is never a restart.
     """
 
     def __init__(self, urls: Sequence[str], down_after: int, timeout: float,
@@ -61,6 +67,11 @@ class PeerWatch:
         self.seen_up = dict.fromkeys(self.urls, False)
         self.failures = dict.fromkeys(self.urls, 0)
         self.refused = dict.fromkeys(self.urls, False)
+
+    @property
+    def confirming(self) -> bool:
+        """Whether a peer seen healthy has refused a connection since its last good probe."""
+        return any(self.seen_up[u] and self.refused[u] for u in self.urls)
 
     def check(self) -> str | None:
         """Probe every peer once, all at once (many unreachable peers cost one timeout, not

@@ -3,6 +3,7 @@ runs that, and calls ``Serving.duties`` every DUTY_SLICE_S). Each duty runs on i
 keeps its state in a named field here:
 
   peer watch   --restart-with: a peer on another host restarted      -> Ending.PEER
+               (a refused connection confirmed every PEER_CONFIRM_S)
   membership   re-join the router when it lost this engine           (no ending)
   cascade      a heal cascade's cure marker newer than our engine    -> Ending.HEAL
   canary       a pair failing long enough, this engine's turn among
@@ -26,7 +27,7 @@ from .options import Options
 from .phases import Outcome, PeerWatch
 from .policy import RestartPolicy
 from .rounds import CanaryThread
-from .timings import HEAL_STAGGER_S, MEMBERSHIP_RETRY_S
+from .timings import HEAL_STAGGER_S, MEMBERSHIP_RETRY_S, PEER_CONFIRM_S
 
 
 @dataclass
@@ -72,8 +73,10 @@ class Serving:
         """The peer watch: a --restart-with peer that restarted restarts this engine."""
         if self.peers is None or now < self.next_peer:
             return None
-        self.next_peer = now + self.args.peer_interval
         restarted = self.peers.check()
+        # a refusal is confirmed at once (the process is gone), anything else at the pace
+        self.next_peer = now + (PEER_CONFIRM_S if self.peers.confirming
+                                else self.args.peer_interval)
         # SERVING -> STOPPING: restart with the peer
         return Outcome(Ending.PEER, detail=restarted) if restarted else None
 

@@ -33,6 +33,11 @@ START_PROBE_TIMEOUT_S = 5.0
 #: one nvidia-smi call's timeout: it can take seconds per call without persistence mode
 NVIDIA_SMI_TIMEOUT_S = 30.0
 
+#: how soon the peer watch probes again once a peer seen healthy refused a connection (its
+#: process is gone): --peer-down-probes such probes confirm it within a second, not at the
+#: --peer-interval pace that a slow or unreachable peer keeps
+PEER_CONFIRM_S = 0.25
+
 # ---------------------------------------------------------------- membership (membership.py)
 #: one control-plane call's timeout: the router answers these from memory
 ROUTER_CALL_TIMEOUT_S = 3.0
