@@ -202,3 +202,104 @@ def test_the_engine_runtime_restarts_its_engine_on_a_newer_marker(tmp_path: Path
     unit.cascade.next_look = 0.0
     out = duties(True)
     assert out is not None and out.kind == Ending.HEAL and "restarts together" in out.detail
+
+
+# ------------------------------------------------------------------ across hosts
+
+
+def entry(c: Cascade, url: str, role: str, *, shape: str = "labels") -> dict:
+    """The router's listing of an engine whose runtime registered with c's labels: smg lists
+    them as `labels`, sglang-router 0.3.2 as `metadata` (with its own keys beside them)."""
+    return {"url": url, "worker_type": role, "is_healthy": True,
+            shape: {"model_path": "/srv/m", **c.labels()}}
+
+
+@pytest.mark.parametrize("shape", ["labels", "metadata"])
+def test_a_cascade_over_two_hosts_is_found_through_the_router_and_cured_on_both(
+        tmp_path: Path, shape: str) -> None:
+    """Host A runs both prefills, host B both decodes: no state directory holds heals of both
+    roles, the router's list (each registration's labels) does; the cure found on B reaches A
+    through B's next registration, and A's engines restart once, none twice."""
+    clock, lines = FakeClock(now=1000.0), []
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+    p0, p1 = runtime(a, "dep-prefill-0", clock, lines), runtime(a, "dep-prefill-1", clock, lines)
+    d0 = runtime(b, "dep-decode-0", clock, lines)
+    began_a = clock.now - 100  # A's engines started before it all
+
+    listed: dict[str, dict] = {}
+    urls: dict[Cascade, tuple[str, str]] = {
+        p0: ("http://a:30000", "prefill"), p1: ("http://a:30002", "prefill"),
+        d0: ("http://b:30001", "decode")}
+
+    def register(c: Cascade) -> None:
+        """c's engine (re)registers: at its start, and once back from a heal."""
+        url, role = urls[c]
+        listed[url] = entry(c, url, role, shape=shape)
+
+    for c in (p0, p1, d0):
+        c.fleet = lambda: list(listed.values())
+        register(c)
+    policy(a, "dep-prefill-0", clock).record_heal("prefill")
+    register(p0)
+    clock.now += 10
+    policy(a, "dep-prefill-1", clock).record_heal("prefill")
+    assert p1.after_heal() is None  # one role only, on A
+    register(p1)
+    clock.now += 10
+    policy(b, "dep-decode-0", clock).record_heal("decode")
+    cure = d0.after_heal()  # B sees A's heals in the router's list: the poison went back
+    assert cure and "3 heals of both roles" in cure
+    assert json.loads(Path(marker_path(str(b), "dep")).read_text())["by"] == "dep-decode-0"
+    at = json.loads(Path(marker_path(str(b), "dep")).read_text())["at"]
+    assert d0.labels()["pdsvc.cure"] == f"{at:.2f}"  # carried by B's next registration
+    assert p0.due(began_a, clock.now) is None  # not before B's engine is back and registered
+    clock.now += 30  # B's engine reloads and registers again: A's runtimes see the cure
+    register(d0)
+    p0.next_look = 0.0
+    assert p0.due(began_a, clock.now) is not None  # the first look writes A's marker
+    p1.next_look = 0.0
+    assert p1.due(began_a, clock.now) is not None  # its neighbour acts on it too
+    assert f"{at:.2f}" == p0.labels()["pdsvc.cure"]  # passed on unchanged: no cure of cures
+    p0.next_look = 0.0
+    assert p0.due(clock.now, clock.now + 1) is None  # restarted since: done
+    clock.now += timings.CURE_WINDOW_S / 2  # and the cure, passed on, is known as the last
+    policy(a, "dep-prefill-0", clock).record_heal("prefill")
+    assert p0.after_heal() is None  # heals since the cure: not yet a cascade
+
+
+def test_labels_of_another_deployment_or_of_an_engine_without_them_are_not_heals() -> None:
+    from pdsvc.ship.runtime.cascade import fleet_cure, fleet_heals
+    entries = [
+        {"url": "http://x:1", "worker_type": "prefill",
+         "labels": {"pdsvc.deployment": "other", "pdsvc.heals": "10.0", "pdsvc.cure": "5"}},
+        {"url": "http://x:2", "worker_type": "decode", "metadata": {"model_path": "/m"}},
+        {"url": "http://x:3", "worker_type": "decode",
+         "metadata": {"pdsvc.deployment": "dep", "pdsvc.heals": "20.5,bad,30.25",
+                      "pdsvc.cure": "7.5"}},
+    ]
+    assert [(h.at, h.role, h.name) for h in fleet_heals(entries, "dep")] == [
+        (20.5, "decode", "http://x:3"), (30.25, "decode", "http://x:3")]
+    assert fleet_cure(entries, "dep") == (7.5, "http://x:3")
+
+
+@pytest.mark.parametrize("smg", [False, True])
+def test_the_registration_carries_the_labels_and_the_listing_returns_them(
+        tmp_path: Path, smg: bool) -> None:
+    from pair_fakes import FakeRouter
+
+    from pdsvc.ship.runtime.cascade import fleet_heals
+    from pdsvc.ship.runtime.membership import Membership, Worker
+    router = FakeRouter(smg=smg)
+    m = Membership("http://r", Worker("http://a:30000", "prefill", 8998), "k", print,
+                   call=router)
+    clock = FakeClock(now=1000.0)
+    c = runtime(tmp_path, "dep-prefill-0", clock, [])
+    policy(tmp_path, "dep-prefill-0", clock).record_heal("prefill")
+    m.labels = c.labels
+    assert m.join()
+    assert router.posted[-1]["labels"] == {"pdsvc.deployment": "dep",
+                                           "pdsvc.heals": "1000.00"}
+    m.check(True)  # the next look keeps the router's entries for the cascade
+    assert [(h.at, h.role) for h in fleet_heals(m.entries, "dep")] == [(1000.0, "prefill")]

@@ -18,6 +18,7 @@ class FakeRouter:
         self.workers: list[dict] = []
         self.up = True
         self.calls: list[tuple[str, str]] = []
+        self.posted: list[dict] = []  # each POST /workers body
 
     def __call__(self, url: str, timeout: float, body: bytes | None = None,
                  headers: dict | None = None, method: str | None = None) -> HttpReply:
@@ -39,11 +40,14 @@ class FakeRouter:
                         self.workers.remove(w)
             return HttpReply(202, b"{}", "HTTP 202")
         doc = json.loads(body or b"{}")
+        self.posted.append(doc)
         if any(w["url"] == doc["url"] for w in self.workers):
             return HttpReply(409, b"{}", "HTTP 409") if self.smg else HttpReply(202, b"", "")
+        # labels come back as smg lists them (`labels`) or as sglang-router 0.3.2 (`metadata`)
+        labels = {"labels" if self.smg else "metadata": doc["labels"]} if "labels" in doc else {}
         self.workers.append({"id": f"id{len(self.workers)}", "url": doc["url"],
                              "worker_type": doc["worker_type"], "is_healthy": True,
-                             **({"status": "ready"} if self.smg else {})})
+                             **({"status": "ready"} if self.smg else {}), **labels})
         return HttpReply(202, b"{}", "HTTP 202")
 
 

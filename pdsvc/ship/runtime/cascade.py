@@ -35,6 +35,18 @@ The rule (read from the engines' own restart state files, NAME.restart.json in t
   themselves (each still within the heal budget).
 * **A hold** by `pdsvc apply` (any NAME.hold.json in the state directory) suppresses it all:
   no marker is written and none is acted on while apply rolls a change.
+
+**Across hosts** the state directory is one host's. The runtimes of a deployment share the
+rest through the router they all register with (the control-plane key guards it): each
+engine's registration carries labels (``pdsvc.deployment``, ``pdsvc.heals``: its own heals
+within the window, ``pdsvc.cure``: the last cure it knows), which both router generations
+list with the worker (sglang-router 0.3.2 as ``metadata``, smg 1.13 as ``labels``), and every
+runtime reads the list at each membership check. A heal restarts its engine, whose new
+registration carries the heal; so a runtime judges the heals of every engine the router lists,
+on every host. The cure reaches another host when the engine that found it is back and
+registered with the cure's time: an engine there whose process is older restarts once, and
+writes the marker on its own host for its neighbours (a cure within ``CURE_WINDOW_S``; its
+engine would otherwise never meet the cure).
 """
 
 from __future__ import annotations
@@ -56,11 +68,65 @@ CAUSE = ("both sides of a pair go stale toward a replaced peer (sglang #33789 an
          "smg-project/smg #2382 together), so each heal makes the other role stale again")
 
 
+#: the labels each engine's registration carries for the others (module docstring)
+LABEL_DEPLOYMENT, LABEL_HEALS, LABEL_CURE = "pdsvc.deployment", "pdsvc.heals", "pdsvc.cure"
+
+
 @dataclass(frozen=True)
 class Heal:
     at: float  # wall clock
-    name: str  # the engine's runtime --name
+    name: str  # the engine's runtime --name (the router's URL for one on another host)
     role: str  # prefill | decode
+
+
+def labels_of(entry: dict) -> dict[str, str]:
+    """A worker entry's labels: smg lists them as ``labels``, sglang-router 0.3.2 (with what
+    it read of the engine's /server_info) as ``metadata``."""
+    for key in ("labels", "metadata"):
+        found = entry.get(key)
+        if isinstance(found, dict) and LABEL_DEPLOYMENT in found:
+            return {str(k): str(v) for k, v in found.items()}
+    return {}
+
+
+def _times(text: str) -> list[float]:
+    out = []
+    for word in text.split(","):
+        try:
+            out.append(float(word))
+        except ValueError:
+            continue
+    return out
+
+
+def fleet_heals(entries: list[dict], deployment: str) -> list[Heal]:
+    """The heals of the deployment's engines as the router lists them (their labels)."""
+    out = []
+    for e in entries:
+        labels = labels_of(e)
+        role = str(e.get("worker_type", ""))
+        if labels.get(LABEL_DEPLOYMENT) != deployment or role not in ROLES:
+            continue
+        name = str(e.get("url", "?"))
+        out += [Heal(t, name, role) for t in _times(labels.get(LABEL_HEALS, ""))]
+    return out
+
+
+def fleet_cure(entries: list[dict], deployment: str) -> tuple[float, str] | None:
+    """The latest cure any of the deployment's engines knows: (wall clock, its URL)."""
+    cures = [(t, str(e.get("url", "?"))) for e in entries
+             if labels_of(e).get(LABEL_DEPLOYMENT) == deployment
+             for t in _times(labels_of(e).get(LABEL_CURE, ""))]
+    return max(cures) if cures else None
+
+
+def merged(*groups: list[Heal]) -> list[Heal]:
+    """Heals from every source, each once (an engine of this host is in its file and in its
+    labels), oldest first."""
+    seen: dict[tuple[str, float], Heal] = {}
+    for h in (h for g in groups for h in g):
+        seen.setdefault((h.role, round(h.at, 2)), h)
+    return sorted(seen.values(), key=lambda h: h.at)
 
 
 def marker_path(state_dir: str, deployment: str) -> str:
@@ -68,7 +134,8 @@ def marker_path(state_dir: str, deployment: str) -> str:
 
 
 def read_marker(state_dir: str, deployment: str) -> dict | None:
-    """The last cure's marker ({"at", "by", "why"}), or None (missing or unreadable)."""
+    """The last cure's marker ({"at", "by", "why"}, and "seen" when it came from another
+    host), or None (missing or unreadable)."""
     doc = read_known(marker_path(state_dir, deployment))
     if doc is None or not isinstance(doc.get("at"), (int, float)):
         return None
@@ -120,6 +187,8 @@ class Cascade:
         self.clock = clock
         self.next_look = 0.0
         self.reported: float | None = None  # the marker whose repeat this runtime reported
+        #: the router's worker entries at the last membership check (Membership.entries)
+        self.fleet: Callable[[], list[dict]] = list
 
     @classmethod
     def of(cls, a: Options, log: Callable[[str], None]) -> Cascade | None:
@@ -136,12 +205,12 @@ class Cascade:
         if held(self.state_dir):
             return None
         now = self.clock()
-        marker = read_marker(self.state_dir, self.deployment)
-        last = float(marker["at"]) if marker else float("-inf")
-        why = is_cascade(heals(self.state_dir), now, since=last)
+        last = self.last_cure()
+        why = is_cascade(merged(heals(self.state_dir),
+                                fleet_heals(self.fleet(), self.deployment)), now, since=last)
         if why is None:
             return None
-        if marker is not None and now - last < CURE_WINDOW_S:
+        if now - last < CURE_WINDOW_S:
             if self.reported != last:
                 self.reported = last
                 self.log(f"heal cascade again: {why}, {(now - last) / 60:.0f} min after every "
@@ -157,6 +226,26 @@ class Cascade:
         self.log(f"{cure}: wrote {marker_path(self.state_dir, self.deployment)}")
         return cure
 
+    def last_cure(self) -> float:
+        """The last cure this runtime knows of: its host's marker or one the router lists."""
+        marker = read_marker(self.state_dir, self.deployment)
+        remote = fleet_cure(self.fleet(), self.deployment)
+        return max(float(marker["at"]) if marker else float("-inf"),
+                   remote[0] if remote else float("-inf"))
+
+    def labels(self) -> dict[str, str]:
+        """What this engine's registration tells the deployment's other runtimes: its heals
+        within the window (its restart policy's file) and the last cure it knows."""
+        doc = read_known(state_path(self.state_dir, self.name, Kind.RESTART)) or {}
+        now = self.clock()
+        mine = [t for t in _times(",".join(map(str, doc.get("heal_log") or [])))
+                if now - t < CASCADE_WINDOW_S]
+        out = {LABEL_DEPLOYMENT: self.deployment, LABEL_HEALS: ",".join(f"{t:.2f}" for t in mine)}
+        last = self.last_cure()
+        if last > float("-inf"):
+            out[LABEL_CURE] = f"{last:.2f}"
+        return out
+
     def due(self, began: float | None, monotonic: float) -> str | None:
         """Why this engine restarts now with the whole deployment (a marker newer than
         ``began``, when its engine process started (wall clock; None: not started), at most
@@ -165,13 +254,38 @@ class Cascade:
         if monotonic < self.next_look or began is None:
             return None
         self.next_look = monotonic + MARKER_LOOK_S
+        self.take_fleet_cure(began)
         marker = read_marker(self.state_dir, self.deployment)
         if marker is None:
             return None
         at, now = float(marker["at"]), self.clock()
-        if at <= began or now - at >= MARKER_ACT_S or held(self.state_dir):
+        seen = marker.get("seen")
+        seen = float(seen) if isinstance(seen, (int, float)) else at
+        if at <= began or now - seen >= MARKER_ACT_S or held(self.state_dir):
             return None
         by = marker.get("by") or "an engine"
         return (f"{by} found a heal cascade {now - at:.1f} s ago: every engine of the "
                 f"deployment restarts together ({CAUSE}; "
                 f"{marker_path(self.state_dir, self.deployment)})")
+
+    def take_fleet_cure(self, began: float) -> None:
+        """A cure found on another host, newer than this host's marker and than this engine's
+        process, within CURE_WINDOW_S and no hold: written as this host's marker, which this
+        engine and its neighbours then act on (``due``)."""
+        remote = fleet_cure(self.fleet(), self.deployment)
+        if remote is None:
+            return
+        at, by = remote
+        marker = read_marker(self.state_dir, self.deployment)
+        mine = float(marker["at"]) if marker else float("-inf")
+        now = self.clock()
+        if at <= mine or at <= began or now - at >= CURE_WINDOW_S or held(self.state_dir):
+            return
+        # the cure's own time (engines that restarted since took part), seen now: this is what
+        # MARKER_ACT_S counts from, and what the labels pass on unchanged (no cure of cures)
+        write_state(marker_path(self.state_dir, self.deployment),
+                    {"at": at, "seen": now, "by": by, "why": f"the cure {by} found "
+                     f"{now - at:.0f} s ago on its host, as the router lists it"})
+        self.log(f"{by} cured a heal cascade {now - at:.0f} s ago on its host (the router "
+                 f"lists it): this host's engines restart with it; wrote "
+                 f"{marker_path(self.state_dir, self.deployment)}")

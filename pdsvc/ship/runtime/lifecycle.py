@@ -247,7 +247,11 @@ class Unit:
                 return give_up(self.log, self.notifier, self.policy.state.reason)
             return Exit.USAGE
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
-        self.membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
+        membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
+        if self.cascade is not None:  # heals and cures of other hosts, through the router
+            membership.labels = self.cascade.labels
+            self.cascade.fleet = lambda: membership.entries
+        self.membership = membership
         return None
 
     # ---------------------------------------------------------------- the start
