@@ -120,13 +120,12 @@ def fleet_cure(entries: list[dict], deployment: str) -> tuple[float, str] | None
     return max(cures) if cures else None
 
 
-def merged(*groups: list[Heal]) -> list[Heal]:
-    """Heals from every source, each once (an engine of this host is in its file and in its
-    labels), oldest first."""
-    seen: dict[tuple[str, float], Heal] = {}
-    for h in (h for g in groups for h in g):
-        seen.setdefault((h.role, round(h.at, 2)), h)
-    return sorted(seen.values(), key=lambda h: h.at)
+def merged(local: list[Heal], fleet: list[Heal]) -> list[Heal]:
+    """This host's heals, and the router's of other hosts, oldest first: an engine of this
+    host is in its file and in its labels (the labels' time rounded), and counts once."""
+    mine = {(h.role, round(h.at, 2)) for h in local}
+    return sorted([*local, *(h for h in fleet if (h.role, round(h.at, 2)) not in mine)],
+                  key=lambda h: h.at)
 
 
 def marker_path(state_dir: str, deployment: str) -> str:
