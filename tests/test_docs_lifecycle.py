@@ -88,3 +88,14 @@ def test_every_option_the_config_owns_is_named_with_its_default() -> None:
         row = re.search(rf"^\| `{flag}` \| ([\d.]+) \|.*\| `(\w+)` \|", table, re.M)
         assert row, f"docs/lifecycle.md's options table lacks {flag} (config-owned)"
         assert float(row.group(1)) == f.default, flag
+
+
+def test_layout_names_every_runtime_module() -> None:
+    """docs/layout.md's paragraph on runtime/ names each of its modules."""
+    layout = (REPO / "docs" / "layout.md").read_text()
+    block = re.search(r"^  runtime/ (.*?)^  \S", layout, re.S | re.M)
+    assert block, "docs/layout.md lost its runtime/ paragraph"
+    words = set(re.findall(r"\w+", block.group(1)))
+    modules = {p.stem for p in (REPO / "pdsvc" / "ship" / "runtime").glob("*.py")
+               if not p.stem.startswith("__")}
+    assert modules <= words, f"docs/layout.md does not name {sorted(modules - words)}"

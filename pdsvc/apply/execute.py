@@ -28,7 +28,7 @@ halves"): A restarts held out, its canary fenced to A's peers, while B serves fe
 (old and new never meet: SGLang's decode dies on a page size or KV dtype mismatch, see
 hold.py); the switch holds B out, then in the gap only router calls: B's DELETEs at once,
 one look that the router lists none of B, A's POSTs at once (threads); A's hold lets it in
-after. Between the DELETE and the POST no pair is listed: apply's part is three router calls,
+after. Between the DELETE and the POST no pair is listed: apply's part is those few calls,
 the rest the router's own add (smg probes the new worker first; docs/benchmarks.md); a
 request then gets the router's 503 "no available servers". sglang-router selects the pair
 afresh inside its retry loop (src/routers/http/pd_router.rs execute_dual_dispatch:
