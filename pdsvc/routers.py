@@ -72,11 +72,10 @@ SGLANG_ROUTER_ONLY_FLAGS = frozenset({"mini-lb"})
 # once it reaches Failed ("Removing failed worker from registry", worker/manager.rs); its
 # --help: "unhealthy workers are removed so service discovery re-registers and re-probes them
 # once their engine returns". pdsvc lists its workers on the command line, with no discovery,
-# so a removed engine never returns. Measured on 1.13.0 (interval 1 s, failure threshold 1,
-# decode engine down 18 s, then 90 s): without the flag the worker goes Ready -> NotReady ->
-# Failed (3 x failure threshold), stays listed in GET /workers, keeps being probed and goes
-# Failed -> Ready one probe after the engine is back; with --worker-auto-recovery it was
-# removed at Failed and /readiness stayed 503 until a manual POST /workers. (smg's source up
+# so a removed engine never returns. On 1.13.0, without the flag a Failed worker stays listed
+# in GET /workers, keeps being probed and is Ready again one probe after its engine is back;
+# with --worker-auto-recovery it is removed at Failed and /readiness stays 503 until a manual
+# POST /workers (docs/benchmarks.md, "Figures the code relies on"). (smg's source up
 # to v1.9.0, worker/manager.rs `schedule_descriptor_at`, stopped probing Failed workers; 1.13.0
 # no longer does.) So pdsvc pins the flag off, whatever smg's default becomes.
 _SMG_KEEP_FAILED = "--no-remove-unhealthy-workers"

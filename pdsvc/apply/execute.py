@@ -28,16 +28,16 @@ halves"): A restarts held out, its canary fenced to A's peers, while B serves fe
 (old and new never meet: SGLang's decode dies on a page size or KV dtype mismatch, see
 hold.py); the switch holds B out, then in the gap only router calls: B's DELETEs at once,
 one look that the router lists none of B, A's POSTs at once (threads); A's hold lets it in
-after. Between the DELETE and the POST no pair is listed: apply's part is ~0.02 s, the rest
-the router's own add (0.15-0.2 s measured on smg 1.13: it probes the new worker first); a
+after. Between the DELETE and the POST no pair is listed: apply's part is those few calls,
+the rest the router's own add (smg probes the new worker first; docs/benchmarks.md); a
 request then gets the router's 503 "no available servers". sglang-router selects the pair
 afresh inside its retry loop (src/routers/http/pd_router.rs execute_dual_dispatch:
 handle_server_selection_error answers 503, a retryable status), backing off 200 ms doubling
 (router.retry), so none fails there. smg's published source does the same
 (model_gateway/src/routers/http/pd_router.rs execute_dual_dispatch_attempt), yet smg 1.13
 (a compiled wheel) answers `no_available_workers` at once, without its retries, and its
-prefill admission queue (--prefill-queue-size) does not hold a request for an empty pool
-(measured): 1-2 of ~100 requests fail in the gap. No order avoids the gap: the halves are
+prefill admission queue (--prefill-queue-size) does not hold a request for an empty pool:
+a request in the gap can fail (docs/benchmarks.md). No order avoids the gap: the halves are
 disjoint, and any moment the router lists a prefill of one half with a decode of the other
 routes mixed pairs. Then B restarts held, and at the end every hold is released and B joins
 (its runtime, once its canary judged the pairs with A: those were never probed).

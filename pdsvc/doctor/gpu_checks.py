@@ -14,7 +14,7 @@ from pdsvc.topology import format_cpulist
 from .gpus import GpuFacts, GpuMemory, normalize_bus_id
 from .rows import Row, fail, ok, warn
 
-IDLE_USED_FRACTION = 0.01  # "memory.used ~ 0": an idle H200 shows 0 MiB, some drivers reserve a bit
+IDLE_USED_FRACTION = 0.01  # "memory.used ~ 0": some drivers reserve a bit (docs/benchmarks.md)
 
 FIX_DRIVER = ("install and load the NVIDIA driver (modprobe nvidia nvidia_uvm); "
               "`nvidia-smi` must list the GPUs")

@@ -66,8 +66,8 @@ _LOOPBACK = ("127.", "localhost", "::1")
 #: The router's init container: start it only once every engine Service answers its health URL
 #: (a Service routes to ready pods only). The units' After= on Type=notify engines, for the
 #: same reason: router 0.3.2 drops for good a worker not up within --worker-startup-timeout-secs
-#: and keeps /liveness 200, so nothing would ever restart it (measured with sglang-router
-#: 0.3.2; its --worker-startup-timeout-secs help).
+#: and keeps /liveness 200, so nothing would ever restart it (its --worker-startup-timeout-secs
+#: help; docs/benchmarks.md).
 WAIT_FOR_ENGINES = """\
 import sys, time, urllib.request
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

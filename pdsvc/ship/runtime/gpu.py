@@ -164,8 +164,8 @@ def wait_gpus_idle(
     poll: float = 1.0,
 ) -> str:
     """Wait until no compute process holds one of ``gpus``: a restart right after a crash
-    meets the old process's memory for a fraction of a second (measured on an H200: a killed
-    process's 60 GiB were released 0.3 s later), an operator's job on the GPU for longer.
+    meets the old process's memory for a fraction of a second (docs/benchmarks.md), an
+    operator's job on the GPU for longer.
     Waiting is visible (log + STATUS= every ``progress_every`` s) and bounded by ``timeout``.
 
     Returns "idle" (start), "busy" (still held after ``timeout``), "error" (nvidia-smi failed:
