@@ -66,3 +66,31 @@ def test_runtime_imports_only_the_standard_library() -> None:
     assert [name for name in out if name not in stdlib | {"runtime", "__main__"}] == []
 
 
+
+
+def test_the_runtime_runs_on_the_oldest_python_it_supports() -> None:
+    """The runtime runs under the SGLang venv's interpreter, Python >= 3.9: every module
+    imports there and the supervising modes parse (an `X | Y` evaluated at run time, a 3.10
+    keyword, would not). Skipped where no 3.9 is installed (CI's Debian 12 has 3.11 only)."""
+    import shutil
+    from pathlib import Path
+
+    import pytest
+
+    found = [*map(str, Path("/root/.pyenv/versions").glob("3.9*/bin/python3.9")),
+             shutil.which("python3.9") or ""]
+    old = next((p for p in found if p and subprocess.run(
+        [p, "-c", "pass"], capture_output=True).returncode == 0), None)
+    if old is None:
+        pytest.skip("no Python 3.9 here")
+    ship = Path(__file__).resolve().parents[1] / "pdsvc" / "ship"
+    modules = sorted(p.stem for p in (ship / "runtime").glob("*.py") if p.stem != "__main__")
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module('runtime.' + m)\n"
+            "from runtime.cli import parse_args\n"
+            "a, _ = parse_args(['engine', '--name', 'x', '--health-url', 'http://h:1/health',"
+            " '--pair', 'http://p:1', '8998', 'http://d:2', '--', 'true'])\n"
+            "assert a.pair == [['http://p:1', '8998', 'http://d:2']], a\n")
+    done = subprocess.run([old, "-c", code], cwd=ship, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -7,7 +7,6 @@ every Bounds.manager_secs once the unit runs again; the rest every Bounds.poll_s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ from pdsvc.apply.bounds import Bounds, StepFailed
 from pdsvc.apply.host import Host
 from pdsvc.apply.router import RouterClient
 from pdsvc.apply.units import Unit
+from pdsvc.ship.runtime.statefile import Kind, NewerFormat, parse_state, state_path
 from pdsvc.status.managers import ServiceManager
 
 
@@ -118,12 +118,12 @@ class Readiness:
         if not u.option("--state-dir"):
             return None
         name = u.option("--name", u.name.removesuffix(".service"))
-        text = self.host.read(f"{u.option('--state-dir')}/{name}.canary.json")
+        text = self.host.read(state_path(u.option("--state-dir"), name, Kind.CANARY))
         try:
-            doc = json.loads(text) if text else None
-        except ValueError:
-            doc = None
-        return doc if isinstance(doc, dict) and isinstance(doc.get("pairs"), list) else None
+            doc = parse_state(text, name) if text else None
+        except NewerFormat as e:
+            raise StepFailed(str(e)) from None
+        return doc if doc is not None and isinstance(doc.get("pairs"), list) else None
 
     def _peers(self, u: Unit) -> list[Unit]:
         """The engines at the other end of u's pairs that run on this host (their state)."""

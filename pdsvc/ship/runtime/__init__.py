@@ -6,10 +6,19 @@ runs under the SGLang venv's interpreter on the GPU host (``python DIR/runtime e
 directory with ``__main__.py``). `pdsvc doctor` and `pdsvc status` import the same modules.
 One idea a module:
 
-  notify     sd_notify and log lines          probe      the HTTP client for every probe
-  gpu        the nvidia-smi client            jitlock    cold JIT compile serialisation
-  proctree   subreaper and /proc              child      the supervised command
-  phases     start / liveness / peer loops    lifecycle  one unit's life, start to exit
-  listener   supervisord's event listener     cli        the command line
-  states     the states and their transitions
+  cli        the command line                 options    every option and its default
+  lifecycle  one unit's life, start to exit   states     the states and their transitions
+  serving    SERVING's duties                 stopping   STOPPING and the exit status
+  endings    how a run ends, exit statuses    timings    every fixed timing
+  phases     start / liveness / peer loops    policy     the restart policy, heal budget
+  canary     the pair canary's judgment       rounds     the canary's rounds and thread
+  cascade    heal cascades and their cure     membership the router's worker list
+  hold       pdsvc apply's hold               statefile  the state files' contract
+  metrics    the node_exporter textfile       probe      the HTTP client for every probe
+  notify     sd_notify and log lines          gpu        the nvidia-smi client
+  jitlock    cold JIT compile serialisation   proctree   subreaper and /proc
+  child      the supervised command           listener   supervisord's event listener
+  launch     the router launcher with its key
+
+docs/lifecycle.md tells the whole story by state, with a timeline per fault.
 """

@@ -2,7 +2,7 @@
 restart policy records for the next run (and `pdsvc status`, the metrics), and the endings that
 join the two.
 
-A run that started its child ends in exactly one ``Ending`` (lifecycle.Unit.ending decides it,
+A run that started its child ends in exactly one ``Ending`` (stopping.Stopping.ending decides it,
 the first that holds in the class's order). Each ending says, in one row of the table below,
 what the restart policy records and what the unit's main process exits with; ``None`` there
 means the child's own status (runtime_exit_code). The unit templates render ``Exit.GAVE_UP``

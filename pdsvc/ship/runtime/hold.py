@@ -49,7 +49,7 @@ def hold_path(state_dir: str | None, name: str) -> str | None:
 def lease_end(doc: dict) -> float | None:
     """The hold's ``until`` (epoch seconds), or None: no lease (an older apply's hold)."""
     until = doc.get("until")
-    return float(until) if isinstance(until, int | float) and not isinstance(until, bool) \
+    return float(until) if isinstance(until, (int, float)) and not isinstance(until, bool) \
         else None
 
 

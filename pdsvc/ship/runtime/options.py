@@ -173,8 +173,9 @@ class Options:
         metavar="URL", required=True))
     restart_with: list[str] = urls(
         "/health of a peer on another host this engine must restart with (a NIXL "
-        "decode's prefill, sglang #33789; on one host systemd's PartOf= does it): once the "
-        "peer is back after --peer-down-probes failed probes in a row, stop the engine and "
+        "decode's prefill, sglang #33789; on one host systemd's PartOf= does it): once "
+        "--peer-down-probes probes of a peer seen healthy failed in a row, its port closed "
+        "(the process is gone; a refusal is confirmed within a second), stop the engine and "
         f"exit {Exit.PEER:d} so that Restart=on-failure starts it afresh; repeatable",
         modes=ENGINE)
     peer_down_probes: int = field(default=3, metadata=opt(

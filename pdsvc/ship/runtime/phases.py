@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evalua
 
 class End(str, enum.Enum):
     """Why a loop of this module ended, when that is not yet how the run ends: the run's
-    ``Ending`` follows from it and from whether the engine served (lifecycle.Unit.ending). A
+    ``Ending`` follows from it and from whether the engine served (stopping.Stopping.ending). A
     loop that decides the ending itself (hung, a peer's restart, a heal, too late) returns
     that ``Ending``. Both are ``str`` enums, so an Outcome compares with the word:
     ``Outcome("exited", 3) == Outcome(End.EXITED, 3)``."""

@@ -49,14 +49,24 @@ def read_state(path: str) -> dict | None:
     Raises NewerFormat (one line, naming the file) for a format newer than FORMAT."""
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
+            text = fh.read()
+    except OSError:
+        return None
+    return parse_state(text, path)
+
+
+def parse_state(text: str, where: str) -> dict | None:
+    """read_state for a file's text read elsewhere (apply reads through its Host); ``where``
+    names it in the NewerFormat line."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
         return None
     if not isinstance(doc, dict):
         return None
     found = doc.get("format", 1)
     if not isinstance(found, int) or isinstance(found, bool) or found > FORMAT:
-        raise NewerFormat(f"{path}: format {found!r}, newer than this pdsvc's {FORMAT}: "
+        raise NewerFormat(f"{where}: format {found!r}, newer than this pdsvc's {FORMAT}: "
                           "not read (upgrade pdsvc on this host)")
     return doc
 
