@@ -267,6 +267,7 @@ def _engine(
     env.update({k: _env_str(v) for k, v in rt.env.items()})
     env.update({k: _env_str(v) for k, v in role_cfg.env.items()})
     if machine and topology is not None:  # scheduled (k8s): no host of the inventory is used
+        assert config.hosts is not None  # a machine is a key of hosts
         hc = config.hosts[machine]
         env["SGLANG_HOST_IP"] = host  # what SGLang advertises to its peers (multi-homed hosts)
         if hc.ucx_net_devices:

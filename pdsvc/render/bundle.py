@@ -298,14 +298,14 @@ def _write_locked(files: list[File], outdir: Path, origin: Origin | None,
                 fh.write(f.content)
             os.chmod(tmp, f.mode)
     except OSError as e:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+        for part, _ in staged:
+            part.unlink(missing_ok=True)
         for d in reversed(made):
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise OutputError(f"{outdir}: cannot write the bundle: {e.strerror}") from None
-    for tmp, dest in staged:  # the record last: what it lists is in place
-        os.replace(tmp, dest)
+    for part, dest in staged:  # the record last: what it lists is in place
+        os.replace(part, dest)
     for p in gone:
         p.unlink()
         rel = p.relative_to(outdir).as_posix()
