@@ -355,26 +355,35 @@ def router_pod_argv(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> tup
 
 
 def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[dict[str, Any]]:
-    k, lc = plan.k8s, plan.lifecycle
+    """The router's Deployment (its container, behind an init container that waits for the
+    engines) and its Service; ConfigError for a router bound to loopback."""
     if r.host.startswith(_LOOPBACK):
         raise ConfigError(
             f"{plan.config_source}: router.host is {r.host}: in a pod the router's Service "
             "could not reach it",
             hint="set router.host: 0.0.0.0",
         )
-    labels = _labels(plan, "router")
-    image = k.router_image or k.image
+    return [_router_deployment(plan, r, engines), _router_service(plan, r)]
+
+
+def _wait_for_engines(plan: Plan, engines: list[EnginePlan]) -> dict[str, Any]:
+    """The router's init container: it ends once every engine's Service answers health."""
+    k, lc = plan.k8s, plan.lifecycle
     waits = [service_url(plan, e) + _path(e.health_url) for e in engines]
-    wait = {
+    return {
         "name": "wait-for-engines",
-        "image": image,
+        "image": k.router_image or k.image,
         "command": _command([k.python, "-c", WAIT_FOR_ENGINES,
                              str(lc.liveness_interval_secs),
                              str(lc.liveness_timeout_secs), *waits]),
     }
-    container: dict[str, Any] = {
+
+
+def _router_container(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> dict[str, Any]:
+    """The router's container: its command with the engines' Services, its port, probes."""
+    return {
         "name": "router",
-        "image": image,
+        "image": plan.k8s.router_image or plan.k8s.image,
         "command": _command(router_pod_argv(plan, r, engines)),
         "env": [{"name": key, "value": k8s_escape(v)} for key, v in r.env],
         # only the client port: the metrics listener binds router.prometheus_host (loopback
@@ -384,7 +393,12 @@ def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[d
         # engine restart does not restart it
         **_probes(plan, startup=None, ready=_path(r.readiness_url), live=_path(r.liveness_url)),
     }
-    deployment = {
+
+
+def _router_deployment(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> dict[str, Any]:
+    """The router's Deployment: one replica, scraped where its metrics bind beyond loopback."""
+    lc, labels = plan.lifecycle, _labels(plan, "router")
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(plan, r.name, labels),
@@ -400,23 +414,26 @@ def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[d
                 "spec": {
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": lc.stop_timeout_secs,
-                    "initContainers": [wait],
-                    "containers": [container],
+                    "initContainers": [_wait_for_engines(plan, engines)],
+                    "containers": [_router_container(plan, r, engines)],
                 },
             },
         },
     }
-    service = {
+
+
+def _router_service(plan: Plan, r: RouterPlan) -> dict[str, Any]:
+    """The router's Service, of k8s.router_service_type, on its client port."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(plan, r.name, labels),
+        "metadata": _metadata(plan, r.name, _labels(plan, "router")),
         "spec": {
-            "type": k.router_service_type,
+            "type": plan.k8s.router_service_type,
             "selector": _router_selector(plan),
             "ports": [{"name": "http", "port": r.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
-    return [deployment, service]
 
 
 # --------------------------------------------------------------------------- the bundle
