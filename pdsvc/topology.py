@@ -119,8 +119,8 @@ def read_sysfs(root: Path = Path("/sys")) -> Topology:
         for entry in sorted(node_dir.iterdir()):
             name = entry.name
             if name.startswith("node") and name[4:].isdigit():
-                cpus = _read(entry / "cpulist")
-                nodes.append(NumaNode(int(name[4:]), parse_cpulist(cpus or "")))
+                cpulist = _read(entry / "cpulist")
+                nodes.append(NumaNode(int(name[4:]), parse_cpulist(cpulist or "")))
     nodes.sort(key=lambda n: n.id)
 
     found: list[tuple[str, int | None, tuple[int, ...]]] = []

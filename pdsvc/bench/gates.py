@@ -115,7 +115,7 @@ def token_gate(zero: int, ok: int) -> Gate:
 
 def error_gate(failed: int, total: int, bound: float) -> Gate:
     rate = failed / total if total else 1.0
-    verdict = "fail" if rate > bound else "pass"
+    verdict: Literal["pass", "fail"] = "fail" if rate > bound else "pass"
     return Gate("errors", verdict, f"{failed} of {total} requests failed ({rate:.1%}; "
                 f"bound {bound:.1%})")
 

@@ -8,6 +8,7 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,6 +26,9 @@ from pdsvc.cli.kit import (
     topology_option,
 )
 from pdsvc.status.collect import http_get
+
+if TYPE_CHECKING:
+    from pdsvc.plan.build import Plan
 
 BENCH_EPILOG = """\b
 Examples:
@@ -159,41 +163,101 @@ def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None
     loads = [Load(rate, input_len, output_len, num_prompts, seed=i + 1) for i in range(repeat)]
     if dry_run:
         first = Load(((lo * hi) ** 0.5) if slo else rate, input_len, output_len, num_prompts)
-        for i, load in enumerate([first] if slo else loads, 1):
-            click.echo(shlex.join(bench_argv(target, load, str(output_dir / f"run-{i:02d}.jsonl"))))
+        _print_commands(target, [first] if slo else loads, output_dir)
         if slo:
             click.echo(f"# then --request-rate by bisection over {lo:g}..{hi:g} req/s "
                        f"to within {precision:.0%}")
         return
     output_dir.mkdir(parents=True, exist_ok=True)
     if url is None:
-        why = owns(target)
-        if why is not None:
-            say(f"pdsvc: error: not loading {target.url}: {why}; this is not the deployment "
-                f"of {config_path} (pass --url URL to load another endpoint)")
-            sys.exit(EXIT_CANNOT)
+        _refuse_foreign(target, config_path)
+    _warn(target, slo, num_prompts)
+    runner = _Runner(target, output_dir, slo, max_error_rate, plan,
+                     _state_dir(plan, target, state_dir))
+    best: float | None = None
+    if slo:
+        def meets(r: float) -> bool | None:
+            res = runner.one(Load(r, input_len, output_len, num_prompts))
+            if res.error or any(g.name != "errors" for g in res.failed_gates()):
+                return None  # invalid: stop (errors alone only mean the SLO is missed)
+            return bool(res.valid and (res.slo_share or 0) >= slo.share)
+
+        best, _ = bisect_rate(lo, hi, precision, meets)
+    else:
+        for load in loads:
+            runner.one(load)
+    runs = runner.runs
+    plot_path = report.plot(runs, output_dir / "latency-vs-rate.png") if runs else None
+    code, reason = _verdict(runs, slo, best, rate_range)
+    if as_json:
+        slo_doc = None if slo is None else {**asdict(slo), "rate": best, "range": [lo, hi]}
+        target_doc = {"url": target.url, "model": target.served_name,
+                      "tokenizer": target.model_path, "engines": [u for _, u in target.engines]}
+        mode = "slo" if slo else ("repeat" if repeat > 1 else "fixed")
+        click.echo(json.dumps(report.document(target_doc, runs, mode=mode, slo=slo_doc,
+                                              plot_path=plot_path, valid=code == 0,
+                                              reason=reason), indent=1))
+    else:
+        _print_table(runs, spread=repeat > 1 and not slo, plot_path=plot_path)
+        click.echo(("ok: " if code == 0 else "FAILED: ") + reason)
+    sys.exit(code)
+
+
+def _print_commands(target: Target, loads: list[Load], output_dir: Path) -> None:
+    """--dry-run: the bench_serving command line of each run."""
+    for i, load in enumerate(loads, 1):
+        click.echo(shlex.join(bench_argv(target, load, str(output_dir / f"run-{i:02d}.jsonl"))))
+
+
+def _refuse_foreign(target: Target, config_path: Path) -> None:
+    """Exit (EXIT_CANNOT) when the plan's URL answers as another deployment than the config's."""
+    why = owns(target)
+    if why is not None:
+        say(f"pdsvc: error: not loading {target.url}: {why}; this is not the deployment "
+            f"of {config_path} (pass --url URL to load another endpoint)")
+        sys.exit(EXIT_CANNOT)
+
+
+def _warn(target: Target, slo: Slo | None, num_prompts: int) -> None:
+    """What the operator should know before the load starts."""
     if slo and num_prompts < 100:
         say(f"pdsvc bench: note: --num-prompts {num_prompts}: ≥ 99 % of fewer than 100 "
             "requests is all of them (the search finds where the slowest request meets the "
             "SLO); use a few hundred to find the capacity")
     say(f"pdsvc bench: warning: this loads {target.url}, the production traffic path "
         "(router → prefill → decode): live requests there will queue behind the benchmark")
-    sdir = state_dir
-    if sdir is None and target.owned:
+
+
+def _state_dir(plan: Plan, target: Target, state_dir: Path | None) -> Path | None:
+    """Where the runtimes' pair canaries write: --state-dir, else the plan's (when the target
+    is the plan's own)."""
+    if state_dir is None and target.owned:
         from pdsvc.status.runstate import state_dir as plan_state_dir
 
-        sdir = plan_state_dir(plan, "supervisord" if plan.format == "supervisord" else "systemd")
-    runs: list[RunResult] = []
+        return plan_state_dir(plan, "supervisord" if plan.format == "supervisord" else "systemd")
+    return state_dir
 
-    def one(load: Load) -> RunResult:
-        i = len(runs) + 1
+
+class _Runner:
+    """Runs one load after another, numbering their files, and says how each went."""
+
+    def __init__(self, target: Target, output_dir: Path, slo: Slo | None,
+                 max_error_rate: float, plan: Plan, state_dir: Path | None) -> None:
+        self.target, self.output_dir, self.slo = target, output_dir, slo
+        self.max_error_rate, self.plan, self.state_dir = max_error_rate, plan, state_dir
+        self.runs: list[RunResult] = []
+
+    def one(self, load: Load) -> RunResult:
+        """Run ``load``, keep its result, and report it on stderr."""
+        i = len(self.runs) + 1
         say(f"run {i}: {load.rate:g} req/s, {load.num_prompts} requests of "
             f"{load.input_len}+{load.output_len} tokens …")
-        res = run_once(target, load, output_dir / f"run-{i:02d}.jsonl", env=current_env(),
-                       slo=slo, max_error_rate=max_error_rate,
-                       pairs=lambda: read_pairs(plan if target.owned else None, sdir),
-                       log=say, log_file=output_dir / f"run-{i:02d}.log")
-        runs.append(res)
+        plan = self.plan if self.target.owned else None
+        res = run_once(self.target, load, self.output_dir / f"run-{i:02d}.jsonl",
+                       env=current_env(), slo=self.slo, max_error_rate=self.max_error_rate,
+                       pairs=lambda: read_pairs(plan, self.state_dir),
+                       log=say, log_file=self.output_dir / f"run-{i:02d}.log")
+        self.runs.append(res)
         m = res.metrics
         said = (f"  {res.ok}/{res.total} ok, p99 TTFT {m.get('p99_ttft_ms') or 0:.0f} ms, "
                 f"p99 ITL {m.get('p99_itl_ms') or 0:.1f} ms"
@@ -204,21 +268,14 @@ def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None
                 say(f"  gate {g.name}: {g.result}: {g.detail}")
         return res
 
-    best: float | None = None
-    if slo:
-        def meets(r: float) -> bool | None:
-            res = one(Load(r, input_len, output_len, num_prompts))
-            if res.error or any(g.name != "errors" for g in res.failed_gates()):
-                return None  # invalid: stop (errors alone only mean the SLO is missed)
-            return bool(res.valid and (res.slo_share or 0) >= slo.share)
 
-        best, worst = bisect_rate(lo, hi, precision, meets)
-    else:
-        for load in loads:
-            one(load)
+def _verdict(runs: list[RunResult], slo: Slo | None, best: float | None,
+             rate_range: tuple[float, float]) -> tuple[int, str]:
+    """The exit code and the reason for it: every run valid, or the first that is not (with
+    --slo, the rate found or that none was)."""
+    lo, hi = rate_range
     invalid = [r for r in runs if r.error or any(
         g.name != "errors" or not slo for g in r.failed_gates())]
-    plot_path = report.plot(runs, output_dir / "latency-vs-rate.png") if runs else None
     code, reason = 0, "every run valid"
     if any(r.error for r in runs):
         code, reason = EXIT_CANNOT, runs[-1].error if runs[-1].error else "bench_serving failed"
@@ -232,25 +289,19 @@ def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None
     elif slo:
         reason = (f"highest rate meeting the SLO: {best:.3g} req/s"
                   + (f" (≥ {hi:g}: raise --rate-range)" if best == hi else ""))
-    slo_doc = None if slo is None else {**asdict(slo), "rate": best, "range": [lo, hi]}
-    if as_json:
-        target_doc = {"url": target.url, "model": target.served_name,
-                      "tokenizer": target.model_path, "engines": [u for _, u in target.engines]}
-        mode = "slo" if slo else ("repeat" if repeat > 1 else "fixed")
-        click.echo(json.dumps(report.document(target_doc, runs, mode=mode, slo=slo_doc,
-                                              plot_path=plot_path, valid=code == 0,
-                                              reason=reason), indent=1))
-    else:
-        for line in report.table(runs):
+    return code, reason
+
+
+def _print_table(runs: list[RunResult], *, spread: bool, plot_path: str | None) -> None:
+    """The runs' table on stdout, the spread of repeated runs, gates left unchecked, the plot."""
+    for line in report.table(runs):
+        click.echo(line)
+    if spread:
+        click.echo("spread:")
+        for line in report.spread_lines(runs):
             click.echo(line)
-        if repeat > 1 and not slo:
-            click.echo("spread:")
-            for line in report.spread_lines(runs):
-                click.echo(line)
-        unchecked = sorted({g.name for r in runs for g in r.gates if g.result == "unchecked"})
-        if unchecked:
-            click.echo(f"unchecked gates: {', '.join(unchecked)} (see stderr)")
-        click.echo(f"plot: {plot_path}" if plot_path else
-                   "plot: not drawn (pip install 'pdsvc[plot]' for matplotlib)")
-        click.echo(("ok: " if code == 0 else "FAILED: ") + reason)
-    sys.exit(code)
+    unchecked = sorted({g.name for r in runs for g in r.gates if g.result == "unchecked"})
+    if unchecked:
+        click.echo(f"unchecked gates: {', '.join(unchecked)} (see stderr)")
+    click.echo(f"plot: {plot_path}" if plot_path else
+               "plot: not drawn (pip install 'pdsvc[plot]' for matplotlib)")

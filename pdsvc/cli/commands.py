@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -41,15 +42,17 @@ class _Commands(click.Group):
             self.add_command(getattr(importlib.import_module(module), attr), name)
         return super().get_command(ctx, name)
 
-    def main(self, *args: Any, standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
         """As click's, but every usage error is one line (click's own are three, with the
         usage and a "Try" line), and NO_COLOR turns colour off."""
         if no_color():
             extra.setdefault("color", False)
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **extra)
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            rv = super().main(*args, standalone_mode=False, **extra)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as err:
             usage_error_line(err)
             sys.exit(err.exit_code)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -75,6 +76,27 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
                     "the pods); --topology/--sysfs-root are ignored", fg="yellow", err=True)
     warn_plan(plan)
     command = canonical_command(config_path, sysfs_root, topology_file)
+    files, output = _render_files(plan, fmt, command, output)
+    if show_diff:
+        _show_diff(files, output, fmt, as_json)
+    if dry_run:
+        _show_dry_run(files, output, fmt, as_json)
+        return
+    report = write_bundle(files, output, origin=Origin(fmt, config_path), force=force)
+    step = next_step(fmt, plan, output)
+    if as_json:
+        emit_json("render", output=str(output), bundle=fmt, files=[
+            {"path": path, "status": status} for path, status in report], next=step)
+        return
+    for line in report_lines(report, output):
+        click.echo(line)
+    click.echo(step)
+
+
+def _render_files(plan: Plan, fmt: str, command: str,
+                  output: Path | None) -> tuple[list[File], Path]:
+    """The bundle's files in format ``fmt``, and the directory they go to (--output, else the
+    format's default)."""
     if fmt == "supervisord":
         from pdsvc.render.supervisord import check_bundle_dir, render_supervisord
 
@@ -91,31 +113,28 @@ def render(config_path: Path, fmt: str | None, output: Path | None, sysfs_root: 
     else:
         files = per_host(plan, command, lambda p: render_systemd(p, command))
         output = output or DEFAULT_OUTPUT
-    if show_diff:
-        diff = diff_bundle(files, output)
-        if as_json:
-            emit_json("render", output=str(output), bundle=fmt, changed=bool(diff), diff=diff)
-        else:
-            click.echo(diff or f"{output}: up to date", nl=not diff)
-        sys.exit(1 if diff else 0)
-    if dry_run:
-        if as_json:
-            emit_json("render", output=str(output), bundle=fmt, dry_run=True, files=[
-                {"path": f.path, "status": "would write", "bytes": len(f.content),
-                 "mode": f"{f.mode:o}"} for f in files])
-            return
-        for f in files:
-            click.echo(f"would write {output / f.path} ({len(f.content)} bytes, mode {f.mode:o})")
-        return
-    report = write_bundle(files, output, origin=Origin(fmt, config_path), force=force)
-    step = next_step(fmt, plan, output)
+    return files, output
+
+
+def _show_diff(files: list[File], output: Path, fmt: str, as_json: bool) -> NoReturn:
+    """--diff: what the render would change in ``output``; exit 1 when anything, as diff."""
+    diff = diff_bundle(files, output)
     if as_json:
-        emit_json("render", output=str(output), bundle=fmt, files=[
-            {"path": path, "status": status} for path, status in report], next=step)
+        emit_json("render", output=str(output), bundle=fmt, changed=bool(diff), diff=diff)
+    else:
+        click.echo(diff or f"{output}: up to date", nl=not diff)
+    sys.exit(1 if diff else 0)
+
+
+def _show_dry_run(files: list[File], output: Path, fmt: str, as_json: bool) -> None:
+    """--dry-run: each file the render would write, with its size and mode."""
+    if as_json:
+        emit_json("render", output=str(output), bundle=fmt, dry_run=True, files=[
+            {"path": f.path, "status": "would write", "bytes": len(f.content),
+             "mode": f"{f.mode:o}"} for f in files])
         return
-    for line in report_lines(report, output):
-        click.echo(line)
-    click.echo(step)
+    for f in files:
+        click.echo(f"would write {output / f.path} ({len(f.content)} bytes, mode {f.mode:o})")
 
 
 def report_lines(report: list[tuple[str, str]], output: Path) -> list[str]:

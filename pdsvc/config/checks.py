@@ -49,22 +49,44 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
     """`hosts`: every run item names something, every engine runs somewhere, the router once."""
     if not config.hosts:
         return []
-    problems: list[tuple[tuple, str]] = []
     by_role = {role: config.instances(role) for role in ("prefill", "decode")}
+    placed = config.placement()
+    loopback = [h for h, hc in config.hosts.items() if is_loopback(hc.address)]
+    return [
+        *_address_problems(config, loopback),
+        *_run_problems(config, by_role),
+        *_placement_problems(config, by_role, placed),
+        *_router_reach_problems(config, placed, loopback=bool(loopback)),
+        *_ucx_problems(config, placed),
+    ]
+
+
+def _address_problems(config: Config, loopback: list[str]) -> list[tuple[tuple, str]]:
+    """One address per host, and none on loopback unless every host is (one machine)."""
+    hosts = config.hosts or {}
+    problems: list[tuple[tuple, str]] = []
     seen: dict[str, str] = {}
-    for host, hc in config.hosts.items():
+    for host, hc in hosts.items():
         if hc.address in seen:
             problems.append((("hosts", host, "address"), (
                 f"{hc.address} is also hosts.{seen[hc.address]}.address; one address per host"
             )))
         seen.setdefault(hc.address, host)
-    loopback = [h for h, hc in config.hosts.items() if is_loopback(hc.address)]
-    if loopback and len(loopback) < len(config.hosts):  # all loopback: hosts of one machine
+    if loopback and len(loopback) < len(hosts):  # all loopback: hosts of one machine
         problems.append((("hosts", loopback[0], "address"), (
-            f"{config.hosts[loopback[0]].address} is a loopback address, which the other hosts "
+            f"{hosts[loopback[0]].address} is a loopback address, which the other hosts "
             "cannot reach (the router and decode dial it); give the host's routable IP"
         )))
-    for host, hc in config.hosts.items():
+    return problems
+
+
+def _run_problems(
+    config: Config, by_role: dict[str, tuple[Instance, ...]]
+) -> list[tuple[tuple, str]]:
+    """Each item of a host's `run` that names no engine of the config."""
+    hosts = config.hosts or {}
+    problems: list[tuple[tuple, str]] = []
+    for host, hc in hosts.items():
         for j, ref in enumerate(hc.run):
             if expand_ref(ref, by_role):
                 continue
@@ -75,9 +97,19 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
             have = (f"{role} is one mapping; write `{role}`" if not isinstance(spec, list)
                     else f"{role} has items 0…{len(spec) - 1}")
             problems.append((("hosts", host, "run", j), f"{ref} names no engine: {have}"))
-    placed = config.placement()
+    return problems
+
+
+def _placement_problems(
+    config: Config, by_role: dict[str, tuple[Instance, ...]],
+    placed: dict[str, tuple[str, ...]],
+) -> list[tuple[tuple, str]]:
+    """Every engine named alike on each host it runs on and run somewhere; the router on
+    exactly one host."""
+    hosts = config.hosts or {}
+    problems: list[tuple[tuple, str]] = []
     for inst in config.engines:
-        named = {(host, ref) for host, hc in config.hosts.items() for ref in hc.run
+        named = {(host, ref) for host, hc in hosts.items() for ref in hc.run
                  if inst.key in expand_ref(ref, by_role)}
         if len({ref for _, ref in named}) > 1:  # e.g. `prefill` on a, `prefill[1]` on b
             how = ", ".join(f"{h} (as `{r}`)" for h, r in sorted(named))
@@ -96,8 +128,14 @@ def _host_problems(config: Config) -> list[tuple[tuple, str]]:
             "the router runs on no host; add `router` to one host's run" if not routers else
             f"the router is on {len(routers)} hosts ({', '.join(routers)}); run it on one"
         )))
-    problems += _router_reach_problems(config, placed, loopback=bool(loopback))
-    for host, hc in config.hosts.items():
+    return problems
+
+
+def _ucx_problems(config: Config, placed: dict[str, tuple[str, ...]]) -> list[tuple[tuple, str]]:
+    """A host's ucx_net_devices that an engine there also sets in its env (or the host's)."""
+    hosts = config.hosts or {}
+    problems: list[tuple[tuple, str]] = []
+    for host, hc in hosts.items():
         if hc.ucx_net_devices is None:
             continue
         for inst in config.engines:

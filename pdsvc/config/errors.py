@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import yaml
+from pydantic_core import ErrorDetails
 
 from pdsvc.config.fields import dotted
 from pdsvc.config.roles import FORM_TAGS, model_forms
@@ -34,7 +35,7 @@ def line_index(node: yaml.Node | None, path: tuple = ()) -> dict[tuple, int]:
     return index
 
 
-def describe(err: dict[str, Any], lines: dict[tuple, int], source: str, schema: type) -> str:
+def describe(err: ErrorDetails, lines: dict[tuple, int], source: str, schema: type) -> str:
     """One line for pydantic error ``err`` of a file validated against ``schema`` (Config)."""
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
     if len(loc) > 1 and loc[0] in ("prefill", "decode") and loc[1] in FORM_TAGS:

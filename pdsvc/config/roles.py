@@ -114,7 +114,9 @@ class DecodeConfig(RoleConfig):
 
 
 class PrefillInstance(PrefillConfig):
-    """One item of `prefill:` in list form."""
+    """One item of `prefill:` in list form. Its ports may be left out (None: allocated from
+    the index, then set on the PrefillConfig made of it), so their type widens the base's:
+    mypy's [assignment] on each says so and is silenced there, for that reason only."""
 
     gpus: list[GpuIndex] = Field(
         min_length=1, max_length=1024,
@@ -122,11 +124,13 @@ class PrefillInstance(PrefillConfig):
         "NAME-prefill-0, NAME-prefill-1, … when several), each with its own GPUs (required, "
         "disjoint), args and env; ports left out are allocated from the index i.",
     )
-    port: Port | None = Field(None, description=f"Default: {PREFILL_PORT} + {PORT_STEP}×i.")
-    dist_init_port: Port | None = Field(
+    port: Port | None = Field(  # type: ignore[assignment]
+        None, description=f"Default: {PREFILL_PORT} + {PORT_STEP}×i."
+    )
+    dist_init_port: Port | None = Field(  # type: ignore[assignment]
         None, description=f"Default: {PREFILL_DIST_INIT} + {DIST_INIT_STEP}×i."
     )
-    bootstrap_port: Port | None = Field(
+    bootstrap_port: Port | None = Field(  # type: ignore[assignment]
         None,
         description=f"Default: {BOOTSTRAP_PORT} + i; one per prefill (sglang #20952). The router "
         "gets each with its URL; every decode's --disaggregation-bootstrap-port is prefill[0]'s.",
@@ -134,7 +138,7 @@ class PrefillInstance(PrefillConfig):
 
 
 class DecodeInstance(DecodeConfig):
-    """One item of `decode:` in list form."""
+    """One item of `decode:` in list form; its ports widen the base's as PrefillInstance's."""
 
     gpus: list[GpuIndex] = Field(
         min_length=1, max_length=1024,
@@ -142,8 +146,10 @@ class DecodeInstance(DecodeConfig):
         "NAME-decode-0, NAME-decode-1, … when several), each with its own GPUs (required, "
         "disjoint), args and env; ports left out are allocated from the index i.",
     )
-    port: Port | None = Field(None, description=f"Default: {DECODE_PORT} + {PORT_STEP}×i.")
-    dist_init_port: Port | None = Field(
+    port: Port | None = Field(  # type: ignore[assignment]
+        None, description=f"Default: {DECODE_PORT} + {PORT_STEP}×i."
+    )
+    dist_init_port: Port | None = Field(  # type: ignore[assignment]
         None, description=f"Default: {DECODE_DIST_INIT} + {DIST_INIT_STEP}×i."
     )
     restart_with_prefill: Literal["auto"] | bool = Field(

@@ -4,6 +4,7 @@ check returns rows, and a crash in one is a row too)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,19 +62,19 @@ class Check:
 CHECKS: tuple[Check, ...] = (
     Check("driver", lambda f: check_driver(f.host.proc_root, f.driver_version, f.gpus),
           _gpu_host),
-    Check("gpus", lambda f: check_gpus(f.plan, f.driver_version, f.gpus), _planned),
-    Check("gpus idle", lambda f: check_gpus_idle(f.plan, f.gpus), _engines),
-    Check("gpu memory", lambda f: check_gpu_memory(f.plan, f.gpus), _engines),
+    Check("gpus", lambda f: check_gpus(f.planned, f.driver_version, f.gpus), _planned),
+    Check("gpus idle", lambda f: check_gpus_idle(f.planned, f.gpus), _engines),
+    Check("gpu memory", lambda f: check_gpu_memory(f.planned, f.gpus), _engines),
     Check("gpus idle", lambda f: check_idle_guard(f.gpus), _engines),
-    Check("topology", lambda f: check_topology(f.plan, f.topology, f.host.sysfs_root),
+    Check("topology", lambda f: check_topology(f.planned, f.topology, f.host.sysfs_root),
           _engines),
-    Check("numa", lambda f: check_numa(f.plan, f.topology), _engines),
-    Check("network", lambda f: check_network(f.plan, f.host.sysfs_root), _planned),
-    Check("ports", lambda f: check_ports(f.plan, f.host.proc_root), _planned),
-    Check("router key", lambda f: check_router_key(f.plan), _key_reader),
-    Check("python", lambda f: check_python(f.plan, f.installed), _planned),
-    Check("flags", lambda f: check_flags(f.plan, f.installed), _planned),
-    Check("jit cache", lambda f: check_jit_cache(f.plan), _engines),
+    Check("numa", lambda f: check_numa(f.planned, f.topology), _engines),
+    Check("network", lambda f: check_network(f.planned, f.host.sysfs_root), _planned),
+    Check("ports", lambda f: check_ports(f.planned, f.host.proc_root), _planned),
+    Check("router key", lambda f: check_router_key(f.planned), _key_reader),
+    Check("python", lambda f: check_python(f.planned, f.installed), _planned),
+    Check("flags", lambda f: check_flags(f.planned, f.installed), _planned),
+    Check("jit cache", lambda f: check_jit_cache(f.planned), _engines),
     Check("memlock", lambda f: check_memlock(f.host)),
     Check("/dev/shm", lambda f: check_shm(f.host)),
     Check("systemd", lambda f: check_systemd(f.plan, f.host)),
@@ -86,5 +87,5 @@ def run_checks(plan: Plan | None, host: Host) -> list[Row]:
     rows: list[Row] = []
     for check in CHECKS:
         if check.when(facts):
-            rows += guarded(check.name, lambda c=check: c.run(facts))
+            rows += guarded(check.name, functools.partial(check.run, facts))
     return rows

@@ -21,6 +21,12 @@ class Facts:
         self.host = host
         self.plan = plan
 
+    @property
+    def planned(self) -> Plan:
+        """The plan, for a check whose ``when`` runs it only when one could be made."""
+        assert self.plan is not None
+        return self.plan
+
     @cached_property
     def driver_version(self) -> str | None:
         """The loaded NVIDIA kernel module's version (/proc), None when none is loaded."""
@@ -43,5 +49,4 @@ class Facts:
     @cached_property
     def installed(self) -> Installed | ProbeFailed:
         """What runtime.python has installed (the version probe, run once)."""
-        assert self.plan is not None
-        return probe_versions(self.plan)
+        return probe_versions(self.planned)

@@ -155,9 +155,9 @@ def check_gpu_memory(plan: Plan, gpus: GpuFacts) -> list[Row]:
             ))
     if not rows and fractions:
         set_fractions = sorted({f for f in fractions if f is not None})
-        need = (f"; the plan needs ≥ {'/'.join(f'{f:g}' for f in set_fractions)} × total free"
-                if set_fractions else "")
-        rows.append(ok("gpu memory", f"the plan's GPUs are free (memory.used ~ 0){need}"))
+        needs = (f"; the plan needs ≥ {'/'.join(f'{f:g}' for f in set_fractions)} × total free"
+                 if set_fractions else "")
+        rows.append(ok("gpu memory", f"the plan's GPUs are free (memory.used ~ 0){needs}"))
     return rows
 
 

@@ -35,7 +35,7 @@ GpuQueryError = GpuCheckError
 class GpuMemory(NamedTuple):
     """One GPU's memory; None where the driver prints [N/A] (MIG, some vGPUs)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index, on purpose
     bus_id: str  # as the tool prints it
     total_mib: int | None
     used_mib: int | None

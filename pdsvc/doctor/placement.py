@@ -29,7 +29,9 @@ def placement_findings(e: EnginePlan, topo: Topology) -> list[tuple[str, str]]:
     """(finding, fix) for each way ``topo`` (this host) contradicts the plan's placement of
     engine ``e``."""
     findings = []
-    absent, moved, nodes_here = [], [], {}
+    absent: list[str] = []
+    moved: list[str] = []
+    nodes_here: dict[int, list[tuple[int, str]]] = {}
     for index, bus in zip(e.gpus, e.pci_bus_ids, strict=True):
         g = topo.gpu(index)
         if g is None:

@@ -8,8 +8,8 @@ derives a value of its own. The plan holds a tuple of engines — N prefill + M 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 from pdsvc import __version__, routers
 from pdsvc.errors import TopologyError
@@ -54,105 +54,12 @@ def build_plan(
     """
     warnings: list[str] = []
     name = config.name
-    host_topologies = host_topologies or {}
-    jit = config.runtime.jit_cache
-    paths = Paths(
-        runtime=f"{config.runtime.libexec_dir}/{name}/runtime",
-        env_dir=f"/etc/{name}",
-        router_key=config.router.control_plane_key or f"/etc/{name}/router.key",
-        run_dir=f"/run/{name}",
-        state_dir=f"/var/lib/{name}",
-        jit_cache=jit,
-        cache_directory=jit.removeprefix("/var/cache/") if jit.startswith("/var/cache/") else None,
-    )
-    placement = config.placement()  # {} on one host: engines listen on loopback only
-
-    def address(machine: str) -> str:
-        return config.hosts[machine].address if config.hosts and machine else "127.0.0.1"
-
-    def layout(machine: str) -> Topology | None:
-        if topology is None or (only_host and machine != only_host):
-            return None  # placed by a scheduler, or another host's to check
-        topo = host_topologies[machine][0] if machine in host_topologies else topology
-        if not topo.gpus:
-            where = f"for host {machine} " if machine else ""
-            raise TopologyError(
-                f"no NVIDIA GPU found {where}({topo.source})",
-                hint=(f"set hosts.{machine}.topology to the file `pdsvc topology --json` "
-                      "writes on that host") if machine else (
-                    "that file lists no GPU: write it on the GPU host with `pdsvc topology "
-                    "--json > host.json`" if topo.source.startswith("file:") else
-                    "on a machine without the GPUs pass --topology FILE, written on the GPU "
-                    "host by `pdsvc topology --json > host.json` (the seed host's is "
-                    "etc/seed-host.topology.json)"),
-            )
-        return topo
-
-    prefills, decodes = config.instances("prefill"), config.instances("decode")
-    machines = {i.key: placement.get(i.key, ("",)) for i in (*prefills, *decodes)}
-    # Coupling (PartOf= on one host, --restart-with across hosts): a decode restarts with its
-    # prefill only where that prefill is the deployment's only one (`auto`, NIXL). Then the
-    # prefill's restart stops serving anyway, so the decode reloads in its shadow and both come
-    # back with fresh NIXL agents in one step, with no later heal (sglang #33789: a decode
-    # keeps the endpoints of a prefill replaced behind its address; smg #2382: a prefill keeps
-    # stale agent state of replaced decodes). With several prefills a coupled decode would go
-    # down with each of them, and with it every pair the other prefills serve: there one
-    # engine's restart reloads that engine only, and a partner the pair canary proves stale
-    # heals alone, one engine of a role at a time (pdsvc/ship/runtime/canary.py).
-    prefill_units = {  # per host: the prefill units there (PartOf= reaches no further)
-        m: tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills
-                 if m in machines[p.key])
-        for m in {m for ms in machines.values() for m in ms}
-    }
-    # a decode that does not find bootstrap_port in a request falls back to its own flag:
-    # prefill[0]'s (the router sends each prefill's port with every request, sglang #5704)
-    bootstrap_port = prefills[0].cfg.bootstrap_port
-    engines = []
-    for count, insts in ((len(prefills), prefills), (len(decodes), decodes)):
-        for inst in insts:
-            couple = inst.role == "decode" and inst.cfg.restart_with_prefill
-            if couple == "auto":
-                couple = config.transfer.backend == "nixl" and len(prefills) == 1
-            where = machines[inst.key]
-            for rank, machine in enumerate(where):
-                restarts_with = prefill_units[machine] if couple else ()
-                # PartOf= stops at the host: a prefill elsewhere is watched by the runtime
-                remote = () if not couple else tuple(
-                    f"http://{address(machines[p.key][0])}:{p.cfg.port}/health"
-                    for p in prefills if machine not in machines[p.key]
-                )
-                engines.append(_engine(
-                    config, layout(machine), inst.role, inst.cfg, key=inst.key,
-                    name=unit_name(name, inst, count), host=address(machine),
-                    leader=address(where[0]), nnodes=len(where), node_rank=rank,
-                    machine=machine, paths=paths,
-                    bootstrap_port=inst.cfg.bootstrap_port if inst.role == "prefill"
-                    else bootstrap_port,
-                    warnings=warnings,
-                    # NIXL: any prefill's (re)start restarts the decode
-                    restarts_with=restarts_with,
-                    peer_health=remote,
-                ))
-    router_machine = placement.get("router", ("",))[0]
-    router = _router(config, tuple(engines), name=f"{name}-router", machine=router_machine)
-    hosts: list[HostPlan] = []
-    for hname, hc in (config.hosts or {}).items():
-        topo, sha = host_topologies.get(hname, (topology, ""))
-        units = [e.unit for e in engines if e.machine == hname]
-        units += [router.unit] if router.machine == hname else []
-        hosts.append(HostPlan(hname, hc.address, topo.source if topo else UNPLACED, sha,
-                              tuple(dict.fromkeys(units))))
-        if config.transfer.backend == "nixl" and hc.ucx_net_devices is None and any(
-            e.machine == hname for e in engines
-        ):
-            warnings.append(
-                f"hosts.{hname}.ucx_net_devices is not set: NIXL's UCX may move KV over the "
-                f"wrong NIC across hosts (sglang #28737); set it (e.g. mlx5_0:1 or eth1)"
-            )
-    under_home = [
-        p for p in (config.runtime.python, config.model.path, jit, *config.runtime.read_write_paths)
-        if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
-    ]
+    site = _Site(config, topology, host_topologies or {}, only_host)
+    paths = _paths(config)
+    engines = _engines(site, paths, warnings)
+    router_machine = config.placement().get("router", ("",))[0]
+    router = _router(config, engines, name=f"{name}-router", machine=router_machine)
+    hosts = _host_plans(site, engines, router, warnings)
     sv_run_dir = config.supervisord.run_dir.rstrip("/")
     return _members(Plan(
         name=name,
@@ -169,12 +76,13 @@ def build_plan(
         kv_check=KvCheck(config.transfer.kv_check_bytes, config.transfer.kv_check_blocks,
                          config.transfer.kv_check_min_gbps),
         paths=paths,
-        engines=tuple(engines),
+        engines=engines,
         router=router,
         lifecycle=LifecyclePlan(**config.lifecycle.model_dump()),
-        protect_home="read-only" if under_home else "yes",
+        protect_home=_protect_home(config),
         read_write_paths=tuple(
-            ([] if paths.cache_directory else [jit]) + list(config.runtime.read_write_paths)
+            ([] if paths.cache_directory else [paths.jit_cache])
+            + list(config.runtime.read_write_paths)
         ),
         warnings=tuple(warnings),
         format=config.format,
@@ -183,10 +91,159 @@ def build_plan(
             control_socket=f"{sv_run_dir}/{name}-supervisord.sock",
             state_dir=f"{sv_run_dir}/{name}",
         ),
-        hosts=tuple(hosts),
+        hosts=hosts,
         k8s=K8sPlan(**config.k8s.model_dump()),
         router_machine=router_machine,
     ))
+
+
+def _paths(config: Config) -> Paths:
+    """Where the deployment's runtime, env files, key, state and JIT cache live."""
+    name, jit = config.name, config.runtime.jit_cache
+    return Paths(
+        runtime=f"{config.runtime.libexec_dir}/{name}/runtime",
+        env_dir=f"/etc/{name}",
+        router_key=config.router.control_plane_key or f"/etc/{name}/router.key",
+        run_dir=f"/run/{name}",
+        state_dir=f"/var/lib/{name}",
+        jit_cache=jit,
+        cache_directory=jit.removeprefix("/var/cache/") if jit.startswith("/var/cache/") else None,
+    )
+
+
+def _protect_home(config: Config) -> Literal["yes", "read-only"]:
+    """ProtectHome=: read-only when a path the engines read or write lies under a home."""
+    under_home = [
+        p for p in (config.runtime.python, config.model.path, config.runtime.jit_cache,
+                    *config.runtime.read_write_paths)
+        if p.startswith(("/home/", "/root/", "/root", "/run/user/"))
+    ]
+    return "read-only" if under_home else "yes"
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where the plan is made for: the config's hosts and the GPU layout of each."""
+
+    config: Config
+    topology: Topology | None  # the layout read where pdsvc runs; None: a scheduler places
+    host_topologies: dict[str, tuple[Topology, str]]  # host -> (its layout, its file's sha256)
+    only_host: str | None
+
+    def address(self, machine: str) -> str:
+        """The address a machine's engines listen on; loopback on one host."""
+        hosts = self.config.hosts
+        return hosts[machine].address if hosts and machine else "127.0.0.1"
+
+    def layout(self, machine: str) -> Topology | None:
+        """The machine's GPU layout; None where nothing is pinned (a scheduler places the
+        engines, or another host's layout is not this run's to check)."""
+        if self.topology is None or (self.only_host and machine != self.only_host):
+            return None  # placed by a scheduler, or another host's to check
+        topo = (self.host_topologies[machine][0] if machine in self.host_topologies
+                else self.topology)
+        if not topo.gpus:
+            raise _no_gpu(machine, topo)
+        return topo
+
+
+def _no_gpu(machine: str, topo: Topology) -> TopologyError:
+    """The error for a layout that lists no GPU, with how to get one that does."""
+    where = f"for host {machine} " if machine else ""
+    return TopologyError(
+        f"no NVIDIA GPU found {where}({topo.source})",
+        hint=(f"set hosts.{machine}.topology to the file `pdsvc topology --json` "
+              "writes on that host") if machine else (
+            "that file lists no GPU: write it on the GPU host with `pdsvc topology "
+            "--json > host.json`" if topo.source.startswith("file:") else
+            "on a machine without the GPUs pass --topology FILE, written on the GPU "
+            "host by `pdsvc topology --json > host.json` (the seed host's is "
+            "etc/seed-host.topology.json)"),
+    )
+
+
+def _engines(site: _Site, paths: Paths, warnings: list[str]) -> tuple[EnginePlan, ...]:
+    """Every engine's plan: each item of prefill and decode, once per machine it spans."""
+    config, name = site.config, site.config.name
+    placement = config.placement()  # {} on one host: engines listen on loopback only
+    prefills, decodes = config.instances("prefill"), config.instances("decode")
+    machines = {i.key: placement.get(i.key, ("",)) for i in (*prefills, *decodes)}
+    prefill_units = _prefill_units(name, prefills, machines)
+    # a decode that does not find bootstrap_port in a request falls back to its own flag:
+    # prefill[0]'s (the router sends each prefill's port with every request, sglang #5704)
+    bootstrap_port = prefills[0].cfg.bootstrap_port
+    engines = []
+    for count, insts in ((len(prefills), prefills), (len(decodes), decodes)):
+        for inst in insts:
+            couple = inst.role == "decode" and inst.cfg.restart_with_prefill
+            if couple == "auto":
+                couple = config.transfer.backend == "nixl" and len(prefills) == 1
+            where = machines[inst.key]
+            for rank, machine in enumerate(where):
+                restarts_with = prefill_units[machine] if couple else ()
+                # PartOf= stops at the host: a prefill elsewhere is watched by the runtime
+                remote = () if not couple else tuple(
+                    f"http://{site.address(machines[p.key][0])}:{p.cfg.port}/health"
+                    for p in prefills if machine not in machines[p.key]
+                )
+                engines.append(_engine(
+                    config, site.layout(machine), inst.role, inst.cfg, key=inst.key,
+                    name=unit_name(name, inst, count), host=site.address(machine),
+                    leader=site.address(where[0]), nnodes=len(where), node_rank=rank,
+                    machine=machine, paths=paths,
+                    bootstrap_port=inst.cfg.bootstrap_port if inst.role == "prefill"
+                    else bootstrap_port,
+                    warnings=warnings,
+                    # NIXL: any prefill's (re)start restarts the decode
+                    restarts_with=restarts_with,
+                    peer_health=remote,
+                ))
+    return tuple(engines)
+
+
+def _prefill_units(
+    name: str, prefills: tuple[Instance, ...], machines: dict[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """Per host, the prefill units there: what a coupled decode there is PartOf=.
+
+    Coupling (PartOf= on one host, --restart-with across hosts): a decode restarts with its
+    prefill only where that prefill is the deployment's only one (`auto`, NIXL). Then the
+    prefill's restart stops serving anyway, so the decode reloads in its shadow and both come
+    back with fresh NIXL agents in one step, with no later heal (sglang #33789: a decode
+    keeps the endpoints of a prefill replaced behind its address; smg #2382: a prefill keeps
+    stale agent state of replaced decodes). With several prefills a coupled decode would go
+    down with each of them, and with it every pair the other prefills serve: there one
+    engine's restart reloads that engine only, and a partner the pair canary proves stale
+    heals alone, one engine of a role at a time (pdsvc/ship/runtime/canary.py).
+    """
+    return {  # PartOf= reaches no further than the host
+        m: tuple(f"{unit_name(name, p, len(prefills))}.service" for p in prefills
+                 if m in machines[p.key])
+        for m in {m for ms in machines.values() for m in ms}
+    }
+
+
+def _host_plans(
+    site: _Site, engines: tuple[EnginePlan, ...], router: RouterPlan, warnings: list[str]
+) -> tuple[HostPlan, ...]:
+    """Each inventory host: its address, layout and units; a warning for a NIXL host whose
+    UCX may pick the wrong NIC."""
+    config = site.config
+    hosts: list[HostPlan] = []
+    for hname, hc in (config.hosts or {}).items():
+        topo, sha = site.host_topologies.get(hname, (site.topology, ""))
+        units = [e.unit for e in engines if e.machine == hname]
+        units += [router.unit] if router.machine == hname else []
+        hosts.append(HostPlan(hname, hc.address, topo.source if topo else UNPLACED, sha,
+                              tuple(dict.fromkeys(units))))
+        if config.transfer.backend == "nixl" and hc.ucx_net_devices is None and any(
+            e.machine == hname for e in engines
+        ):
+            warnings.append(
+                f"hosts.{hname}.ucx_net_devices is not set: NIXL's UCX may move KV over the "
+                f"wrong NIC across hosts (sglang #28737); set it (e.g. mlx5_0:1 or eth1)"
+            )
+    return tuple(hosts)
 
 
 def _members(plan: Plan) -> Plan:
@@ -251,37 +308,14 @@ def _engine(
     where = f"host {machine}" if machine else "this host"
     pinning, bus_ids = resolve_pinning(key, role_cfg, topology, config, warnings, where)
     rt = config.runtime
-    env: dict[str, str] = {
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, role_cfg.gpus)),
-        "PYTHONUNBUFFERED": "1",
-        "HOME": paths.state_dir,
-    }
-    if config.transfer.backend == "nixl":
-        env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = config.transfer.nixl_backend
-    for var, sub in JIT_CACHE_ENV:
-        env[var] = f"{paths.jit_cache}/{sub}"
-    env["CUDA_CACHE_MAXSIZE"] = CUDA_CACHE_MAXSIZE
-    if config.model.path.startswith("/"):
-        env["HF_HUB_OFFLINE"] = "1"  # a local model: never reach for the hub at start
-    env.update({k: _env_str(v) for k, v in rt.env.items()})
-    env.update({k: _env_str(v) for k, v in role_cfg.env.items()})
+    env = _engine_env(config, role_cfg, paths)
     if machine and topology is not None:  # scheduled (k8s): no host of the inventory is used
-        hc = config.hosts[machine]
-        env["SGLANG_HOST_IP"] = host  # what SGLang advertises to its peers (multi-homed hosts)
-        if hc.ucx_net_devices:
-            env["UCX_NET_DEVICES"] = hc.ucx_net_devices
-        env.update({k: _env_str(v) for k, v in hc.env.items()})
+        env.update(_host_env(config, machine, host))
 
     tp = role_cfg.tp or len(role_cfg.gpus) * nnodes
     # one role's rank 0 is every rank's rendezvous (SGLang's --dist-init-addr: each engine's
     # own torch.distributed rendezvous, per role, not shared)
     dist_init_addr = f"{leader}:{role_cfg.dist_init_port}"
-    model_args = ["--model-path", config.model.path]
-    if config.model.served_name:
-        model_args += ["--served-model-name", config.model.served_name]
-    if config.model.trust_remote_code:
-        model_args.append("--trust-remote-code")
     # only rank 0 serves HTTP: the others are ready when it is (and it is not before they join)
     url = f"http://{leader}:{role_cfg.port}"
     plan = EnginePlan(
@@ -305,12 +339,57 @@ def _engine(
         nnodes=nnodes,
         node_rank=node_rank,
         launcher=(rt.python, "-m", rt.engine_module),
-        model_args=tuple(model_args),
+        model_args=_model_args(config),
         transfer_backend=config.transfer.backend,
         extra_args=tuple(flag_args(role_cfg.args)),
         metrics=config.metrics.engines,
     )
     return replace(plan, argv=engine_argv(plan))
+
+
+def _engine_env(
+    config: Config, role_cfg: PrefillConfig | DecodeConfig, paths: Paths
+) -> dict[str, str]:
+    """An engine's environment on any host: its GPUs, the transfer backend, the JIT caches,
+    then the runtime's and the role's own variables."""
+    env: dict[str, str] = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, role_cfg.gpus)),
+        "PYTHONUNBUFFERED": "1",
+        "HOME": paths.state_dir,
+    }
+    if config.transfer.backend == "nixl":
+        env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = config.transfer.nixl_backend
+    for var, sub in JIT_CACHE_ENV:
+        env[var] = f"{paths.jit_cache}/{sub}"
+    env["CUDA_CACHE_MAXSIZE"] = CUDA_CACHE_MAXSIZE
+    if config.model.path.startswith("/"):
+        env["HF_HUB_OFFLINE"] = "1"  # a local model: never reach for the hub at start
+    env.update({k: _env_str(v) for k, v in config.runtime.env.items()})
+    env.update({k: _env_str(v) for k, v in role_cfg.env.items()})
+    return env
+
+
+def _host_env(config: Config, machine: str, host: str) -> dict[str, str]:
+    """What an engine on inventory host ``machine`` (at address ``host``) adds to its
+    environment: the address it advertises, UCX's NICs, the host's own variables."""
+    assert config.hosts is not None  # a machine is a key of hosts
+    hc = config.hosts[machine]
+    env = {"SGLANG_HOST_IP": host}  # what SGLang advertises to its peers (multi-homed hosts)
+    if hc.ucx_net_devices:
+        env["UCX_NET_DEVICES"] = hc.ucx_net_devices
+    env.update({k: _env_str(v) for k, v in hc.env.items()})
+    return env
+
+
+def _model_args(config: Config) -> tuple[str, ...]:
+    """The engine's model flags: the path, the name it serves under, remote code."""
+    model_args = ["--model-path", config.model.path]
+    if config.model.served_name:
+        model_args += ["--served-model-name", config.model.served_name]
+    if config.model.trust_remote_code:
+        model_args.append("--trust-remote-code")
+    return tuple(model_args)
 
 
 def engine_argv(

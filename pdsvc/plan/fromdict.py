@@ -32,7 +32,7 @@ def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
 
 def _load(tp: Any, value: Any, where: str) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise TypeError(f"{where}: a mapping expected for {tp.__name__}, got {value!r}")
         return tp(**{name: _load(ftp, value[name], f"{where}.{name}")

@@ -231,15 +231,39 @@ def write_bundle(files: list[File], outdir: Path, *, origin: Origin | None = Non
 
 def _write_locked(files: list[File], outdir: Path, origin: Origin | None,
                   force: bool) -> list[tuple[str, str]]:
+    """write_bundle's work under the lock: refuse what would lose another bundle or an edit
+    (unless ``force``), then stage, replace and remove; (path, what happened) per file."""
     record = _read_record(outdir)
-    recorded: dict = record["files"] if record else {}
-    report: list[tuple[str, str]] = []
-    replaced: list[str] = []  # pdsvc's files this render changes or removes
-    edited: list[str] = []  # … of which edited since pdsvc wrote them
+    survey = _survey(files, outdir, record["files"] if record else {})
+    if not force:
+        _refuse_other_origin(outdir, _recorded_origin(outdir, record), origin, survey)
+        _refuse_edited(outdir, survey.edited)
+    report = survey.report
+    if survey.edited:
+        report = [(p, "overwritten" if p in survey.edited else s) for p, s in report]
+    staged = _stage([*files, bundle_record(files, outdir, origin)], outdir)
+    for part, dest in staged:  # the record last: what it lists is in place
+        os.replace(part, dest)
+    return report + _remove_stale(survey.gone, outdir, survey.edited)
+
+
+@dataclass
+class _Survey:
+    """What a render would do to the directory, before it does anything."""
+
+    report: list[tuple[str, str]]  # (path, created/unchanged/updated) per file rendered
+    replaced: list[str]  # pdsvc's files this render changes or removes
+    edited: list[str]  # … of which edited since pdsvc wrote them
+    gone: list[Path]  # pdsvc's files this render no longer makes
+
+
+def _survey(files: list[File], outdir: Path, recorded: dict) -> _Survey:
+    """Each file against what lies in ``outdir``; OutputError for a file pdsvc did not write."""
+    survey = _Survey([], [], [], _stale(files, outdir))
     for f in files:
         old = outdir / f.path
         if not old.exists():
-            report.append((f.path, "created"))
+            survey.report.append((f.path, "created"))
             continue
         if not _ours(old):
             raise OutputError(
@@ -248,32 +272,40 @@ def _write_locked(files: list[File], outdir: Path, origin: Origin | None,
             )
         data = old.read_bytes()
         same = data == f.content.encode() and (old.stat().st_mode & 0o777) == f.mode
-        report.append((f.path, "unchanged" if same else "updated"))
+        survey.report.append((f.path, "unchanged" if same else "updated"))
         if data != f.content.encode():
-            replaced.append(f.path)
+            survey.replaced.append(f.path)
             if f.path in recorded and _edited(old, recorded[f.path]):
-                edited.append(f.path)
-    gone = _stale(files, outdir)
-    for p in gone:
+                survey.edited.append(f.path)
+    for p in survey.gone:
         rel = p.relative_to(outdir).as_posix()
-        replaced.append(rel)
+        survey.replaced.append(rel)
         if rel in recorded and _edited(p, recorded[rel]):
-            edited.append(rel)
-    there = _recorded_origin(outdir, record)
-    other = there is not None and origin is not None and not _same_origin(there, origin)
-    if not force and other and replaced:
-        assert there is not None and origin is not None
-        removes = [str(p.relative_to(outdir)) for p in gone]
-        changes = [r for r in replaced if r not in removes]
-        lose = "; ".join(
-            f"{verb} {len(names)} of its files ({_some(names)})"
-            for verb, names in (("remove", removes), ("replace", changes)) if names)
-        raise OutputError(
-            f"{outdir} holds {there.describe()}; rendering {origin.describe()} there would "
-            f"{lose}",
-            hint="render into another directory (--output DIR), or pass --force to replace it",
-        )
-    if not force and edited:
+            survey.edited.append(rel)
+    return survey
+
+
+def _refuse_other_origin(outdir: Path, there: Origin | None, origin: Origin | None,
+                         survey: _Survey) -> None:
+    """OutputError when the directory holds another deployment's bundle that this render
+    would change."""
+    if there is None or origin is None or _same_origin(there, origin) or not survey.replaced:
+        return
+    removes = [str(p.relative_to(outdir)) for p in survey.gone]
+    changes = [r for r in survey.replaced if r not in removes]
+    lose = "; ".join(
+        f"{verb} {len(names)} of its files ({_some(names)})"
+        for verb, names in (("remove", removes), ("replace", changes)) if names)
+    raise OutputError(
+        f"{outdir} holds {there.describe()}; rendering {origin.describe()} there would "
+        f"{lose}",
+        hint="render into another directory (--output DIR), or pass --force to replace it",
+    )
+
+
+def _refuse_edited(outdir: Path, edited: list[str]) -> None:
+    """OutputError when the render would lose an edit made since pdsvc wrote a file."""
+    if edited:
         raise OutputError(
             f"{outdir}: {_some(edited)} edited since pdsvc wrote "
             f"{'them' if len(edited) > 1 else 'it'}; this render would lose the edit "
@@ -281,11 +313,13 @@ def _write_locked(files: list[File], outdir: Path, origin: Origin | None,
             hint="keep changes in drop-ins (systemctl edit UNIT) or in the config, or pass "
             "--force to replace the file",
         )
-    if edited:
-        report = [(p, "overwritten" if p in edited else s) for p, s in report]
+
+
+def _stage(todo: list[File], outdir: Path) -> list[tuple[Path, Path]]:
+    """Each file written beside its destination, (temporary, destination) per file; on a
+    failure nothing is left behind (OutputError)."""
     staged: list[tuple[Path, Path]] = []
-    made = [d for d in sorted({(outdir / f.path).parent for f in files}) if not d.exists()]
-    todo = [*files, bundle_record(files, outdir, origin)]
+    made = [d for d in sorted({(outdir / f.path).parent for f in todo}) if not d.exists()]
     try:
         for d in made:
             d.mkdir(parents=True, exist_ok=True)
@@ -298,14 +332,19 @@ def _write_locked(files: list[File], outdir: Path, origin: Origin | None,
                 fh.write(f.content)
             os.chmod(tmp, f.mode)
     except OSError as e:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+        for part, _ in staged:
+            part.unlink(missing_ok=True)
         for d in reversed(made):
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise OutputError(f"{outdir}: cannot write the bundle: {e.strerror}") from None
-    for tmp, dest in staged:  # the record last: what it lists is in place
-        os.replace(tmp, dest)
+    return staged
+
+
+def _remove_stale(gone: list[Path], outdir: Path, edited: list[str]) -> list[tuple[str, str]]:
+    """pdsvc's files the render no longer makes removed, with the directories they leave
+    empty; (path, removed/discarded) per file."""
+    report = []
     for p in gone:
         p.unlink()
         rel = p.relative_to(outdir).as_posix()

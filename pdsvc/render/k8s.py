@@ -28,21 +28,31 @@ serialised cold JIT compiles (it is not in the image).
 
 Escaping: Kubernetes expands ``$(VAR)`` in ``command`` words and ``env`` values and reduces
 ``$$`` to ``$``; every ``$`` from the plan is doubled, so only the LWS references placed here
-are expanded.
+are expanded. The pieces every object is made of (escaping, labels, probes, the YAML layout)
+are k8s_objects.py's.
 """
 
 from __future__ import annotations
 
-import math
-import urllib.parse
-from collections.abc import Iterable
 from typing import Any
-
-import yaml
 
 from pdsvc.config.checks import is_loopback
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import EnginePlan, Plan, RouterPlan, engine_argv, router_argv
+from pdsvc.render.k8s_objects import (
+    engine_selector,
+    escaped_command,
+    http_probes,
+    k8s_escape,
+    object_labels,
+    object_metadata,
+    router_selector,
+    scrape_annotations,
+    service_url,
+    url_path,
+    workload_name,
+    yaml_file,
+)
 from pdsvc.render.kit import File, header_lines
 
 KUSTOMIZATION = "kustomization.yaml"
@@ -56,8 +66,6 @@ LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 #: Injected by the LWS pod webhook into every container of the group (lws pod_utils.go).
 LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
 LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
-#: Period of the startupProbe: its failureThreshold is the start budget over this.
-STARTUP_PERIOD_SECS = 10
 #: Where a pod listens: every address (its own IP, or the node's under hostNetwork).
 POD_HOST = "0.0.0.0"
 
@@ -84,23 +92,7 @@ for url in urls:
 """
 
 
-# --------------------------------------------------------------------------- small pieces
-
-
-def k8s_escape(value: str) -> str:
-    """A literal command word or env value: ``$`` -> ``$$`` (no ``$(VAR)`` expansion)."""
-    return value.replace("$", "$$")
-
-
-def service_url(plan: Plan, e: EnginePlan) -> str:
-    """Where the router (and, through it, decode for the bootstrap host) reaches an engine."""
-    return f"http://{e.name}.{plan.k8s.namespace}.svc:{e.port}"
-
-
-def workload_name(e: EnginePlan) -> str:
-    """The Deployment's name (the engine's), or ``ENGINE-lws`` for a LeaderWorkerSet, whose
-    controller-made headless Service takes the LWS's name."""
-    return f"{e.name}-lws" if e.nnodes > 1 else e.name
+# --------------------------------------------------------------------------- engines
 
 
 def pod_argv(plan: Plan, e: EnginePlan) -> tuple[str, ...]:
@@ -115,76 +107,10 @@ def pod_argv(plan: Plan, e: EnginePlan) -> tuple[str, ...]:
                        dist_init_addr=f"127.0.0.1:{port}")
 
 
-def _command(argv: Iterable[str], references: Iterable[str] = ()) -> list[str]:
-    """Every word escaped, except the ones that are meant to be expanded."""
-    keep = set(references)
-    return [w if w in keep else k8s_escape(w) for w in argv]
-
-
 def _engine_command(plan: Plan, e: EnginePlan) -> list[str]:
     """pod_argv as the container's command: the LWS references alone left to expand."""
     refs = (f"{LWS_LEADER_ADDRESS}:{e.dist_init_port}", LWS_WORKER_INDEX) if e.nnodes > 1 else ()
-    return _command(pod_argv(plan, e), refs)
-
-
-def _path(url: str) -> str:
-    return urllib.parse.urlsplit(url).path
-
-
-def _labels(plan: Plan, component: str, engine: str | None = None) -> dict[str, str]:
-    labels = {
-        "app.kubernetes.io/name": "pdsvc",
-        "app.kubernetes.io/instance": plan.name,
-        "app.kubernetes.io/component": component,
-    }
-    if engine:
-        labels["pdsvc/engine"] = engine
-    return labels
-
-
-def _engine_selector(plan: Plan, e: EnginePlan) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": plan.name, "pdsvc/engine": e.name}
-
-
-def _router_selector(plan: Plan) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": plan.name, "app.kubernetes.io/component": "router"}
-
-
-def _metadata(plan: Plan, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": plan.k8s.namespace, "labels": labels}
-
-
-def _http_get(path: str) -> dict[str, Any]:
-    return {"path": path, "port": "http"}
-
-
-def _probes(plan: Plan, *, startup: str | None, ready: str, live: str) -> dict[str, Any]:
-    """startupProbe: the start budget (TimeoutStartSec=); readinessProbe: in or out of the
-    Service; livenessProbe: the watchdog's bound (interval × failures + timeout)."""
-    lc = plan.lifecycle
-    probes: dict[str, Any] = {}
-    if startup:
-        probes["startupProbe"] = {
-            "httpGet": _http_get(startup),
-            "periodSeconds": STARTUP_PERIOD_SECS,
-            "timeoutSeconds": lc.liveness_timeout_secs,
-            "failureThreshold": math.ceil(lc.start_timeout_secs / STARTUP_PERIOD_SECS),
-        }
-    probes["readinessProbe"] = {
-        "httpGet": _http_get(ready),
-        "periodSeconds": lc.liveness_interval_secs,
-        "timeoutSeconds": lc.liveness_timeout_secs,
-    }
-    probes["livenessProbe"] = {
-        "httpGet": _http_get(live),
-        "periodSeconds": lc.liveness_interval_secs,
-        "timeoutSeconds": lc.liveness_timeout_secs,
-        "failureThreshold": lc.liveness_failures,
-    }
-    return probes
-
-
-# --------------------------------------------------------------------------- engines
+    return escaped_command(pod_argv(plan, e), refs)
 
 
 def _engine_env(e: EnginePlan) -> list[dict[str, Any]]:
@@ -249,8 +175,8 @@ def _engine_pod(plan: Plan, e: EnginePlan, *, serves_http: bool) -> dict[str, An
     # RDMA registers (pins) GPU and host memory: the units' LimitMEMLOCK=infinity
     container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if serves_http:
-        health = _path(e.health_url)
-        container.update(_probes(plan, startup=health, ready=health, live=health))
+        health = url_path(e.health_url)
+        container.update(http_probes(plan, startup=health, ready=health, live=health))
     container["volumeMounts"] = mounts
     spec: dict[str, Any] = {
         # no FOO_SERVICE_HOST/FOO_PORT variables: a Service named sglang-… would inject
@@ -268,34 +194,26 @@ def _engine_pod(plan: Plan, e: EnginePlan, *, serves_http: bool) -> dict[str, An
     return spec
 
 
-def _scrape(port: int) -> dict[str, Any]:
-    """Pod annotations the Prometheus Kubernetes service-discovery recipes key on
-    (prometheus/documentation/examples/prometheus-kubernetes.yml: prometheus.io/scrape,
-    /port, /path): a cluster's Prometheus finds each engine's and the router's metrics."""
-    return {"annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
-                            "prometheus.io/path": "/metrics"}}
-
-
 def _engine_meta(e: EnginePlan, labels: dict[str, str], serves_http: bool) -> dict[str, Any]:
     """A pod template's metadata: its labels, and the scrape annotations where the pod serves
     SGLang's /metrics (--enable-metrics, on the HTTP port of rank 0)."""
-    return {"labels": labels, **(_scrape(e.port) if e.metrics and serves_http else {})}
+    return {"labels": labels, **(scrape_annotations(e.port) if e.metrics and serves_http else {})}
 
 
 def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
-    labels = _labels(plan, e.role, e.name)
+    labels = object_labels(plan, e.role, e.name)
     if e.nnodes == 1:
         return {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": _metadata(plan, workload_name(e), labels),
+            "metadata": object_metadata(plan, workload_name(e), labels),
             "spec": {
                 "replicas": 1,
                 # the old pod must free the GPUs before the new one can be scheduled
                 "strategy": {"type": "Recreate"},
                 # `kubectl rollout status` gives up after the start budget, not 10 minutes
                 "progressDeadlineSeconds": plan.lifecycle.start_timeout_secs,
-                "selector": {"matchLabels": _engine_selector(plan, e)},
+                "selector": {"matchLabels": engine_selector(plan, e)},
                 "template": {"metadata": _engine_meta(e, labels, serves_http=True),
                              "spec": _engine_pod(plan, e, serves_http=True)},
             },
@@ -303,7 +221,7 @@ def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
-        "metadata": _metadata(plan, workload_name(e), labels),
+        "metadata": object_metadata(plan, workload_name(e), labels),
         "spec": {
             "replicas": 1,
             # the leader is not ready before its workers joined: never wait for it (LeaderReady)
@@ -325,7 +243,7 @@ def _engine_workload(plan: Plan, e: EnginePlan) -> dict[str, Any]:
 
 
 def _engine_service(plan: Plan, e: EnginePlan) -> dict[str, Any]:
-    selector = _engine_selector(plan, e)
+    selector = engine_selector(plan, e)
     if e.nnodes > 1:
         selector[LWS_WORKER_INDEX_LABEL] = "0"  # the leader alone serves HTTP
     ports = [{"name": "http", "port": e.port, "targetPort": "http", "protocol": "TCP"}]
@@ -335,7 +253,7 @@ def _engine_service(plan: Plan, e: EnginePlan) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(plan, e.name, _labels(plan, e.role, e.name)),
+        "metadata": object_metadata(plan, e.name, object_labels(plan, e.role, e.name)),
         "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
     }
 
@@ -355,95 +273,90 @@ def router_pod_argv(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> tup
 
 
 def _router_docs(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> list[dict[str, Any]]:
-    k, lc = plan.k8s, plan.lifecycle
+    """The router's Deployment (its container, behind an init container that waits for the
+    engines) and its Service; ConfigError for a router bound to loopback."""
     if r.host.startswith(_LOOPBACK):
         raise ConfigError(
             f"{plan.config_source}: router.host is {r.host}: in a pod the router's Service "
             "could not reach it",
             hint="set router.host: 0.0.0.0",
         )
-    labels = _labels(plan, "router")
-    image = k.router_image or k.image
-    waits = [service_url(plan, e) + _path(e.health_url) for e in engines]
-    wait = {
+    return [_router_deployment(plan, r, engines), _router_service(plan, r)]
+
+
+def _wait_for_engines(plan: Plan, engines: list[EnginePlan]) -> dict[str, Any]:
+    """The router's init container: it ends once every engine's Service answers health."""
+    k, lc = plan.k8s, plan.lifecycle
+    waits = [service_url(plan, e) + url_path(e.health_url) for e in engines]
+    return {
         "name": "wait-for-engines",
-        "image": image,
-        "command": _command([k.python, "-c", WAIT_FOR_ENGINES,
+        "image": k.router_image or k.image,
+        "command": escaped_command([k.python, "-c", WAIT_FOR_ENGINES,
                              str(lc.liveness_interval_secs),
                              str(lc.liveness_timeout_secs), *waits]),
     }
-    container: dict[str, Any] = {
+
+
+def _router_container(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> dict[str, Any]:
+    """The router's container: its command with the engines' Services, its port, probes."""
+    return {
         "name": "router",
-        "image": image,
-        "command": _command(router_pod_argv(plan, r, engines)),
+        "image": plan.k8s.router_image or plan.k8s.image,
+        "command": escaped_command(router_pod_argv(plan, r, engines)),
         "env": [{"name": key, "value": k8s_escape(v)} for key, v in r.env],
         # only the client port: the metrics listener binds router.prometheus_host (loopback
         # by default) and is for a scraper next to it, not for clients
         "ports": [{"name": "http", "containerPort": r.port, "protocol": "TCP"}],
         # readiness: a prefill/decode pair is registered; liveness: the router itself, so an
         # engine restart does not restart it
-        **_probes(plan, startup=None, ready=_path(r.readiness_url), live=_path(r.liveness_url)),
+        **http_probes(plan, startup=None, ready=url_path(r.readiness_url),
+                      live=url_path(r.liveness_url)),
     }
-    deployment = {
+
+
+def _router_deployment(plan: Plan, r: RouterPlan, engines: list[EnginePlan]) -> dict[str, Any]:
+    """The router's Deployment: one replica, scraped where its metrics bind beyond loopback."""
+    lc, labels = plan.lifecycle, object_labels(plan, "router")
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(plan, r.name, labels),
+        "metadata": object_metadata(plan, r.name, labels),
         "spec": {
             "replicas": 1,
             "progressDeadlineSeconds": lc.start_timeout_secs,  # it waits for the engines
-            "selector": {"matchLabels": _router_selector(plan)},
+            "selector": {"matchLabels": router_selector(plan)},
             "template": {
                 # its metrics listener is scrapeable only when it binds beyond the pod's
                 # loopback (router.prometheus_host)
                 "metadata": {"labels": labels, **(
-                    {} if is_loopback(r.prometheus_host) else _scrape(r.prometheus_port))},
+                    {} if is_loopback(r.prometheus_host)
+                    else scrape_annotations(r.prometheus_port))},
                 "spec": {
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": lc.stop_timeout_secs,
-                    "initContainers": [wait],
-                    "containers": [container],
+                    "initContainers": [_wait_for_engines(plan, engines)],
+                    "containers": [_router_container(plan, r, engines)],
                 },
             },
         },
     }
-    service = {
+
+
+def _router_service(plan: Plan, r: RouterPlan) -> dict[str, Any]:
+    """The router's Service, of k8s.router_service_type, on its client port."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(plan, r.name, labels),
+        "metadata": object_metadata(plan, r.name, object_labels(plan, "router")),
         "spec": {
-            "type": k.router_service_type,
-            "selector": _router_selector(plan),
+            "type": plan.k8s.router_service_type,
+            "selector": router_selector(plan),
             "ports": [{"name": "http", "port": r.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
-    return [deployment, service]
 
 
 # --------------------------------------------------------------------------- the bundle
-
-
-class _Dumper(yaml.SafeDumper):
-    """kubectl's layout: list items indented under their key, multi-line strings as blocks."""
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        return super().increase_indent(flow, False)
-
-    def ignore_aliases(self, data: Any) -> bool:  # a shared dict is written out each time
-        return True
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value,
-                                   style="|" if "\n" in value else None)
-
-
-_Dumper.add_representer(str, _str)
-
-
-def _yaml_file(path: str, header: list[str], docs: list[dict[str, Any]]) -> File:
-    body = yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                         allow_unicode=True, width=4096)
-    return File(path, "".join(f"# {line}\n" for line in header) + body)
 
 
 def engine_groups(plan: Plan) -> list[EnginePlan]:
@@ -474,14 +387,14 @@ def render_k8s(plan: Plan, command: str) -> list[File]:
     which its Service could not reach."""
     header = header_lines(plan, command, customise=CUSTOMISE)
     engines = engine_groups(plan)
-    files = [_yaml_file(f"{e.name}.yaml", header,
+    files = [yaml_file(f"{e.name}.yaml", header,
                         [_engine_workload(plan, e), _engine_service(plan, e)]) for e in engines]
     if plan.router:
-        files.append(_yaml_file(f"{plan.router.name}.yaml", header,
+        files.append(yaml_file(f"{plan.router.name}.yaml", header,
                                 _router_docs(plan, plan.router, engines)))
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [f.path for f in files],
     }
-    return [*files, _yaml_file(KUSTOMIZATION, header, [kustomization])]
+    return [*files, yaml_file(KUSTOMIZATION, header, [kustomization])]

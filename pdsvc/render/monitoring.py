@@ -112,10 +112,25 @@ def _alternation(urls: list[str]) -> str:
 
 def alert_rules(plan: Plan) -> list[dict]:
     """The alerts: each with a summary, what shows more, and what to do."""
-    m, d = plan.metrics, plan.name
-    sel = f'deployment="{d}"'
-    status = f"pdsvc status -c {plan.config_source}"
-    rules: list[dict] = [
+    return [*_unit_alerts(plan), _ttft_alert(plan), *_role_failure_alerts(plan),
+            *_no_worker_alerts(plan), _unreachable_alert(plan)]
+
+
+def _selector(plan: Plan) -> str:
+    """The label matcher of the deployment's series."""
+    return f'deployment="{plan.name}"'
+
+
+def _status_command(plan: Plan) -> str:
+    """The command an alert's description points to for more."""
+    return f"pdsvc status -c {plan.config_source}"
+
+
+def _unit_alerts(plan: Plan) -> list[dict]:
+    """What the runtimes' own metrics say of a unit: a pair past its heal budget, a unit that
+    gave up, restarts above the hourly bound."""
+    m, sel, status = plan.metrics, _selector(plan), _status_command(plan)
+    return [
         {
             "alert": "PdsvcPairFailingBeyondHealBudget",
             "expr": (f'max by (deployment, role, unit, pair) (pdsvc_pair_state{{{sel}, '
@@ -159,24 +174,35 @@ def alert_rules(plan: Plan) -> list[dict]:
                 "`journalctl -u {{ $labels.unit }} --since -1h | grep -E 'crash|exited|"
                 "killed'`. Do: find the crash in the journal (OOM, NCCL, a hung probe)."),
         },
-        {
-            "alert": "PdsvcTTFTAboveSLO",
-            "expr": (f"histogram_quantile(0.99, sum by (deployment, le) (rate("
-                     f'sglang:time_to_first_token_seconds_bucket{{{sel}, role="decode"}}[5m])))'
-                     f" > {m.ttft_p99_slo_secs:g}"),
-            "for": "5m",
-            "severity": "warn",
-            "summary": f"TTFT p99 is above the SLO of {m.ttft_p99_slo_secs:g} s",
-            "description": (
-                "The decodes' p99 time to first token over 5 minutes (prefill + KV transfer "
-                "+ first token). More: `" + status + "`, `journalctl -u "
-                + " -u ".join(e.unit for e in plan.engines if e.node_rank == 0)
-                + " --since -15min`, the dashboard's queue and KV "
-                "transfer panels (sglang:num_queue_reqs, sglang:kv_transfer_latency_ms). Do: "
-                "look for a queue building on the prefill (add a prefill) or slow transfers "
-                "(`pdsvc doctor --kv`)."),
-        },
     ]
+
+
+def _ttft_alert(plan: Plan) -> dict:
+    """The decodes' TTFT p99 above the SLO."""
+    m, sel, status = plan.metrics, _selector(plan), _status_command(plan)
+    return {
+        "alert": "PdsvcTTFTAboveSLO",
+        "expr": (f"histogram_quantile(0.99, sum by (deployment, le) (rate("
+                 f'sglang:time_to_first_token_seconds_bucket{{{sel}, role="decode"}}[5m])))'
+                 f" > {m.ttft_p99_slo_secs:g}"),
+        "for": "5m",
+        "severity": "warn",
+        "summary": f"TTFT p99 is above the SLO of {m.ttft_p99_slo_secs:g} s",
+        "description": (
+            "The decodes' p99 time to first token over 5 minutes (prefill + KV transfer "
+            "+ first token). More: `" + status + "`, `journalctl -u "
+            + " -u ".join(e.unit for e in plan.engines if e.node_rank == 0)
+            + " --since -15min`, the dashboard's queue and KV "
+            "transfer panels (sglang:num_queue_reqs, sglang:kv_transfer_latency_ms). Do: "
+            "look for a queue building on the prefill (add a prefill) or slow transfers "
+            "(`pdsvc doctor --kv`)."),
+    }
+
+
+def _role_failure_alerts(plan: Plan) -> list[dict]:
+    """Rising bootstrap or transfer failures on an engine, one alert per counter."""
+    sel, status = _selector(plan), _status_command(plan)
+    rules: list[dict] = []
     for name, (metric, summary, what) in ROLE_FAILURES.items():
         rules.append({
             "alert": name,
@@ -191,6 +217,13 @@ def alert_rules(plan: Plan) -> list[dict]:
                 "UCX_NET_DEVICES); a stale pair heals itself, else restart "
                 + plan.target + "."),
         })
+    return rules
+
+
+def _no_worker_alerts(plan: Plan) -> list[dict]:
+    """A role the router has no healthy worker of, one alert per role."""
+    d, sel, status = plan.name, _selector(plan), _status_command(plan)
+    rules: list[dict] = []
     r = plan.router
     if r is not None:
         for role in ("prefill", "decode"):
@@ -212,7 +245,13 @@ def alert_rules(plan: Plan) -> list[dict]:
                     ". Do: start or fix those units; they register with the router themselves "
                     "once healthy."),
             })
-    rules.append({
+    return rules
+
+
+def _unreachable_alert(plan: Plan) -> dict:
+    """An engine Prometheus cannot scrape."""
+    sel, status = _selector(plan), _status_command(plan)
+    return {
         "alert": "PdsvcEngineUnreachable",
         "expr": f'up{{job="pdsvc-engines", {sel}}} == 0',
         "for": "2m",
@@ -222,8 +261,7 @@ def alert_rules(plan: Plan) -> list[dict]:
             "Prometheus cannot scrape the engine's port: it is down, starting or hung. More: `"
             + status + "`, `systemctl status {{ $labels.unit }}`. Do: see why in `journalctl "
             "-u {{ $labels.unit }}`; a unit that gave up also raises PdsvcEngineGaveUp."),
-    })
-    return rules
+    }
 
 
 def rules_file(plan: Plan, header: list[str]) -> str:

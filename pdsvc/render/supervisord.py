@@ -233,49 +233,76 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
     when the plan cannot be run this way: pinning without numactl, a value supervisord cannot
     represent, a control socket path too long for a unix socket.
     """
-    s = plan.supervisord
-    run_dir = s.run_dir.rstrip("/")
-    socket = s.control_socket
+    _check_socket(plan)
+    conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(
+        **_conf_context(plan, command))
+    where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
+    return [File(CONF, conf), *runtime_files(plan, where),
+            *monitoring_files(plan, header_lines(plan, command, MONITORING_CUSTOMISE))]
+
+
+def _check_socket(plan: Plan) -> None:
+    """ConfigError when the control socket's path is too long for a unix socket."""
+    socket = plan.supervisord.control_socket
     if len(socket.encode()) > MAX_SOCKET_PATH:
         raise ConfigError(
             f"{plan.config_source}: supervisord.run_dir: the control socket {socket} is longer "
             f"than a unix socket path may be ({MAX_SOCKET_PATH} bytes)",
             hint="choose a shorter supervisord.run_dir",
         )
-    prefix = s.logs == "stdout"
-    engines = [_engine_program(plan, e, prefix) for e in plan.engines]
-    router = _router_program(plan, prefix) if plan.router else None
+
+
+def _listener(plan: Plan) -> dict[str, Any] | None:
+    """The event listener that restarts a coupled decode with its prefill; None without
+    couples."""
     program_of = {e.unit: e.name for e in plan.engines}
     couples = [(e.name, program_of[u]) for e in plan.engines for u in e.restarts_with
                if u in program_of]
-    listener = None
-    if couples:
-        name = f"{plan.name}-restarts"
-        flags = ["eventlistener", "--name", name]
-        for dependent, trigger in couples:
-            # a program alone in its group is named by itself (runtime/listener.py namespec)
-            flags += ["--restart-with", f"{dependent}={trigger}"]
-        listener = {
-            "name": name,
-            "couples": couples,
-            "command": [" ".join([*_runtime_command(plan), sv_command(flags)])],
-        }
-    files_logs = s.logs == "files"
+    if not couples:
+        return None
+    name = f"{plan.name}-restarts"
+    flags = ["eventlistener", "--name", name]
+    for dependent, trigger in couples:
+        # a program alone in its group is named by itself (runtime/listener.py namespec)
+        flags += ["--restart-with", f"{dependent}={trigger}"]
+    return {
+        "name": name,
+        "couples": couples,
+        "command": [" ".join([*_runtime_command(plan), sv_command(flags)])],
+    }
+
+
+def _prepare_command(plan: Plan) -> str:
+    """The command that makes the directories the programs write, owned by the service user."""
+    s = plan.supervisord
+    prepare = [plan.paths.jit_cache, plan.paths.state_dir, s.state_dir] + (
+        [s.log_dir] if s.logs == "files" else [])
+    return shlex.join(["install", "-d", "-m", "0750", "-o", plan.user, "-g", plan.group,
+                       *prepare])
+
+
+def _conf_context(plan: Plan, command: str) -> dict[str, Any]:
+    """What supervisord.conf.j2 renders: the programs, the listener and every setting, each
+    value checked to be one supervisord can hold."""
+    s = plan.supervisord
+    prefix = s.logs == "stdout"
+    engines = [_engine_program(plan, e, prefix) for e in plan.engines]
+    router = _router_program(plan, prefix) if plan.router else None
+    listener = _listener(plan)
     log_dir = sv_value(s.log_dir, "supervisord.log_dir")
     strict = [e for e in plan.engines if e.pinning.mode == "strict" and e.pinning.cpus]
     lc = plan.lifecycle
-    prepare = [plan.paths.jit_cache, plan.paths.state_dir, s.state_dir] + (
-        [s.log_dir] if files_logs else [])
-    ctx = {
+    return {
         "plan": plan,
         "header": header_lines(
             plan, command,
             customise="Customise without editing: put overrides in conf.d/*.conf beside this "
             f"file (read last; e.g. [program:{plan.name}-decode] with the options to change).",
         ),
-        "socket": sv_value(socket, "supervisord.run_dir"),
-        "pidfile": sv_value(f"{run_dir}/{plan.name}-supervisord.pid", "supervisord.run_dir"),
-        "files_logs": files_logs,
+        "socket": sv_value(s.control_socket, "supervisord.run_dir"),
+        "pidfile": sv_value(f"{s.run_dir.rstrip('/')}/{plan.name}-supervisord.pid",
+                            "supervisord.run_dir"),
+        "files_logs": s.logs == "files",
         "log_dir": log_dir,
         "user": sv_value(plan.user, "runtime.user") if s.drop_privileges else None,
         "engines": engines,
@@ -292,18 +319,13 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
         "stop_margin": STOP_MARGIN_SECS,
         "log_maxbytes": LOG_MAXBYTES,
         "log_backups": LOG_BACKUPS,
-        "prepare": shlex.join(["install", "-d", "-m", "0750", "-o", plan.user, "-g", plan.group,
-                               *prepare]),
+        "prepare": _prepare_command(plan),
         "keygen": keygen_command(plan),
         "keycopy": key_copy_command(plan) if plan.key_use == "copy" else "",
         "cpuset_cpus": _union_cpus(strict),
         "cpuset_mems": ",".join(sorted({str(e.pinning.numa_node) for e in strict
                                         if e.pinning.numa_node is not None})),
     }
-    conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(**ctx)
-    where = f"run in place by {CONF} beside it (%(here)s/{RUNTIME_DIR})"
-    return [File(CONF, conf), *runtime_files(plan, where),
-            *monitoring_files(plan, header_lines(plan, command, MONITORING_CUSTOMISE))]
 
 
 #: What supervisord does with its config's directory (%(here)s), read back exactly only when

@@ -164,7 +164,7 @@ def metrics_text(plan: Plan, directory: Path, up: dict[str, bool], now: float) -
     state files the runtimes derive their textfiles from (runtime/metrics.py); ``up``: each
     unit's service manager state (unit -> active)."""
     samples = []
-    units = [(e.name, e.role, bool(e.pairs)) for e in plan.engines]
+    units: list[tuple[str, str, bool]] = [(e.name, e.role, bool(e.pairs)) for e in plan.engines]
     units += [(plan.router.name, "router", False)] if plan.router else []
     for name, role, paired in dict.fromkeys(units):
         labels = {"deployment": plan.name, "role": role, "unit": f"{name}.service"}

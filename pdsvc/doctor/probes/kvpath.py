@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
 
 RESULT_PREFIX = "pdsvc-doctor-result "
 LISTEN_PREFIX = "pdsvc-doctor-kv-listen "
@@ -140,6 +141,8 @@ def b64(data: bytes) -> str:
 
 
 def run_target(args: argparse.Namespace) -> dict:
+    """The decode-side half: register the blocks, serve their metadata, and once the
+    initiator has written them, check them; the verdict, or where it failed."""
     stage = "agent"
     try:
         agent = make_agent(AGENT.format(role="target", pair=args.pair), args.backend)
@@ -148,77 +151,103 @@ def run_target(args: argparse.Namespace) -> dict:
         registered(agent, blocks)
     except Exception as exc:  # noqa: BLE001 - every failure is the answer
         return {"ok": False, "stage": stage, "error": f"{type(exc).__name__}: {exc}"}
-    verdict: dict = {}
-    peer: list[str] = []  # the initiator's agent name, once it said hello
-    # the block descriptors as plain numbers: NIXL's own serialized form is a pickle, and
-    # nothing read from the network is unpickled here
-    meta = {"pair": args.pair, "metadata": b64(agent.get_agent_metadata()),
-            "descs": blocks.descs(), "kind": blocks.kind, "where": blocks.where,
-            "block": blocks.block, "blocks": blocks.count}
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: object) -> None:  # no access log on stderr
-            pass
-
-        def _send(self, body: dict, code: int = 200) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            # another pair's initiator (across hosts, a host ahead or behind): not this one
-            if self.path != f"/meta/{args.pair}":
-                self._send({"pair": args.pair}, 409)
-                return
-            self._send(meta)
-
-        def do_POST(self) -> None:  # noqa: N802
-            asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if asked.get("pair") != args.pair:
-                self._send({"pair": args.pair}, 409)
-                return
-            if self.path != "/hello" and not peer:  # a verify before any hello: not our peer
-                self._send({"pair": args.pair}, 409)
-                return
-            if self.path == "/hello":
-                name = agent.add_remote_agent(base64.b64decode(asked["metadata"]))
-                # bytes from NIXL 1.5's binding; notifications are filed under str names
-                peer.append(name.decode() if isinstance(name, bytes) else name)
-                self._send({"ok": True})
-                return
-            deadline = time.monotonic() + args.timeout
-            notif = asked["notif"].encode()
-            while not agent.check_remote_xfer_done(peer[-1], notif):
-                if time.monotonic() > deadline:
-                    verdict.update(ok=False, stage="notify",
-                                   error=f"no notification from the initiator in {args.timeout} s")
-                    break
-                time.sleep(0.001)
-            else:
-                blocks.sync()
-                bad = blocks.first_bad_block(int(asked["seed"]))
-                verdict.update(ok=True, intact=bad is None, first_bad_block=bad,
-                               kind=blocks.kind, where=blocks.where)
-            self._send(verdict)
-
+    half = _TargetHalf(args, agent, blocks)
     host, _, port = args.listen.rpartition(":")
     try:
-        server = HTTPServer((host.strip("[]"), int(port)), Handler)
+        server = _TargetServer((host.strip("[]"), int(port)), _TargetHandler)
     except OSError as exc:
         return {"ok": False, "stage": "listen", "error": f"{args.listen}: {exc}"}
+    server.half = half
     say(LISTEN_PREFIX, str(server.server_address[1]))
     server.timeout = 0.5
     deadline = time.monotonic() + args.timeout
-    while not verdict:
+    while not half.verdict:
         server.handle_request()
-        if not peer and time.monotonic() > deadline:
-            verdict.update(ok=False, stage="peer",
-                           error=f"no prefill-side half came in {args.timeout:g} s")
+        if not half.peer and time.monotonic() > deadline:
+            half.verdict.update(ok=False, stage="peer",
+                                error=f"no prefill-side half came in {args.timeout:g} s")
     server.server_close()
-    return verdict
+    return half.verdict
+
+
+class _TargetHalf:
+    """The target's side of the exchange: its metadata, the initiator's agent once it said
+    hello, and the verdict once it asked for one."""
+
+    def __init__(self, args: argparse.Namespace, agent: Any, blocks: Blocks) -> None:
+        self.args, self.agent, self.blocks = args, agent, blocks
+        self.verdict: dict = {}
+        self.peer: list[str] = []  # the initiator's agent name, once it said hello
+        # the block descriptors as plain numbers: NIXL's own serialized form is a pickle, and
+        # nothing read from the network is unpickled here
+        self.meta = {"pair": args.pair, "metadata": b64(agent.get_agent_metadata()),
+                     "descs": blocks.descs(), "kind": blocks.kind, "where": blocks.where,
+                     "block": blocks.block, "blocks": blocks.count}
+
+    def get(self, path: str) -> tuple[dict, int]:
+        """The metadata, to this pair's initiator only (another pair's, across hosts, a host
+        ahead or behind, is told it is not its peer)."""
+        if path != f"/meta/{self.args.pair}":
+            return {"pair": self.args.pair}, 409
+        return self.meta, 200
+
+    def post(self, path: str, asked: dict) -> tuple[dict, int]:
+        """/hello: the initiator's agent; /verify: the blocks checked once it notified."""
+        if asked.get("pair") != self.args.pair:
+            return {"pair": self.args.pair}, 409
+        if path != "/hello" and not self.peer:  # a verify before any hello: not our peer
+            return {"pair": self.args.pair}, 409
+        if path == "/hello":
+            name = self.agent.add_remote_agent(base64.b64decode(asked["metadata"]))
+            # bytes from NIXL 1.5's binding; notifications are filed under str names
+            self.peer.append(name.decode() if isinstance(name, bytes) else name)
+            return {"ok": True}, 200
+        self._verify(asked)
+        return self.verdict, 200
+
+    def _verify(self, asked: dict) -> None:
+        """Wait for the initiator's notification, then check the blocks it wrote."""
+        deadline = time.monotonic() + self.args.timeout
+        notif = asked["notif"].encode()
+        while not self.agent.check_remote_xfer_done(self.peer[-1], notif):
+            if time.monotonic() > deadline:
+                self.verdict.update(
+                    ok=False, stage="notify",
+                    error=f"no notification from the initiator in {self.args.timeout} s")
+                return
+            time.sleep(0.001)
+        self.blocks.sync()
+        bad = self.blocks.first_bad_block(int(asked["seed"]))
+        self.verdict.update(ok=True, intact=bad is None, first_bad_block=bad,
+                            kind=self.blocks.kind, where=self.blocks.where)
+
+
+class _TargetServer(HTTPServer):
+    half: _TargetHalf
+
+
+class _TargetHandler(BaseHTTPRequestHandler):
+    """HTTP for the target half: each request answered by the server's _TargetHalf."""
+
+    server: _TargetServer
+
+    def log_message(self, *a: object) -> None:  # no access log on stderr
+        pass
+
+    def _send(self, body: dict, code: int = 200) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._send(*self.server.half.get(self.path))
+
+    def do_POST(self) -> None:  # noqa: N802
+        asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self._send(*self.server.half.post(self.path, asked))
 
 
 def call(url: str, body: dict | None, timeout: float) -> dict:

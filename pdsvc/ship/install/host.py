@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PROG = "install.sh"
@@ -165,11 +166,13 @@ def owner_of(path: Path) -> str:
     return f"{_name(pwd.getpwuid, st.st_uid)}:{_name(grp.getgrgid, st.st_gid)}"
 
 
-def _name(lookup, ident: int) -> str:  # type: ignore[no-untyped-def]
+def _name(lookup: Callable[[int], pwd.struct_passwd | grp.struct_group], ident: int) -> str:
+    """The user's or group's name for ``ident``; the number itself when none has it."""
     try:
-        return lookup(ident)[0]
+        entry = lookup(ident)
     except KeyError:
         return str(ident)
+    return entry.pw_name if isinstance(entry, pwd.struct_passwd) else entry.gr_name
 
 
 def user_exists(name: str) -> bool:

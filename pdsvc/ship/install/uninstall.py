@@ -83,6 +83,22 @@ def _remove(h: Host, old: Manifest, manifest: Path, *, purge: bool) -> Manifest:
     gone: set[Path] = set()
     kept = Manifest()
     keep_accounts = not purge or bool(h.dest)
+    _remove_files(h, old, kept, gone, purge=purge)
+    # the manifest goes now, so that its directory does not keep parents alive; what is kept
+    # is written back at the end
+    h.remove(manifest)
+    gone.add(manifest)
+    if empty_after(manifest.parent, gone) and h.rmdir(manifest.parent):
+        gone.add(manifest.parent)
+    _remove_dirs(h, old, kept, gone, purge=purge)
+    deleted = _remove_users(h, old, kept, keep=keep_accounts)
+    _remove_groups(h, old, kept, deleted, keep=keep_accounts)
+    return kept
+
+
+def _remove_files(h: Host, old: Manifest, kept: Manifest, gone: set[Path], *,
+                  purge: bool) -> None:
+    """The manifest's files and secrets; an env file only when empty (or with ``purge``)."""
     for kind, p, info in old.entries:
         d = h.at(p)
         if kind == "file" and not (d.exists() or d.is_symlink()):
@@ -100,12 +116,12 @@ def _remove(h: Host, old: Manifest, manifest: Path, *, purge: bool) -> Manifest:
             else:
                 h.report("kept", f"{d} (not empty: yours; --purge removes it)")
                 kept.add(kind, p, info)
-    # the manifest goes now, so that its directory does not keep parents alive; what is kept
-    # is written back at the end
-    h.remove(manifest)
-    gone.add(manifest)
-    if empty_after(manifest.parent, gone) and h.rmdir(manifest.parent):
-        gone.add(manifest.parent)
+
+
+def _remove_dirs(h: Host, old: Manifest, kept: Manifest, gone: set[Path], *,
+                 purge: bool) -> None:
+    """The manifest's directories, deepest first: each when empty, a data directory with all
+    in it with ``purge``."""
     for kind, p, info in sorted(old.of("dir", "parent"), key=lambda e: -depth(e[1])):
         d = h.at(p)
         if not d.is_dir():
@@ -117,9 +133,13 @@ def _remove(h: Host, old: Manifest, manifest: Path, *, purge: bool) -> Manifest:
         elif not remove_dir_if_empty(h, d, "not empty; --purge removes it" if kind == "dir"
                                      else "not empty", gone):
             kept.add(kind, p, info)
+
+
+def _remove_users(h: Host, old: Manifest, kept: Manifest, *, keep: bool) -> list[str]:
+    """The users the installer made (unless ``keep``); the names deleted."""
     deleted: list[str] = []
     for _, p, info in old.of("user"):  # users before groups: a primary group goes last
-        if keep_accounts:
+        if keep:
             h.report("kept", f"user {p} (owns what is kept; --purge removes it)")
             kept.add("user", p, info)
         elif not user_exists(p):
@@ -128,8 +148,15 @@ def _remove(h: Host, old: Manifest, manifest: Path, *, purge: bool) -> Manifest:
             h.run("userdel", p)
             deleted.append(p)
             h.report("removed", f"user {p}")
+    return deleted
+
+
+def _remove_groups(h: Host, old: Manifest, kept: Manifest, deleted: list[str], *,
+                   keep: bool) -> None:
+    """The groups the installer made and the memberships it added (unless ``keep``); a
+    deleted user's memberships went with it."""
     for kind, p, info in old.of("member", "group"):
-        if keep_accounts:
+        if keep:
             if kind == "group":
                 h.report("kept", f"group {p} (--purge removes it)")
             kept.add(kind, p, info)
@@ -144,4 +171,3 @@ def _remove(h: Host, old: Manifest, manifest: Path, *, purge: bool) -> Manifest:
         else:
             h.warn(f"could not delete group {p}")
             kept.add(kind, p, info)
-    return kept
