@@ -60,6 +60,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from .hold import Hold
 from .statefile import write_state
 
 CANARY_PROMPT = "pdsvc pair canary"
@@ -124,7 +125,7 @@ class Canary:
     def __init__(self, me: str, pairs: Sequence[Pair], *, failures_to_act: int,
                  log: Callable[[str], None], path: str | None = None,
                  followers: Sequence[str] = (),
-                 wall: Callable[[], float] = time.time, hold: object = None) -> None:
+                 wall: Callable[[], float] = time.time, hold: Hold | None = None) -> None:
         self.me = me.rstrip("/")
         self.pairs = list(pairs)
         self.failures_to_act = failures_to_act

@@ -56,6 +56,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .options import Options
 from .statefile import Kind, read_known, state_path, write_state
@@ -79,7 +80,7 @@ class Heal:
     role: str  # prefill | decode
 
 
-def labels_of(entry: dict) -> dict[str, str]:
+def labels_of(entry: dict[str, Any]) -> dict[str, str]:
     """A worker entry's labels: smg lists them as ``labels``, sglang-router 0.3.2 (with what
     it read of the engine's /server_info) as ``metadata``."""
     for key in ("labels", "metadata"):
@@ -99,7 +100,7 @@ def _times(text: str) -> list[float]:
     return out
 
 
-def fleet_heals(entries: list[dict], deployment: str) -> list[Heal]:
+def fleet_heals(entries: list[dict[str, Any]], deployment: str) -> list[Heal]:
     """The heals of the deployment's engines as the router lists them (their labels)."""
     out = []
     for e in entries:
@@ -112,7 +113,7 @@ def fleet_heals(entries: list[dict], deployment: str) -> list[Heal]:
     return out
 
 
-def fleet_cure(entries: list[dict], deployment: str) -> tuple[float, str] | None:
+def fleet_cure(entries: list[dict[str, Any]], deployment: str) -> tuple[float, str] | None:
     """The latest cure any of the deployment's engines knows: (wall clock, its URL)."""
     cures = [(t, str(e.get("url", "?"))) for e in entries
              if labels_of(e).get(LABEL_DEPLOYMENT) == deployment
@@ -132,7 +133,7 @@ def marker_path(state_dir: str, deployment: str) -> str:
     return state_path(state_dir, deployment or "deployment", Kind.HEAL_ALL)
 
 
-def read_marker(state_dir: str, deployment: str) -> dict | None:
+def read_marker(state_dir: str, deployment: str) -> dict[str, Any] | None:
     """The last cure's marker ({"at", "by", "why"}, and "seen" when it came from another
     host), or None (missing or unreadable)."""
     doc = read_known(marker_path(state_dir, deployment))
@@ -187,7 +188,7 @@ class Cascade:
         self.next_look = 0.0
         self.reported: float | None = None  # the marker whose repeat this runtime reported
         #: the router's worker entries at the last membership check (Membership.entries)
-        self.fleet: Callable[[], list[dict]] = list
+        self.fleet: Callable[[], list[dict[str, Any]]] = list
 
     @classmethod
     def of(cls, a: Options, log: Callable[[str], None]) -> Cascade | None:

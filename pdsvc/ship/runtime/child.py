@@ -117,7 +117,7 @@ class Child:
         self.kill_tree = kill_tree
         self.prefix = f"{log.name}: ".encode() if prefix_output else b""
         self._reaped_at = 0.0
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
         self.tap: StderrTap | None = None

@@ -97,7 +97,7 @@ SUPERVISED = (
 
 
 def add_launch(modes: Any) -> argparse.ArgumentParser:
-    launcher = modes.add_parser(
+    launcher: argparse.ArgumentParser = modes.add_parser(
         "launch",
         prog="runtime launch",
         usage="%(prog)s --control-plane-key SPEC MODULE [ARGS...]",
@@ -116,7 +116,7 @@ def add_launch(modes: Any) -> argparse.ArgumentParser:
 
 
 def add_eventlistener(modes: Any) -> argparse.ArgumentParser:
-    listener = modes.add_parser(
+    listener: argparse.ArgumentParser = modes.add_parser(
         "eventlistener",
         prog="runtime eventlistener",
         epilog=EVENTLISTENER_EPILOG,

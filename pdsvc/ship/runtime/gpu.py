@@ -17,7 +17,7 @@ from .timings import NVIDIA_SMI_TIMEOUT_S
 class GpuHolder(NamedTuple):
     """One compute process on one of the unit's GPUs, as nvidia-smi reports it."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # nvidia-smi's word; shadows tuple.index
     bus_id: str
     pid: int
     process_name: str

@@ -38,6 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .statefile import Kind, read_known, state_path, write_state
 
@@ -46,7 +47,7 @@ def hold_path(state_dir: str | None, name: str) -> str | None:
     return state_path(state_dir, name, Kind.HOLD) if state_dir else None
 
 
-def lease_end(doc: dict) -> float | None:
+def lease_end(doc: dict[str, Any]) -> float | None:
     """The hold's ``until`` (epoch seconds), or None: no lease (an older apply's hold)."""
     until = doc.get("until")
     return float(until) if isinstance(until, (int, float)) and not isinstance(until, bool) \
@@ -70,11 +71,11 @@ class Hold:
            log: Callable[[str], None] | None = None) -> Hold:
         return cls(hold_path(state_dir, name), log)
 
-    def doc(self) -> dict | None:
+    def doc(self) -> dict[str, Any] | None:
         """The hold in force: None without a file, or once its lease has run out."""
         doc = read_known(self.path, self.log)
         until = lease_end(doc) if doc is not None else None
-        if until is None:
+        if doc is None or until is None:
             return doc
         now = self.wall()
         if now < until:
@@ -109,7 +110,7 @@ class Hold:
 
 def write_hold(path: str, *, out: bool, peers: list[str] | None = None, why: str = "",
                by: str = "pdsvc apply", until: float | None = None,
-               since: float | None = None) -> dict:
+               since: float | None = None) -> dict[str, Any]:
     """Write a hold (0644: the runtime's user reads what root wrote), leased ``until`` (None:
     no lease); ``since``: when it began (a renewal keeps the first write's). The doc written."""
     doc: dict[str, object] = {"by": by, "since": time.time() if since is None else since,

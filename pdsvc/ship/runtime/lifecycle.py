@@ -199,9 +199,9 @@ class Unit:
 
     def wait_gpus(self) -> State:
         """WAIT_GPUS: the engine starts only on idle GPUs (a bounded wait)."""
-        a = self.args
-        self.notifier.status(f"checking that GPUs {','.join(map(str, a.gpus))} are idle")
-        result = wait_gpus_idle(a.nvidia_smi, a.gpus, self.log, self.notifier.status,
+        a, gpus = self.args, self.args.gpus or []
+        self.notifier.status(f"checking that GPUs {','.join(map(str, gpus))} are idle")
+        result = wait_gpus_idle(a.nvidia_smi, gpus, self.log, self.notifier.status,
                                 timeout=a.gpu_wait, progress_every=a.progress_every,
                                 should_stop=self.child.stopping)
         if result == "idle":
@@ -246,6 +246,7 @@ class Unit:
             if self.policy.record_end(Ending.FAILED_START, why) is Ending.GAVE_UP:
                 return give_up(self.log, self.notifier, self.policy.state.reason)
             return Exit.USAGE
+        assert a.role is not None  # parse_args: --router needs --role
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
         membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
         if self.cascade is not None:  # heals and cures of other hosts, through the router

@@ -23,7 +23,7 @@ import os
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .probe import HttpReply, http_call
 from .timings import ROUTER_CALL_TIMEOUT_S, STUCK_UNHEALTHY_S
@@ -80,7 +80,7 @@ class Membership:
         #: the healthy workers the router listed at the last look: {url: role}
         self.listed: dict[str, str] = {}
         #: every worker entry the router listed at the last look, as it listed them
-        self.entries: list[dict] = []
+        self.entries: list[dict[str, Any]] = []
         #: the labels posted with this worker (cascade.Cascade.labels), or None
         self.labels: Callable[[], dict[str, str]] | None = None
         self.joined = False
@@ -92,7 +92,7 @@ class Membership:
             self._said = text
             self.log(text)
 
-    def _entry(self) -> tuple[dict | None, str | None]:
+    def _entry(self) -> tuple[dict[str, Any] | None, str | None]:
         """(this worker's entry in GET /workers or None, an error text or None)."""
         reply = self.call(f"{self.router}/workers", ROUTER_CALL_TIMEOUT_S, headers=self.headers)
         doc = reply.json() if reply.status == 200 else None
@@ -123,7 +123,7 @@ class Membership:
         self._say(f"router {self.router}: cannot register {self.worker.url}: {reply.detail}")
         return False
 
-    def _delete(self, entry: dict) -> None:
+    def _delete(self, entry: dict[str, Any]) -> None:
         worker_id = urllib.parse.quote(str(entry.get("id", "")), safe="")
         self.call(f"{self.router}/workers/{worker_id}", ROUTER_CALL_TIMEOUT_S, headers=self.headers,
                   method="DELETE")

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .endings import Phase
 from .options import Options
@@ -82,7 +83,7 @@ PHASES = tuple(p.value for p in Phase)
 PAIR_STATES = ("ok", "failing", "peer-down", "unknown")
 #: how the previous run ended (its phase as the next run finds it) -> the start's cause
 #: (keyed by the file's words: a str enum member hashes by its name, not its value)
-START_CAUSES = {None: "first", **{p.value: cause for p, cause in (
+START_CAUSES: dict[str | None, str] = {None: "first", **{p.value: cause for p, cause in (
     (Phase.CRASHED, "crash"), (Phase.FAILED_START, "failed-start"), (Phase.SERVING, "killed"),
     (Phase.STARTING, "killed"), (Phase.STOPPED, "stop"), (Phase.GAVE_UP, "after-gave-up"))}}
 
@@ -122,8 +123,9 @@ def _number(value: object) -> float | None:
         else None
 
 
-def unit_samples(labels: Mapping[str, str], run: dict | None, canary: dict | None,
-                 counters: dict | None, *, up: bool | None, heal_budget: int | None,
+def unit_samples(labels: Mapping[str, str], run: dict[str, Any] | None,
+                 canary: dict[str, Any] | None, counters: dict[str, Any] | None, *,
+                 up: bool | None, heal_budget: int | None,
                  now: float) -> list[Sample]:
     """One unit's series from its state files (any may be None: missing or unreadable).
     ``up``: whether the unit runs (None: not known, left out)."""
@@ -152,7 +154,8 @@ def unit_samples(labels: Mapping[str, str], run: dict | None, canary: dict | Non
         if isinstance(name, str) and _number(seconds) is not None:
             add("pdsvc_unit_start_phase_seconds", float(seconds), ("phase", name))
     counters = counters or {}
-    starts = counters.get("starts") if isinstance(counters.get("starts"), dict) else {}
+    raw = counters.get("starts")
+    starts: dict[str, Any] = raw if isinstance(raw, dict) else {}
     for cause in dict.fromkeys(START_CAUSES.values()):
         add("pdsvc_unit_starts_total", _number(starts.get(cause)) or 0.0, ("cause", cause))
     if heal_budget is not None:
@@ -176,7 +179,7 @@ def unit_samples(labels: Mapping[str, str], run: dict | None, canary: dict | Non
     return out
 
 
-def count(counters: dict, run: dict | None, *, starting: bool) -> bool:
+def count(counters: dict[str, Any], run: dict[str, Any] | None, *, starting: bool) -> bool:
     """Fold what the restart file shows into the counters (in place); True when they changed.
     ``starting``: this run has just begun (before the restart policy read the file), so the
     phase found is how the previous run ended: one start, by that cause."""
@@ -222,8 +225,8 @@ class Textfile:
     labels: dict[str, str]
     heal_budget: int | None = None
     clock: Callable[[], float] = time.time
-    _counters: dict = field(default_factory=dict)
-    _said: tuple = ()
+    _counters: dict[str, Any] = field(default_factory=dict)
+    _said: tuple[Sample, ...] = ()
     _written: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -267,7 +270,7 @@ class Textfile:
             self.refresh(up=False)
 
 
-def textfile(args: Options) -> contextlib.AbstractContextManager:
+def textfile(args: Options) -> contextlib.AbstractContextManager[None]:
     """The textfile for the runtime's options (--metrics-dir, --deployment, --state-dir), or a
     context that does nothing when metrics are off."""
     metrics_dir = args.metrics_dir

@@ -298,12 +298,12 @@ class Options:
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
 
 
-def fields_of(mode: str) -> list[dataclasses.Field]:
+def fields_of(mode: str) -> list[dataclasses.Field[Any]]:
     """The option fields ``mode`` takes, in their order."""
     return [f for f in dataclasses.fields(Options) if mode in f.metadata.get("modes", ())]
 
 
-def default_of(f: dataclasses.Field) -> Any:
+def default_of(f: dataclasses.Field[Any]) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 

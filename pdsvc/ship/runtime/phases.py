@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -263,7 +264,7 @@ def wait_for_urls(
     while True:
         for url in urls:
             outcome = wait_until_healthy(
-                lambda url=url: probe(url),
+                functools.partial(probe, url),
                 idle,
                 what=url,
                 log=log,

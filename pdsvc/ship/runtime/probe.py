@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .timings import START_PROBE_TIMEOUT_S
 
@@ -154,7 +154,8 @@ def judge_generation(reply: HttpReply) -> str | None:
     doc = reply.json()
     if not isinstance(doc, dict):
         return "HTTP 200 but the body is not a JSON object: " + _snippet(reply.body)
-    meta = doc.get("meta_info") if isinstance(doc.get("meta_info"), dict) else {}
+    raw = doc.get("meta_info")
+    meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
     finish = meta.get("finish_reason")
     kind = finish.get("type") if isinstance(finish, dict) else finish
     if kind in ("abort", "error"):

@@ -152,7 +152,7 @@ class CanaryThread:
     def _backoff(self, in_a_row: int, retry: float) -> float:
         """``retry`` s, doubling once 2 x failures_to_act such rounds came, up to interval."""
         extra = max(0, in_a_row - 2 * self.canary.failures_to_act)
-        return min(self.interval, retry * 2 ** min(extra, 16))
+        return min(self.interval, retry * float(2 ** min(extra, 16)))
 
     def probed(self) -> list[Pair]:
         """The pairs a round probes: all, or those with the peers apply's hold names."""

@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 #: the format this code writes and the newest it reads
 FORMAT = 1
@@ -44,7 +45,7 @@ def state_path(directory: str, name: str, kind: Kind) -> str:
     return os.path.join(directory, f"{name}.{Kind(kind).value}.json")
 
 
-def read_state(path: str) -> dict | None:
+def read_state(path: str) -> dict[str, Any] | None:
     """The state in ``path``; None when it is missing, unreadable or not a JSON object.
     Raises NewerFormat (one line, naming the file) for a format newer than FORMAT."""
     try:
@@ -55,7 +56,7 @@ def read_state(path: str) -> dict | None:
     return parse_state(text, path)
 
 
-def parse_state(text: str, where: str) -> dict | None:
+def parse_state(text: str, where: str) -> dict[str, Any] | None:
     """read_state for a file's text read elsewhere (apply reads through its Host); ``where``
     names it in the NewerFormat line."""
     try:
@@ -71,7 +72,7 @@ def parse_state(text: str, where: str) -> dict | None:
     return doc
 
 
-def read_known(path: str | None, say: Callable[[str], None] | None = None) -> dict | None:
+def read_known(path: str | None, say: Callable[[str], None] | None = None) -> dict[str, Any] | None:
     """read_state for readers that go on without the file: a newer format is ``say``-ed in
     one line (once per call) and read as no state."""
     if not path:
@@ -84,7 +85,7 @@ def read_known(path: str | None, say: Callable[[str], None] | None = None) -> di
         return None
 
 
-def write_state(path: str, doc: dict, *, mode: int | None = None) -> dict:
+def write_state(path: str, doc: dict[str, Any], *, mode: int | None = None) -> dict[str, Any]:
     """Replace ``path`` with ``doc`` and its format, atomically, creating its directory (0750)
     if need be; ``mode``: the file's (default 0600). Best effort: state that cannot be written
     is lost, never a reason to stop serving. Returns what was written."""

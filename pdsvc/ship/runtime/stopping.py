@@ -66,7 +66,7 @@ class Stopping:
         """Stop the child as the outcome asks, say why, and pick the exit status."""
         kind, child = outcome.kind, self.child
         own_stop = isinstance(kind, Ending) and kind.own_stop
-        if own_stop:
+        if isinstance(kind, Ending) and kind.own_stop:
             self.stop_own(kind, outcome.detail)
         if kind is Ending.HUNG:
             child.kill_now(
