@@ -5,7 +5,9 @@ never an argparse Namespace.
 
 Who owns a default: the knobs the config's ``lifecycle`` section passes (``config=True``) have
 the config's default here too, and tests/test_config_contract.py holds them equal; the rest are
-the runtime's own and the config does not repeat them.
+the runtime's own and the config does not repeat them. One exception, by design:
+``--stop-timeout`` defaults to no bound of its own (the process manager's stop timeout is the
+bound), since the router's unit under systemd does not pass it.
 """
 
 from __future__ import annotations
@@ -133,10 +135,13 @@ class Options:
         "prefix every line of the command's stdout and stderr with 'NAME: ', as our own "
         "lines are, for a log that mixes programs (supervisord's stdout in a container; "
         "journald keeps units apart by itself)", action="store_true"))
-    stop_timeout: float | None = seconds(180.0, config=True, help=(
+    # not the config's default: without it the process manager's own stop timeout is the
+    # bound (systemd's TimeoutStopSec= for the router); the units pass the config's value
+    # where the runtime must bound a drain itself (an engine's heal, supervisord)
+    stop_timeout: float | None = seconds(None, help=(
         "after a stop signal, SIGKILL the command (its tree with --kill-tree) if it has "
-        "not exited within S seconds (systemd's TimeoutStopSec= is the outer bound) "
-        "(default: %(default)g)"))
+        "not exited within S seconds (default: wait; systemd's TimeoutStopSec= is the "
+        "bound)"))
     state_dir: str | None = field(default=None, metadata=opt(
         "where the restart policy keeps how the last run ended (NAME.restart.json) and the "
         "pair canary its results (NAME.canary.json), for the next run and `pdsvc status`; the "
