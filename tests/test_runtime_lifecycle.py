@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from ports import free_port
 from runtime_procs import (
     child_pid,
@@ -203,3 +204,24 @@ def test_an_engine_still_loading_restarts_with_a_heal_cascade_cure(procs, tmp_pa
     assert [e for e in read_events(events) if e["event"] == "sigterm"]  # stopped, not left
     state = json.loads((tmp_path / "dep-prefill-0.restart.json").read_text())
     assert state["phase"] == "stopped" and state["failed_starts"] == 0  # not a failed start
+
+
+@pytest.mark.parametrize("healthy_after, phase", [(0.0, "crashed"), (None, "failed-start")])
+def test_a_child_that_ends_on_its_own_with_status_0_is_restarted(
+        procs, tmp_path, healthy_after, phase) -> None:
+    """No stop was asked for, yet the engine exited 0: the runtime exits 70 (Exit.ENDED), not
+    0, which systemd's Restart=on-failure and supervisord's exitcodes= would take for a wanted
+    end and leave the engine down; the restart policy records it as what it is."""
+    from pdsvc.ship.runtime.endings import Exit
+    from pdsvc.ship.runtime.statefile import read_state
+
+    port, events = free_port(), tmp_path / "child.jsonl"
+    child = procs.child(port, events, "--exit-after", "1.5", "--exit-code", "0",
+                        *(["--healthy-after", str(healthy_after)] if healthy_after is not None
+                          else ["--healthy-after", "60"]))
+    proc = procs.start(engine_args(port, "dsv4-prefill", "--state-dir", str(tmp_path / "s"),
+                                   "--", *child))
+    assert procs.wait(proc) == Exit.ENDED
+    assert "ended on its own with status 0" in procs.log(proc)
+    state = read_state(str(tmp_path / "s" / "dsv4-prefill.restart.json"))
+    assert state is not None and state["phase"] == phase, state

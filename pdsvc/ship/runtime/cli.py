@@ -41,10 +41,12 @@ Exit status:
   0        after a stop (SIGTERM/SIGINT/SIGHUP) when the child then exits 0, by SIGTERM or
            by SIGKILL (SGLang kills its own process tree with SIGKILL: 137), or by the
            forwarded signal; also when a stop arrives while waiting for the JIT lock
-  N        the child exited on its own with status N (death by signal S: 128+S)
+  N        the child exited on its own with status N (death by signal S: 128+S; 0: see 70)
   1        refused to start: a GPU of the unit stayed busy for --gpu-wait, nvidia-smi failed,
            or the JIT cache directory cannot be used (Restart= retries after RestartSec=)
   2        usage error (also: the control-plane key cannot be read)
+  70       the child ended on its own with status 0, no stop asked for (a server never
+           should): a crash, or a failed start, restarted like one
   75       stopped the engine to restart it: a --restart-with peer restarted, or the pair
            canary found this engine the stale side of a broken pair
   78       gave up: --start-attempts starts in a row ended before the service was healthy

@@ -19,6 +19,7 @@ class Exit(enum.IntEnum):
 
     REFUSED = 1  # GPU busy, nvidia-smi broken, cache dir unusable: Restart= retries later
     USAGE = 2  # argparse's own exit status for usage errors
+    ENDED = 70  # EX_SOFTWARE: the child ended on its own with status 0 (a server never should)
     PEER = 75  # EX_TEMPFAIL: stopped the engine to restart it (a peer restarted, a pair heal)
     GAVE_UP = 78  # EX_CONFIG: failed to become healthy N starts in a row; not restarted
     HUNG = 124  # --watchdog-secs ran out: killed a hung child (timeout(1)'s convention)
@@ -67,9 +68,9 @@ class Ending(str, enum.Enum):
     HEAL = ("heal", Phase.STOPPED, Exit.PEER, True)
     #: no good liveness probe for --watchdog-secs: killed, counted as a crash
     HUNG = ("hung", Phase.CRASHED, Exit.HUNG)
-    #: the child exited after it served
+    #: the child exited after it served (status 0 too: exit Exit.ENDED, so it is restarted)
     CRASHED = ("crashed", Phase.CRASHED, None)
-    #: the child exited before it served (or could not be executed)
+    #: the child exited before it served, or could not be executed (status 0: Exit.ENDED)
     FAILED_START = ("failed_start", Phase.FAILED_START, None)
     #: a failed start (LATE or FAILED_START) that was the last of --start-attempts in a row
     GAVE_UP = ("gave_up", Phase.GAVE_UP, Exit.GAVE_UP)

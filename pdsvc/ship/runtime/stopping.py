@@ -131,6 +131,12 @@ class Stopping:
             return give_up(self.log, self.notifier, self.policy.state.reason)
         if ending is Ending.HUNG:
             log(f"exiting {Exit.HUNG} so that the process manager restarts the {role}")
+        if final.exit is None and code == 0:
+            # a server that ends on its own never meant to: Restart=on-failure and
+            # supervisord's exitcodes= would take status 0 for a wanted end and leave it down
+            log(f"the {role} ended on its own with status 0, no stop asked for: exiting "
+                f"{Exit.ENDED} so that the process manager restarts it")
+            return Exit.ENDED
         return code if final.exit is None else final.exit
 
 
