@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .options import Options
+from .policy import recent_heals
 from .statefile import Kind, read_known, state_path, write_state
 from .timings import CASCADE_WINDOW_S, CURE_WINDOW_S, MARKER_ACT_S, MARKER_LOOK_S
 
@@ -115,9 +116,9 @@ def fleet_heals(entries: list[dict[str, Any]], deployment: str) -> list[Heal]:
 
 def fleet_cure(entries: list[dict[str, Any]], deployment: str) -> tuple[float, str] | None:
     """The latest cure any of the deployment's engines knows: (wall clock, its URL)."""
-    cures = [(t, str(e.get("url", "?"))) for e in entries
-             if labels_of(e).get(LABEL_DEPLOYMENT) == deployment
-             for t in _times(labels_of(e).get(LABEL_CURE, ""))]
+    cures = [(t, str(e.get("url", "?"))) for e, labels in ((e, labels_of(e)) for e in entries)
+             if labels.get(LABEL_DEPLOYMENT) == deployment
+             for t in _times(labels.get(LABEL_CURE, ""))]
     return max(cures) if cures else None
 
 
@@ -237,9 +238,7 @@ class Cascade:
         """What this engine's registration tells the deployment's other runtimes: its heals
         within the window (its restart policy's file) and the last cure it knows."""
         doc = read_known(state_path(self.state_dir, self.name, Kind.RESTART)) or {}
-        now = self.clock()
-        mine = [t for t in _times(",".join(map(str, doc.get("heal_log") or [])))
-                if now - t < CASCADE_WINDOW_S]
+        mine = recent_heals(doc.get("heal_log"), self.clock(), CASCADE_WINDOW_S)
         out = {LABEL_DEPLOYMENT: self.deployment, LABEL_HEALS: ",".join(f"{t:.2f}" for t in mine)}
         last = self.last_cure()
         if last > float("-inf"):

@@ -77,8 +77,6 @@ class Membership:
         #: why not to join yet, given the URLs of the healthy workers the router lists
         #: (None: join); the pair canary's, Canary.admits
         self.admit: Callable[[set[str]], str | None] | None = None
-        #: the healthy workers the router listed at the last look: {url: role}
-        self.listed: dict[str, str] = {}
         #: every worker entry the router listed at the last look, as it listed them
         self.entries: list[dict[str, Any]] = []
         #: the labels posted with this worker (cascade.Cascade.labels), or None
@@ -100,14 +98,17 @@ class Membership:
             why = reply.detail if reply.status != 200 else "GET /workers: not a worker list"
             return None, why
         self.entries = [e for e in doc["workers"] if isinstance(e, dict)]
-        self.listed = {
-            str(e.get("url", "")).rstrip("/"): str(e.get("worker_type", ""))
-            for e in doc["workers"] if isinstance(e, dict) and e.get("is_healthy") is not False
-            and str(e.get("status", "")).lower() not in ("draining", "failed")}
-        for entry in doc["workers"]:
-            if isinstance(entry, dict) and entry.get("url", "").rstrip("/") == self.worker.url:
+        for entry in self.entries:
+            if str(entry.get("url", "")).rstrip("/") == self.worker.url:
                 return entry, None
         return None, None
+
+    @property
+    def listed(self) -> dict[str, str]:
+        """The healthy workers the router listed at the last look: {url: role}."""
+        return {str(e.get("url", "")).rstrip("/"): str(e.get("worker_type", ""))
+                for e in self.entries if e.get("is_healthy") is not False
+                and str(e.get("status", "")).lower() not in ("draining", "failed")}
 
     def lists_any(self, urls: list[str]) -> bool:
         """Whether the router, asked now, lists one of ``urls`` as a healthy worker."""

@@ -256,8 +256,7 @@ class Textfile:
     def running(self) -> Iterator[None]:
         """Around one run: a start counted before the restart policy reads how the last run
         ended, a look every TEXTFILE_POLL_S, and the run's end written once it returned."""
-        self._counters = {k: v for k, v in (read_known(self._path(Kind.METRICS)) or {}).items()
-                          if k != "format"}
+        self._counters = read_known(self._path(Kind.METRICS)) or {}
         self.refresh(up=True, starting=True)
         thread = threading.Thread(target=self._run, name="metrics-textfile", daemon=True)
         thread.start()

@@ -65,15 +65,15 @@ class Stopping:
     def run(self, outcome: Outcome) -> int:
         """Stop the child as the outcome asks, say why, and pick the exit status."""
         kind, child = outcome.kind, self.child
-        own_stop = isinstance(kind, Ending) and kind.own_stop
-        if isinstance(kind, Ending) and kind.own_stop:
-            self.stop_own(kind, outcome.detail)
+        own = kind if isinstance(kind, Ending) and kind.own_stop else None
+        if own is not None:
+            self.stop_own(own, outcome.detail)
         if kind is Ending.HUNG:
             child.kill_now(
                 f"no successful liveness probe for {outcome.elapsed:.0f} s "
                 f"(--watchdog-secs {self.args.watchdog_secs:g}): the {self.role} is hung"
             )
-        returncode = self.wait_child(kind, outcome, own_stop)
+        returncode = self.wait_child(kind, outcome, own is not None)
         return self.exit_code(self.ending(kind), outcome, returncode)
 
     def stop_own(self, ending: Ending, detail: str) -> None:
