@@ -18,7 +18,7 @@ One idea a module:
   notify     sd_notify and log lines          gpu        the nvidia-smi client
   jitlock    cold JIT compile serialisation   proctree   subreaper and /proc
   child      the supervised command           listener   supervisord's event listener
-  launch     the router launcher with its key
+  launch     the router launcher with its key fleet      heals and cures across hosts
 
 docs/lifecycle.md tells the whole story by state, with a timeline per fault.
 """

@@ -36,17 +36,14 @@ The rule (read from the engines' own restart state files, NAME.restart.json in t
 * **A hold** by `pdsvc apply` (any NAME.hold.json in the state directory) suppresses it all:
   no marker is written and none is acted on while apply rolls a change.
 
-**Across hosts** the state directory is one host's. The runtimes of a deployment share the
-rest through the router they all register with (the control-plane key guards it): each
-engine's registration carries labels (``pdsvc.deployment``, ``pdsvc.heals``: its own heals
-within the window, ``pdsvc.cure``: the last cure it knows), which both router generations
-list with the worker (sglang-router 0.3.2 as ``metadata``, smg 1.13 as ``labels``), and every
-runtime reads the list at each membership check. A heal restarts its engine, whose new
-registration carries the heal; so a runtime judges the heals of every engine the router lists,
-on every host. The cure reaches another host when the engine that found it is back and
-registered with the cure's time: an engine there whose process is older restarts once, and
-writes the marker on its own host for its neighbours (a cure within ``CURE_WINDOW_S``; its
-engine would otherwise never meet the cure).
+**Across hosts** the state directory is one host's. Each host's engine runtimes serve its
+heals and its marker to the deployment's other engine hosts, keyed with the control-plane key
+(fleet.py), and read theirs every second: a runtime judges the heals of every engine on every
+host, and a cure found on another host becomes this host's marker (``take_fleet_cure``): the
+engines here whose process is older restart once with it (a cure within ``CURE_WINDOW_S``; the
+marker keeps the cure's own time, so a cure passed on is never a cure of its own). The router's
+worker list cannot carry this: an engine whose pairs are all stale is never admitted to it, and
+in a cascade that is every engine that just healed.
 """
 
 from __future__ import annotations
@@ -56,10 +53,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .options import Options
-from .policy import recent_heals
 from .statefile import Kind, read_known, state_path, write_state
 from .timings import CASCADE_WINDOW_S, CURE_WINDOW_S, MARKER_ACT_S, MARKER_LOOK_S
 
@@ -70,64 +66,19 @@ CAUSE = ("both sides of a pair go stale toward a replaced peer (sglang #33789 an
          "smg-project/smg #2382 together), so each heal makes the other role stale again")
 
 
-#: the labels each engine's registration carries for the others (module docstring)
-LABEL_DEPLOYMENT, LABEL_HEALS, LABEL_CURE = "pdsvc.deployment", "pdsvc.heals", "pdsvc.cure"
-
-
 @dataclass(frozen=True)
 class Heal:
     at: float  # wall clock
-    name: str  # the engine's runtime --name (the router's URL for one on another host)
+    name: str  # the engine's runtime --name (ADDR:PORT/name for one on another host)
     role: str  # prefill | decode
 
 
-def labels_of(entry: dict[str, Any]) -> dict[str, str]:
-    """A worker entry's labels: smg lists them as ``labels``, sglang-router 0.3.2 (with what
-    it read of the engine's /server_info) as ``metadata``."""
-    for key in ("labels", "metadata"):
-        found = entry.get(key)
-        if isinstance(found, dict) and LABEL_DEPLOYMENT in found:
-            return {str(k): str(v) for k, v in found.items()}
-    return {}
+class Remote(Protocol):
+    """The other hosts' heals and cures, as last read (fleet.Fleet)."""
 
+    def heals(self) -> list[Heal]: ...
 
-def _times(text: str) -> list[float]:
-    out = []
-    for word in text.split(","):
-        try:
-            out.append(float(word))
-        except ValueError:
-            continue
-    return out
-
-
-def fleet_heals(entries: list[dict[str, Any]], deployment: str) -> list[Heal]:
-    """The heals of the deployment's engines as the router lists them (their labels)."""
-    out = []
-    for e in entries:
-        labels = labels_of(e)
-        role = str(e.get("worker_type", ""))
-        if labels.get(LABEL_DEPLOYMENT) != deployment or role not in ROLES:
-            continue
-        name = str(e.get("url", "?"))
-        out += [Heal(t, name, role) for t in _times(labels.get(LABEL_HEALS, ""))]
-    return out
-
-
-def fleet_cure(entries: list[dict[str, Any]], deployment: str) -> tuple[float, str] | None:
-    """The latest cure any of the deployment's engines knows: (wall clock, its URL)."""
-    cures = [(t, str(e.get("url", "?"))) for e, labels in ((e, labels_of(e)) for e in entries)
-             if labels.get(LABEL_DEPLOYMENT) == deployment
-             for t in _times(labels.get(LABEL_CURE, ""))]
-    return max(cures) if cures else None
-
-
-def merged(local: list[Heal], fleet: list[Heal]) -> list[Heal]:
-    """This host's heals, and the router's of other hosts, oldest first: an engine of this
-    host is in its file and in its labels (the labels' time rounded), and counts once."""
-    mine = {(h.role, round(h.at, 2)) for h in local}
-    return sorted([*local, *(h for h in fleet if (h.role, round(h.at, 2)) not in mine)],
-                  key=lambda h: h.at)
+    def cure(self) -> tuple[float, str] | None: ...
 
 
 def marker_path(state_dir: str, deployment: str) -> str:
@@ -188,8 +139,8 @@ class Cascade:
         self.clock = clock
         self.next_look = 0.0
         self.reported: float | None = None  # the marker whose repeat this runtime reported
-        #: the router's worker entries at the last membership check (Membership.entries)
-        self.fleet: Callable[[], list[dict[str, Any]]] = list
+        #: the other engine hosts' heals and cures (fleet.Fleet), when the engines span hosts
+        self.remote: Remote | None = None
 
     @classmethod
     def of(cls, a: Options, log: Callable[[str], None]) -> Cascade | None:
@@ -207,8 +158,9 @@ class Cascade:
             return None
         now = self.clock()
         last = self.last_cure()
-        why = is_cascade(merged(heals(self.state_dir),
-                                fleet_heals(self.fleet(), self.deployment)), now, since=last)
+        remote = self.remote.heals() if self.remote is not None else []
+        why = is_cascade(sorted([*heals(self.state_dir), *remote], key=lambda h: h.at), now,
+                         since=last)
         if why is None:
             return None
         if now - last < CURE_WINDOW_S:
@@ -227,23 +179,15 @@ class Cascade:
         self.log(f"{cure}: wrote {marker_path(self.state_dir, self.deployment)}")
         return cure
 
+    def remote_cure(self) -> tuple[float, str] | None:
+        return self.remote.cure() if self.remote is not None else None
+
     def last_cure(self) -> float:
-        """The last cure this runtime knows of: its host's marker or one the router lists."""
+        """The last cure this runtime knows of: its host's marker or another host's."""
         marker = read_marker(self.state_dir, self.deployment)
-        remote = fleet_cure(self.fleet(), self.deployment)
+        remote = self.remote_cure()
         return max(float(marker["at"]) if marker else float("-inf"),
                    remote[0] if remote else float("-inf"))
-
-    def labels(self) -> dict[str, str]:
-        """What this engine's registration tells the deployment's other runtimes: its heals
-        within the window (its restart policy's file) and the last cure it knows."""
-        doc = read_known(state_path(self.state_dir, self.name, Kind.RESTART)) or {}
-        mine = recent_heals(doc.get("heal_log"), self.clock(), CASCADE_WINDOW_S)
-        out = {LABEL_DEPLOYMENT: self.deployment, LABEL_HEALS: ",".join(f"{t:.2f}" for t in mine)}
-        last = self.last_cure()
-        if last > float("-inf"):
-            out[LABEL_CURE] = f"{last:.2f}"
-        return out
 
     def due(self, began: float | None, monotonic: float) -> str | None:
         """Why this engine restarts now with the whole deployment (a marker newer than
@@ -271,7 +215,7 @@ class Cascade:
         """A cure found on another host, newer than this host's marker and than this engine's
         process, within CURE_WINDOW_S and no hold: written as this host's marker, which this
         engine and its neighbours then act on (``due``)."""
-        remote = fleet_cure(self.fleet(), self.deployment)
+        remote = self.remote_cure()
         if remote is None:
             return
         at, by = remote
@@ -281,10 +225,10 @@ class Cascade:
         if at <= mine or at <= began or now - at >= CURE_WINDOW_S or held(self.state_dir):
             return
         # the cure's own time (engines that restarted since took part), seen now: this is what
-        # MARKER_ACT_S counts from, and what the labels pass on unchanged (no cure of cures)
+        # MARKER_ACT_S counts from, and what this host's view passes on unchanged (no cure of cures)
         write_state(marker_path(self.state_dir, self.deployment),
                     {"at": at, "seen": now, "by": by, "why": f"the cure {by} found "
-                     f"{now - at:.0f} s ago on its host, as the router lists it"})
-        self.log(f"{by} cured a heal cascade {now - at:.0f} s ago on its host (the router "
-                 f"lists it): this host's engines restart with it; wrote "
+                     f"{now - at:.0f} s ago on its host"})
+        self.log(f"{by} cured a heal cascade {now - at:.0f} s ago on its host (read from "
+                 f"there): this host's engines restart with it; wrote "
                  f"{marker_path(self.state_dir, self.deployment)}")

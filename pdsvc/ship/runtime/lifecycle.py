@@ -18,6 +18,7 @@ from .canary import Canary, Pair
 from .cascade import Cascade
 from .child import Child
 from .endings import Ending, Exit
+from .fleet import share
 from .gpu import wait_gpus_idle
 from .hold import Hold
 from .jitlock import JitLock, engine_fingerprint
@@ -249,9 +250,8 @@ class Unit:
         assert a.role is not None  # parse_args: --router needs --role
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
         membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
-        if self.cascade is not None:  # heals and cures of other hosts, through the router
-            membership.labels = self.cascade.labels
-            self.cascade.fleet = lambda: membership.entries
+        if self.cascade is not None:  # heals and cures of the other hosts (fleet.py)
+            share(a, key, self.cascade, self.log)
         self.membership = membership
         return None
 

@@ -36,23 +36,18 @@ class Worker(NamedTuple):
     role: str  # prefill | decode
     bootstrap_port: int | None  # prefill only: the KV bootstrap server's port
 
-    def payload(self, labels: dict[str, str] | None = None) -> bytes:
+    def payload(self) -> bytes:
         """The POST /workers body. ``health.drain_settle_secs: 0``: smg keeps a deleted worker
         `Draining` for a fixed 5 s by default before it removes it (``--drain-settle-secs``,
         per worker ``health.drain_settle_secs``; it does not count in-flight requests), and
         answers a re-post of the URL with 409 meanwhile: an engine back from a restart in
         under 5 s waited that out before it could serve. The drain that matters is the engine's own
         (the runtime's and apply's, on ``sglang:num_running_reqs``); requests in flight keep
-        their worker when its entry goes. sglang-router 0.3.2 ignores the field. ``labels``:
-        what the router lists with the worker for the deployment's other runtimes
-        (cascade.py: both router generations keep them, sglang-router 0.3.2 as ``metadata``,
-        smg as ``labels``)."""
+        their worker when its entry goes. sglang-router 0.3.2 ignores the field."""
         doc: dict[str, object] = {"url": self.url, "worker_type": self.role,
                                   "health": {"drain_settle_secs": 0}}
         if self.role == "prefill":
             doc["bootstrap_port"] = self.bootstrap_port
-        if labels:
-            doc["labels"] = labels
         return json.dumps(doc).encode("utf-8")
 
 
@@ -79,8 +74,6 @@ class Membership:
         self.admit: Callable[[set[str]], str | None] | None = None
         #: every worker entry the router listed at the last look, as it listed them
         self.entries: list[dict[str, Any]] = []
-        #: the labels posted with this worker (cascade.Cascade.labels), or None
-        self.labels: Callable[[], dict[str, str]] | None = None
         self.joined = False
         self.unhealthy_since: float | None = None
         self._said = ""  # the last problem logged, so a long outage is one line, not hundreds
@@ -116,9 +109,8 @@ class Membership:
         return error is None and any(u.rstrip("/") in self.listed for u in urls)
 
     def _post(self) -> bool:
-        labels = self.labels() if self.labels is not None else None
         reply = self.call(f"{self.router}/workers", ROUTER_CALL_TIMEOUT_S,
-                          self.worker.payload(labels), self.headers)
+                          self.worker.payload(), self.headers)
         if reply.status in (200, 201, 202, 409):
             return True
         self._say(f"router {self.router}: cannot register {self.worker.url}: {reply.detail}")

@@ -69,6 +69,13 @@ def http_url(text: str) -> str:
     return text
 
 
+def host_port(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected ADDR:PORT, got {text!r}")
+    return text
+
+
 # ---------------------------------------------------------------- field makers
 def opt(help: str, *, modes: tuple[str, ...] = BOTH,  # noqa: A002
         type: Callable[[str], Any] | None = None,  # noqa: A002
@@ -271,6 +278,15 @@ class Options:
         "restart NAME-pd.target), named when a heal cascade comes back within an hour of the "
         "runtimes' own cure (cascade.py; needs --state-dir and --deployment)", modes=ENGINE,
         metavar="CMD", group=CANARY))
+    fleet_listen: str | None = field(default=None, metadata=opt(
+        "serve this host's heals and cure marker to the deployment's other engine hosts on "
+        "ADDR:PORT, for holders of --control-plane-key; every engine runtime of the host "
+        "binds the same port (SO_REUSEPORT), fleet.py", modes=ENGINE, type=host_port,
+        metavar="ADDR:PORT", group=CANARY))
+    fleet: list[str] = field(default_factory=list, metadata=opt(
+        "another engine host's --fleet-listen address (repeatable): its heals and cures count "
+        "in this host's judgment of a heal cascade (cascade.py)", modes=ENGINE,
+        type=host_port, metavar="ADDR:PORT", group=CANARY, action="append"))
     # ------------------------------------------------------------ router
     readiness_url: str = field(default="", metadata=opt(
         "the router's /readiness: 503 until a prefill and a decode worker are healthy",

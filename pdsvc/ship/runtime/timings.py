@@ -84,6 +84,12 @@ MARKER_LOOK_S = 0.5
 #: (an engine started with the router rewrites its state within a second of its start)
 GAVE_UP_GRACE_S = 10.0
 
+# ---------------------------------------------------------------- other hosts (fleet.py)
+#: seconds between a runtime's reads of the other engine hosts' heals and cures
+FLEET_LOOK_S = 1.0
+#: one such read's timeout (a host that does not answer keeps its last view)
+FLEET_TIMEOUT_S = 1.0
+
 # ---------------------------------------------------------------- the textfile (metrics.py)
 #: seconds between the textfile writer's looks at the state files
 TEXTFILE_POLL_S = 1.0
