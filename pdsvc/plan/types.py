@@ -144,7 +144,8 @@ class KvCheck:
 
 @dataclass(frozen=True)
 class LifecyclePlan:
-    """config.lifecycle: the start, stop, restart, liveness and canary bounds of every unit."""
+    """config.lifecycle: the start, stop, restart, liveness and canary bounds of every unit,
+    and the port engine hosts share a heal cascade on."""
 
     start_timeout_secs: int
     stop_timeout_secs: int
@@ -160,6 +161,7 @@ class LifecyclePlan:
     canary_failures: int
     canary_timeout_secs: int
     canary_heal_attempts: int
+    cascade_port: int
 
 
 @dataclass(frozen=True)
