@@ -72,6 +72,10 @@ class EnginePlan:
     # for its turn and for one of them to be in the router (engines of a role heal one at a time)
     siblings: tuple[str, ...] = ()
     heal_turn: int = 0
+    # with engines on several hosts: where this host's engine runtimes serve its heals and
+    # cures of a heal cascade (ADDRESS:PORT, one port per host), and every other engine host's
+    fleet_listen: str = ""
+    fleet: tuple[str, ...] = ()
 
     @property
     def unit(self) -> str:
