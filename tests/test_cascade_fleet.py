@@ -15,6 +15,7 @@ from pdsvc.config.load import parse_config
 from pdsvc.config.schema import LifecycleConfig
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import EnginePlan, Plan, build_plan
+from pdsvc.plan.connections import connections
 from pdsvc.plan.runtime_argv import member_flags
 from pdsvc.render.supervisord import render_supervisord
 from pdsvc.render.systemd import render_systemd
@@ -115,6 +116,7 @@ def test_an_inventory_whose_engines_serve_from_one_host_has_no_cascade_channel()
     plan = plan_of(yaml.safe_dump(cfg, sort_keys=False))
     assert {e.machine for e in plan.engines} == {"gpu-a", "gpu-b"}
     assert all(not e.fleet_listen and not e.fleet for e in plan.engines)
+    assert all(c.purpose != "cascade" for c in connections(plan))
 
 
 def test_across_hosts_each_serving_engine_listens_on_its_host_and_reads_the_others() -> None:
@@ -183,3 +185,19 @@ def test_both_bundles_hand_every_serving_engine_runtime_the_flags(fmt: str) -> N
     seed = plan_of((REPO / "etc/pdsvc.yaml").read_text())
     for argv in _engine_commands(seed, fmt).values():
         assert "--fleet-listen" not in argv and "--fleet" not in argv
+
+
+# --------------------------------------------------------------- the firewall list
+
+
+def test_one_cascade_row_per_ordered_pair_of_engine_hosts() -> None:
+    rows = [(c.source, c.target) for c in connections(plan_of(FOUR_HOSTS))
+            if c.purpose == "cascade"]
+    assert rows == [  # by destination, then source, in the order of `hosts`
+        ("gpu-a", "10.0.0.1:8997"), ("gpu-b", "10.0.0.1:8997"),
+        ("lb", "10.0.0.2:8997"), ("gpu-b", "10.0.0.2:8997"),
+        ("lb", "10.0.0.3:8997"), ("gpu-a", "10.0.0.3:8997"),
+    ]
+    whys = {(c.source, c.target): c.why for c in connections(plan_of(FOUR_HOSTS))}
+    assert whys[("gpu-b", "10.0.0.1:8997")] == (
+        "gpu-b's engine runtimes read lb's heals and cures of a heal cascade (--fleet, keyed)")
