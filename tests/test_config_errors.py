@@ -12,6 +12,9 @@ from pdsvc.cli.commands import main
 SEED = ["--topology", str(REPO / "etc/seed-host.topology.json")]
 BASE = "model: {path: /srv/m}\n"
 P2 = "prefill:\n  - gpus: [0, 1]\n  - gpus: [2, 3]\n"  # two prefills; item 1 starts on line 4
+#: prefill and decode on two hosts (lines 2-4), each binding lifecycle.cascade_port
+TWO_HOSTS = BASE + ("hosts:\n  a: {address: 10.0.0.2, run: [prefill, router]}\n"
+                    "  b: {address: 10.0.0.3, run: [decode]}\n")
 
 CASES = [
     ("typo-top", BASE + "prefil:\n  port: 1\n",
@@ -35,6 +38,9 @@ CASES = [
      "decode.dist_init_port: 30380 is within 100 of prefill.dist_init_port 30335"),
     ("dist-init-covers-port", BASE + "prefill:\n  dist_init_port: 29950\n",
      "prefill.dist_init_port: 29950…30049 is kept for SGLang's ZMQ/NCCL ports but prefill.port"),
+    ("cascade-clash", TWO_HOSTS + "lifecycle:\n  cascade_port: 30000\n",
+     ":6: lifecycle.cascade_port: port 30000 is also prefill.port (prefill.port is its "
+     "default); each service needs its own"),
     ("port-range", BASE + "router:\n  port: 70000\n", "router.port: Input should be less than"),
     ("owned-flag", BASE + "decode:\n  args:\n    port: 1\n",
      "decode.args: --port is set by pdsvc from <role>.port"),

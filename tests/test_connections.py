@@ -79,6 +79,8 @@ def dialled(argv: list[str]) -> set[tuple[str, str]]:
             out.add((f"{urllib.parse.urlsplit(prefill).hostname}:{port}", "bootstrap"))
     for (url,) in rt.get("--restart-with", []):
         out.add((hostport(url), "peer watch"))
+    for (there,) in rt.get("--fleet", []):  # cascade.py: another engine host's heals, cures
+        out.add((there, "cascade"))
     rank = engine.get("--node-rank", [["0"]])[0][0]
     if rank != "0":
         out.add((engine["--dist-init-addr"][0][0], "dist-init"))
@@ -155,10 +157,12 @@ def test_three_hosts_firewall_list_reads_as_the_issue_asks(runner) -> None:
     got = [tuple(line.split(None, 3)[:3:2]) for line in rows.splitlines()]
     assert got == [
         ("gpu-a", "10.0.0.1:8000"), ("gpu-b", "10.0.0.1:8000"),  # POST /workers
+        ("gpu-b", "10.0.0.2:8997"),  # a heal cascade's heals and cures, between engine hosts
         ("gpu-b", "10.0.0.2:8998"),  # the KV bootstrap the router hands decode
         ("lb", "10.0.0.2:30000"),  # requests and the router's health checks
         ("gpu-b", "10.0.0.2:30000"),  # decode's canary to its prefill
         ("gpu-b", "10.0.0.2:30000"),  # decode's --restart-with watch
+        ("gpu-a", "10.0.0.3:8997"),
         ("lb", "10.0.0.3:30001"),
         ("gpu-a", "10.0.0.3:30001"),  # prefill's canary to its decode
     ]

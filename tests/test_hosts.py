@@ -305,12 +305,14 @@ def test_plan_lists_the_connections_between_hosts(runner, tmp_path: Path) -> Non
     rows = [line.split(None, 3)[:3] for line in lines.splitlines()]
     assert rows == [  # by destination host and port (tests/test_connections.py: all of it)
         ["gpu-a", "->", "10.0.0.1:8000"], ["gpu-b", "->", "10.0.0.1:8000"],  # POST /workers
+        ["gpu-b", "->", "10.0.0.2:8997"],  # heal cascade: not gpu-c, which serves no engine
         ["gpu-b", "->", "10.0.0.2:8998"],  # the host part the router hands decode, verbatim
         ["lb", "->", "10.0.0.2:30000"],
         ["gpu-b", "->", "10.0.0.2:30000"],  # decode's pair canary
         ["gpu-b", "->", "10.0.0.2:30000"],  # decode's watch of its prefill
         ["gpu-c", "->", "10.0.0.2:30000"],  # rank 1's readiness is rank 0's /health
         ["gpu-c", "->", "10.0.0.2:30335"],  # rank 1 -> rank 0's dist-init
+        ["gpu-a", "->", "10.0.0.3:8997"],
         ["lb", "->", "10.0.0.3:30001"],
         ["gpu-a", "->", "10.0.0.3:30001"],  # prefill's pair canary
     ]

@@ -184,13 +184,12 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
     """Every port the plan opens is distinct, and dist-init bases keep their port span free.
     A port allocated from an instance's index is named as such: giving it is the fix."""
     # the router's first: the port clients know; an engine's that clashes with it is named
-    r = config.router  # a router port left out is its default, not allocated from an index
-    ports: list[tuple[tuple, int, str]] = [
-        (("router", key), getattr(r, key), "" if key in r.model_fields_set else
-         f"router.{key} is its default") for key in ("port", "prometheus_port")]
+    ports = [_section_port(config, "router", key) for key in ("port", "prometheus_port")]
     for inst in config.engines:
         for key in ("port", "bootstrap_port") if inst.role == "prefill" else ("port",):
             ports.append(_port_of(inst, key))
+    if config.cascade_hosts():  # bound on each engine host only when there are several
+        ports.append(_section_port(config, "lifecycle", "cascade_port"))
     spans: list[tuple[tuple, int, str]] = [
         _port_of(inst, "dist_init_port") for inst in config.engines
     ]
@@ -219,6 +218,14 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
                     f"{dotted(other_loc)} is {port}; move one of them" + _allocated_hint(name)
                 )))
     return problems
+
+
+def _section_port(config: Config, section: str, key: str) -> tuple[tuple, int, str]:
+    """(key path, port, '' when given) of a section's port: one left out is its default, not
+    allocated from an index."""
+    model = getattr(config, section)
+    why = "" if key in model.model_fields_set else f"{section}.{key} is its default"
+    return (section, key), getattr(model, key), why
 
 
 def _port_of(inst: Instance, key: str) -> tuple[tuple, int, str]:

@@ -118,3 +118,12 @@ class Config(Strict):
                 for key in expand_ref(ref, by_role):
                     out.setdefault(key, []).append(host)
         return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+    def cascade_hosts(self) -> tuple[str, ...]:
+        """The hosts an engine serves from (its node-rank 0 runs there), in the order of
+        `hosts`, when there are two or more: their engine runtimes share the heals and cures of
+        a heal cascade over lifecycle.cascade_port (pdsvc/ship/runtime/cascade.py). Empty on one
+        host, whose runtimes share a state directory."""
+        serving = {where[0] for key, where in self.placement().items() if key != "router"}
+        hosts = tuple(h for h in self.hosts or {} if h in serving)
+        return hosts if len(hosts) > 1 else ()

@@ -271,6 +271,11 @@ class LifecycleConfig(Strict):
         2, description="Heals in a row (within an hour) that do not bring a pair back before an "
         "engine heals only every 5 minutes, with the reason in its status; a stop of the unit "
         "starts afresh (0: the canary only reports).")
+    cascade_port: Port = Field(
+        8997, description="Where each engine host's runtimes serve that host's heals and cures "
+        "of a heal cascade to the other engine hosts (HTTP, keyed with the router's "
+        "control-plane key): one port per host, at hosts.NAME.address. Used only when the "
+        "engines run on several hosts; open it between them.")
 
 
 class MetricsConfig(Strict):

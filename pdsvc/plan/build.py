@@ -61,7 +61,7 @@ def build_plan(
     router = _router(config, engines, name=f"{name}-router", machine=router_machine)
     hosts = _host_plans(site, engines, router, warnings)
     sv_run_dir = config.supervisord.run_dir.rstrip("/")
-    return _members(Plan(
+    return _members(config.cascade_hosts(), Plan(
         name=name,
         target=f"{name}-pd.target",
         version=__version__,
@@ -246,16 +246,18 @@ def _host_plans(
     return tuple(hosts)
 
 
-def _members(plan: Plan) -> Plan:
-    """Each serving engine's router (where it registers itself) and the prefill x decode pairs
+def _members(cascade_hosts: tuple[str, ...], plan: Plan) -> Plan:
+    """Each serving engine's router (where it registers itself), the prefill x decode pairs
     it is part of (its canary's pairs): every prefill with every decode, as the router pairs
-    them. Ranks > 0 of an engine spanning hosts serve no HTTP: neither."""
+    them, and where its host shares a heal cascade. Ranks > 0 of an engine spanning
+    hosts serve no HTTP: none of it."""
     serving = [e for e in plan.engines if e.node_rank == 0]
     pairs = [(p.url, p.bootstrap_port, d.url) for p in serving if p.role == "prefill"
              for d in serving if d.role == "decode"]
     following = {d.url for d in serving
                  if d.role == "decode" and (d.restarts_with or d.peer_health)}
     reach = plan.reachable_router().url
+    fleet = _cascade_addresses(plan, cascade_hosts)  # {} on one host
 
     def mine(e: EnginePlan) -> tuple[tuple[str, int, str], ...]:
         return tuple(x for x in pairs if e.url in (x[0], x[2]))
@@ -270,8 +272,18 @@ def _members(plan: Plan) -> Plan:
         e if e.node_rank else replace(
             e, router_url=reach, pairs=mine(e),
             followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)),
-            siblings=siblings(e), heal_turn=turn(e))
+            siblings=siblings(e), heal_turn=turn(e),
+            fleet_listen=fleet.get(e.machine, ""),
+            fleet=tuple(a for h, a in fleet.items() if h != e.machine))
         for e in plan.engines))
+
+
+def _cascade_addresses(plan: Plan, hosts: tuple[str, ...]) -> dict[str, str]:
+    """Host -> ADDRESS:lifecycle.cascade_port, for each host an engine serves from when there
+    are several (Config.cascade_hosts), in the order of `hosts`: where its engine runtimes
+    serve their heals and cures of a heal cascade to the others' (pdsvc/ship/runtime/
+    cascade.py: a state directory is one host's)."""
+    return {h: f"{plan.host(h).address}:{plan.lifecycle.cascade_port}" for h in hosts}
 
 
 def unit_name(name: str, inst: Instance, count: int) -> str:

@@ -2,7 +2,8 @@
 
 Read from the same plan fields the units are rendered from, so a packet the units send is a
 row here: an engine's ``router_url`` (its runtime's ``--router``), ``url`` (``--advertise``, what
-the router dials), ``pairs`` (``--pair``), ``peer_health`` (``--restart-with``), a rank's
+the router dials), ``pairs`` (``--pair``), ``peer_health`` (``--restart-with``), ``fleet``
+(``--fleet``: the other engine hosts' heals and cures of a heal cascade), a rank's
 ``health_url`` and ``dist_init_addr``. SGLang's own KV/ZMQ and NCCL rank ports are ephemeral
 and only named.
 """
@@ -16,8 +17,8 @@ from typing import Literal
 
 from pdsvc.plan.types import EnginePlan, Plan
 
-Purpose = Literal["membership", "serving", "canary", "bootstrap", "peer watch", "dist-init",
-                  "rank ready"]
+Purpose = Literal["membership", "serving", "canary", "bootstrap", "peer watch", "cascade",
+                  "dist-init", "rank ready"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ def connections(plan: Plan) -> list[Connection]:
     r = plan.router
     assert r is not None  # the whole plan has its router
     address = {h.name: h.address for h in plan.hosts}
+    by_address = {h.address: h.name for h in plan.hosts}
     whys: dict[tuple[str, str, Purpose], list[str]] = {}
 
     def add(source: str, target: str, purpose: Purpose, why: str) -> None:
@@ -65,13 +67,16 @@ def connections(plan: Plan) -> list[Connection]:
         for url in e.peer_health:
             add(e.machine, host_port(url), "peer watch",
                 f"{e.name} watches {url} (--restart-with)")
+        for there in e.fleet:  # one row per pair of engine hosts, whichever engine reads
+            add(e.machine, there, "cascade",
+                f"{e.machine}'s engine runtimes read {by_address[there.rpartition(':')[0]]}'s "
+                "heals and cures of a heal cascade (--fleet, keyed)")
         if e.node_rank > 0:
             add(e.machine, e.dist_init_addr, "dist-init",
                 f"{e.name} rank {e.node_rank} -> rank 0 dist-init (and NCCL, ephemeral)")
             add(e.machine, host_port(e.health_url), "rank ready",
                 f"{e.name} rank {e.node_rank} is ready when rank 0's {e.health_url} is")
     order = {h.name: i for i, h in enumerate(plan.hosts)}
-    by_address = {h.address: h.name for h in plan.hosts}
 
     def key(c: Connection) -> tuple[int, int, int, str]:
         addr, _, port = c.target.rpartition(":")

@@ -58,8 +58,9 @@ def metrics_dir(state_dir: str) -> str:
 
 
 def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
-    """The busy-GPU wait, router membership and the pair canary of one engine (the last two
-    for rank 0 only: the process serving HTTP)."""
+    """The busy-GPU wait, router membership, the pair canary and, with engines on several
+    hosts, the heal cascade's channel between them of one engine (all but the first for rank 0
+    only: the process serving HTTP)."""
     lc = plan.lifecycle
     flags = ["--gpu-wait", str(lc.gpu_wait_secs)]
     if not e.router_url:
@@ -82,6 +83,10 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
                   "--canary-timeout", str(lc.canary_timeout_secs),
                   "--canary-heals", str(lc.canary_heal_attempts),
                   "--restart-all", restart_all_command(plan, manager)]
+    if e.fleet_listen:  # this host's heals and cures, served to the other engine hosts
+        flags += ["--fleet-listen", e.fleet_listen]
+    for address in e.fleet:  # and theirs, read (runtime/cascade.py)
+        flags += ["--fleet", address]
     return flags
 
 

@@ -72,6 +72,10 @@ class EnginePlan:
     # for its turn and for one of them to be in the router (engines of a role heal one at a time)
     siblings: tuple[str, ...] = ()
     heal_turn: int = 0
+    # with engines on several hosts: where this host's engine runtimes serve its heals and
+    # cures of a heal cascade (ADDRESS:PORT, one port per host), and every other engine host's
+    fleet_listen: str = ""
+    fleet: tuple[str, ...] = ()
 
     @property
     def unit(self) -> str:
@@ -144,7 +148,8 @@ class KvCheck:
 
 @dataclass(frozen=True)
 class LifecyclePlan:
-    """config.lifecycle: the start, stop, restart, liveness and canary bounds of every unit."""
+    """config.lifecycle: the start, stop, restart, liveness and canary bounds of every unit,
+    and the port engine hosts share a heal cascade on."""
 
     start_timeout_secs: int
     stop_timeout_secs: int
@@ -160,6 +165,7 @@ class LifecyclePlan:
     canary_failures: int
     canary_timeout_secs: int
     canary_heal_attempts: int
+    cascade_port: int
 
 
 @dataclass(frozen=True)
