@@ -201,3 +201,13 @@ def test_one_cascade_row_per_ordered_pair_of_engine_hosts() -> None:
     whys = {(c.source, c.target): c.why for c in connections(plan_of(FOUR_HOSTS))}
     assert whys[("gpu-b", "10.0.0.1:8997")] == (
         "gpu-b's engine runtimes read lb's heals and cures of a heal cascade (--fleet, keyed)")
+
+
+def test_doctor_checks_the_port_once_on_each_engine_host() -> None:
+    from pdsvc.doctor.ports import planned_ports
+    plan = plan_of(FOUR_HOSTS)
+    for host, address in (("lb", "10.0.0.1"), ("gpu-a", "10.0.0.2"), ("gpu-b", "10.0.0.3")):
+        mine = [p for p in planned_ports(plan.for_host(host)) if "cascade_port" in p.what]
+        assert [(p.host, p.port) for p in mine] == [(address, 8997)], host
+    assert not [p for p in planned_ports(plan.for_host("gpu-c")) if "cascade_port" in p.what]
+    assert not [p for p in planned_ports(plan_of(BASE)) if "cascade_port" in p.what]

@@ -36,6 +36,11 @@ def planned_ports(plan: Plan) -> list[PlannedPort]:
         if e.node_rank == 0:  # the other ranks of an engine spanning hosts dial rank 0's
             dist_host, dist_port = e.dist_init_addr.rsplit(":", 1)
             ports.append(PlannedPort(dist_host, int(dist_port), f"{e.name} dist-init"))
+    # one port per engine host, bound by each of its engine runtimes (SO_REUSEPORT, fleet.py)
+    for listen in dict.fromkeys(e.fleet_listen for e in plan.engines if e.fleet_listen):
+        host, port = listen.rsplit(":", 1)
+        ports.append(PlannedPort(host, int(port), "the engine runtimes' heals and cures "
+                                 "(lifecycle.cascade_port)"))
     r = plan.router
     if r is not None:  # None: one host of several, without the router
         ports.append(PlannedPort(r.host, r.port, f"{r.name} HTTP"))
