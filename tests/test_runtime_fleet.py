@@ -225,3 +225,23 @@ def test_a_bad_address_is_refused_by_the_parser(bad: str, capsys) -> None:
         parse_args(["engine", "--name", "x", "--health-url", "http://127.0.0.1:1/health",
                     "--fleet", bad, "--", "true"])
     assert e.value.code == 2 and "expected ADDR:PORT" in capsys.readouterr().err
+
+
+def test_a_heal_reads_the_other_hosts_at_once_so_one_cascade_is_cured_once(hosts) -> None:
+    """B's cure, written a moment ago, is read by A's heal itself (not the reader's last look):
+    A's heal comes after the cure and is no second cascade."""
+    a, b, clock = hosts
+    lines: list[str] = []
+    p0 = a.runtime("dep-prefill-0", b, lines=lines)
+    d0 = b.runtime("dep-decode-0", a, lines=lines)
+    for name, role, state in (("dep-prefill-0", "prefill", a.state),
+                              ("dep-decode-0", "decode", b.state),
+                              ("dep-decode-1", "decode", b.state)):
+        clock.now += 5
+        record_heal(state, name, role, clock)
+    refresh(p0)  # A's last look: before B's cure
+    assert d0.after_heal()  # B completes the cascade and cures it
+    clock.now += 0.3
+    record_heal(a.state, "dep-prefill-0", "prefill", clock)
+    assert p0.after_heal() is None  # A reads B's cure with its heal: one cure
+    assert not Path(marker_path(str(a.state), "dep")).exists()

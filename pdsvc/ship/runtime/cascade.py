@@ -76,6 +76,8 @@ class Heal:
 class Remote(Protocol):
     """The other hosts' heals and cures, as last read (fleet.Fleet)."""
 
+    def refresh(self) -> None: ...
+
     def heals(self) -> list[Heal]: ...
 
     def cure(self) -> tuple[float, str] | None: ...
@@ -156,6 +158,10 @@ class Cascade:
         at once), else None (a repeat within CURE_WINDOW_S is only reported)."""
         if held(self.state_dir):
             return None
+        if self.remote is not None:
+            # read now, not a second ago: two hosts whose heals complete one cascade within
+            # the same second would both cure it
+            self.remote.refresh()
         now = self.clock()
         last = self.last_cure()
         remote = self.remote.heals() if self.remote is not None else []
