@@ -43,7 +43,11 @@ host, and a cure found on another host becomes this host's marker (``take_fleet_
 engines here whose process is older restart once with it (a cure within ``CURE_WINDOW_S``; the
 marker keeps the cure's own time, so a cure passed on is never a cure of its own). The router's
 worker list cannot carry this: an engine whose pairs are all stale is never admitted to it, and
-in a cascade that is every engine that just healed.
+in a cascade that is every engine that just healed. A heal reads the other hosts before it
+judges, so a cure written elsewhere a moment ago is this host's last cure too; two heals on two
+hosts that complete one cascade at the same instant may both write their host's marker, and
+each engine still restarts once: the later cure is older than every engine the earlier one
+restarted (``due`` and ``take_fleet_cure`` act only on an engine older than the cure).
 """
 
 from __future__ import annotations
