@@ -93,11 +93,12 @@ def test_liveness_loop_pings_only_on_200():
 
 
 def _peer(results: list[str]):
-    """A probe answering from a script: 'ok', 'refused' or 'timeout' per call."""
+    """A probe answering from a script: 'ok', 'refused' or 'timeout' per call, then the
+    script's last answer for every call after it."""
     it = iter(results)
 
     def probe(url: str, timeout: float):
-        r = next(it)
+        r = next(it, results[-1])
         return (ProbeResult(True, "HTTP 200") if r == "ok" else
                 ProbeResult(False, "connection refused") if r == "refused" else
                 ProbeResult(False, f"timed out after {timeout:g} s"))

@@ -90,6 +90,9 @@ class _Server(ThreadingHTTPServer):
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a reader gone mid-reply: no traceback in the journal; it reads again in 1 s
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
