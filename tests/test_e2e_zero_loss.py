@@ -4,7 +4,8 @@ systemd, on both router generations: one event at a time, every request judged b
 
 One stack per router, the events in sequence, each after a steady window at full capacity:
   systemctl restart of one prefill, of one decode: 0 failed;
-  kill -9 of one prefill's engine, of one decode's: 0 non-streamed failed, no stream failed
+  kill -9 of one prefill's engine, of one decode's, and of each one's runtime (the unit's
+    main process): 0 non-streamed failed, no stream failed
     otherwise than cut, and no more cut than were in flight on that engine;
   systemctl restart of the router: measured (`BENCH` line); no request hangs;
   `pdsvc apply` of a pair-compatible and of a pair-incompatible change: 0 failed (smg: at
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import zero_loss
 from conftest import require
+from faults import journal
 from loadgen import Load
 from nspawn import nspawn_available
 from stack import Stack
@@ -56,3 +58,6 @@ def test_no_request_fails_beyond_the_goal(loaded: tuple[Stack, Load], router_pac
     misses = out.misses()
     assert not misses, (f"{event.name} [{router_package}]: {'; '.join(misses)}\n"
                         f"{zero_loss.describe(out)}")
+    if event.name.endswith("'s runtime"):  # its ExecStopPost= took the engine out at once
+        assert any("ended without taking" in ln and "deregistered it" in ln
+                   for ln in journal(stack, event.target)), event.name

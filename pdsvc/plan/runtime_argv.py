@@ -90,6 +90,15 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
     return flags
 
 
+def leave_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
+    """`runtime leave`'s options (the unit's ExecStopPost=): the engine's entry in its router,
+    taken out after any end of its runtime; [] for an engine that does not register."""
+    if not e.router_url:
+        return []
+    return ["--name", e.name, "--router", e.router_url, "--advertise", e.url,
+            "--control-plane-key", key_spec(plan, manager)]
+
+
 def restart_all_command(plan: Plan, manager: str) -> str:
     """What an operator runs to restart every engine of the deployment at once (the cure of
     a heal cascade that came back, runtime/cascade.py): the target, or every engine program."""

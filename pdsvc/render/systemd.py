@@ -14,6 +14,7 @@ from pdsvc.plan.build import Plan
 from pdsvc.plan.runtime_argv import (
     KEY_CREDENTIAL,
     engine_runtime_flags,
+    leave_flags,
     liveness_flags,
     member_flags,
     peer_watch_flags,
@@ -67,7 +68,8 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
                  *policy_flags(plan, plan.paths.run_dir), *member_flags(plan, e, "systemd"),
                  *peer_watch_flags(plan, e)]
         files.append(File(e.unit, env.get_template("systemd/engine.service.j2").render(
-            e=e, flags=flags, key=KEY_CREDENTIAL, **ctx)))
+            e=e, flags=flags, leave=leave_flags(plan, e, "systemd"), key=KEY_CREDENTIAL,
+            **ctx)))
     if plan.router:
         flags = [*router_runtime_flags(plan, plan.router), *liveness_flags(plan),
                  "--poll-interval", ROUTER_POLL_INTERVAL, *policy_flags(plan, plan.paths.run_dir)]

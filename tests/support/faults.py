@@ -31,7 +31,7 @@ def kill(signal: str, role: str) -> Callable[[Stack], None]:
     return lambda s: s.c.run(["kill", f"-{signal}", str(s.engine_pid(role))])
 
 
-def _kill_runtime(role: str) -> Callable[[Stack], None]:
+def kill_runtime(role: str) -> Callable[[Stack], None]:
     return lambda s: s.c.run(["kill", "-9", s.prop(s.unit(role), "MainPID")])
 
 
@@ -52,7 +52,7 @@ MARATHON = (
     Fault("systemctl restart decode", restart("decode"), heal=True),
     Fault("kill -9 decode engine", kill("9", "decode"), heal=True),
     Fault("kill -9 prefill engine", kill("9", "prefill")),
-    Fault("kill -9 decode's runtime (MainPID)", _kill_runtime("decode"), heal=True),
+    Fault("kill -9 decode's runtime (MainPID)", kill_runtime("decode"), heal=True),
     Fault("SIGSTOP decode engine", kill("STOP", "decode"), heal=True, extra=watchdog),
     Fault("kill -9 router", kill("9", "router")),
     Fault("systemctl restart prefill", restart("prefill")),

@@ -43,11 +43,9 @@ class FakeRouter:
         self.posted.append(doc)
         if any(w["url"] == doc["url"] for w in self.workers):
             return HttpReply(409, b"{}", "HTTP 409") if self.smg else HttpReply(202, b"", "")
-        # labels come back as smg lists them (`labels`) or as sglang-router 0.3.2 (`metadata`)
-        labels = {"labels" if self.smg else "metadata": doc["labels"]} if "labels" in doc else {}
         self.workers.append({"id": f"id{len(self.workers)}", "url": doc["url"],
                              "worker_type": doc["worker_type"], "is_healthy": True,
-                             **({"status": "ready"} if self.smg else {}), **labels})
+                             **({"status": "ready"} if self.smg else {})})
         return HttpReply(202, b"{}", "HTTP 202")
 
 

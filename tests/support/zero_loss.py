@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from faults import kill, restart
+from faults import kill, kill_runtime, restart
 from loadgen import Load, Result, failures, get, p99
 from stack import REPO, Stack
 
@@ -162,11 +162,34 @@ def apply(change: str, said: list[tuple[float, str]] | None = None) -> Callable[
                 print(f"\n  apply: {line.strip()}")
     return act
 
+def out_of_router(act: Callable[[Stack], None], instance: str) -> Callable[[Stack], None]:
+    """``act``, then how long the router still listed ``instance`` healthy (printed): with
+    nothing but the router's health checks, a dead engine stays listed for their window."""
+    def timed(stack: Stack) -> None:
+        url = engine_urls(stack)[instance]
+        t0 = time.monotonic()
+        act(stack)
+        while time.monotonic() - t0 < 30:
+            code, body = stack.workers(timeout=3)
+            if code == 200 and url not in {w["url"] for w in json.loads(body)["workers"]
+                                           if w.get("is_healthy")}:
+                break
+            time.sleep(0.05)
+        print(f"\n  {instance}: out of the router {time.monotonic() - t0:.2f} s after the kill")
+    return timed
+
+
 EVENTS = (
     Event("systemctl restart prefill-1", restart("prefill-1"), "prefill-1", "zero"),
     Event("systemctl restart decode-1", restart("decode-1"), "decode-1", "zero"),
     Event("kill -9 prefill-0's engine", kill("9", "prefill-0"), "prefill-0", "kill"),
     Event("kill -9 decode-0's engine", kill("9", "decode-0"), "decode-0", "kill"),
+    # the runtime (the unit's main process): systemd SIGKILLs its engine, and the unit's
+    # ExecStopPost= (`runtime leave`) takes it out of the router at once
+    Event("kill -9 prefill-0's runtime", out_of_router(kill_runtime("prefill-0"), "prefill-0"),
+          "prefill-0", "kill"),
+    Event("kill -9 decode-0's runtime", out_of_router(kill_runtime("decode-0"), "decode-0"),
+          "decode-0", "kill"),
     Event("systemctl restart router", restart("router"), "router", "measure"),
     Event("apply, pair-compatible change", apply("pair-compatible"), "", "zero",
           apply_missing),

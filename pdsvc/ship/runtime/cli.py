@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .options import Options, add_options
+from .options import Options, add_options, http_url
 
 
 def _couple(text: str) -> tuple[str, str]:
@@ -66,13 +66,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     """The runtime's parser and each mode's: engine and router from options.Options."""
     parser = argparse.ArgumentParser(
         prog="runtime",
-        usage="%(prog)s {engine,router,eventlistener,launch} [options] [-- CMD [ARGS...]]",
+        usage="%(prog)s {engine,router,eventlistener,launch,leave} [options] [-- CMD [ARGS...]]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     modes = parser.add_subparsers(
-        dest="mode", metavar="{engine,router,eventlistener,launch}", required=True
+        dest="mode", metavar="{engine,router,eventlistener,launch,leave}", required=True
     )
     supervised = {}
     for mode, usage, help_line, description in SUPERVISED:
@@ -82,7 +82,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         add_options(sub, mode)
         supervised[mode] = sub
     return parser, {**supervised, "eventlistener": add_eventlistener(modes),
-                    "launch": add_launch(modes)}
+                    "launch": add_launch(modes), "leave": add_leave(modes)}
 
 
 #: the supervising modes: (mode, usage, --help line, description); their options: Options
@@ -115,6 +115,27 @@ def add_launch(modes: Any) -> argparse.ArgumentParser:
                           help="e.g. sglang_router.launch_router or smg.launch_router")
     launcher.add_argument("module_args", nargs=argparse.REMAINDER, metavar="ARGS")
     return launcher
+
+
+def add_leave(modes: Any) -> argparse.ArgumentParser:
+    leave: argparse.ArgumentParser = modes.add_parser(
+        "leave",
+        prog="runtime leave",
+        usage="%(prog)s --name NAME --router URL --advertise URL --control-plane-key SPEC",
+        help="take an engine out of the router after its runtime ended (ExecStopPost=)",
+        description=(
+            "Delete the engine's entry from the router, if it is still there: run after any\n"
+            "stop of the unit, so that an engine whose runtime was killed (kill -9, OOM)\n"
+            "leaves the router at once. Exit status: always 0 (a stop never fails for it)."
+        ),
+    )
+    leave.add_argument("--name", required=True, help="prefix of every log line")
+    leave.add_argument("--router", required=True, type=http_url, metavar="URL")
+    leave.add_argument("--advertise", required=True, type=http_url, metavar="URL",
+                       help="the engine's URL as the router lists it")
+    leave.add_argument("--control-plane-key", metavar="SPEC",
+                       help="a file, or credential:NAME ($CREDENTIALS_DIRECTORY/NAME)")
+    return leave
 
 
 def add_eventlistener(modes: Any) -> argparse.ArgumentParser:
@@ -162,7 +183,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Any, list[str]]:
     parser, modes = build_parser()
     args = parser.parse_args(options)
     mode = modes[args.mode]
-    if args.mode in ("eventlistener", "launch"):
+    if args.mode in ("eventlistener", "launch", "leave"):
         if command:
             mode.error(f"{args.mode} takes no '-- CMD'")
         return args, command
@@ -191,6 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .launch import launch
 
         return launch(args.control_plane_key, args.module, args.module_args)
+    if args.mode == "leave":
+        from .membership import leave_after_end
+        from .notify import Log
+
+        return leave_after_end(args.router, args.advertise, args.control_plane_key,
+                               Log(args.name))
     from .lifecycle import run
     from .metrics import textfile
 
