@@ -8,7 +8,8 @@ empty fails, a stream without its final chunk and [DONE] is cut), then one event
 (tests/support/zero_loss.py), each after a steady window at full capacity:
 
   systemctl restart of one prefill, then of one decode;
-  kill -9 of one prefill's engine, then of one decode's;
+  kill -9 of one prefill's engine, then of one decode's, then of each one's runtime (the
+  unit's main process, as the OOM killer would: its ExecStopPost= takes the engine out);
   systemctl restart of the router;
   `pdsvc apply` of a pair-compatible change and of a pair-incompatible change, and a 1P1D
   apply's outage against the engine's load time.

@@ -90,13 +90,16 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
     return flags
 
 
-def leave_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
+def leave_flags(plan: Plan, e: EnginePlan) -> list[str]:
     """`runtime leave`'s options (the unit's ExecStopPost=): the engine's entry in its router,
-    taken out after any end of its runtime; [] for an engine that does not register."""
+    taken out after any end of its runtime; [] for an engine that does not register. The key
+    is read from its file (0640, the service's group), not from the unit's credentials: systemd
+    gives those to the start commands only, never to ExecStop*= (systemd/systemd#24759,
+    #32583)."""
     if not e.router_url:
         return []
     return ["--name", e.name, "--router", e.router_url, "--advertise", e.url,
-            "--control-plane-key", key_spec(plan, manager)]
+            "--control-plane-key", plan.paths.router_key]
 
 
 def restart_all_command(plan: Plan, manager: str) -> str:

@@ -68,7 +68,7 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
                  *policy_flags(plan, plan.paths.run_dir), *member_flags(plan, e, "systemd"),
                  *peer_watch_flags(plan, e)]
         files.append(File(e.unit, env.get_template("systemd/engine.service.j2").render(
-            e=e, flags=flags, leave=leave_flags(plan, e, "systemd"), key=KEY_CREDENTIAL,
+            e=e, flags=flags, leave=leave_flags(plan, e), key=KEY_CREDENTIAL,
             **ctx)))
     if plan.router:
         flags = [*router_runtime_flags(plan, plan.router), *liveness_flags(plan),
