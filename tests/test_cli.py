@@ -129,7 +129,7 @@ def test_validate_ok_and_plan_json(runner) -> None:
     assert roles["prefill"]["pinning"]["numa_node"] == 0
     assert roles["decode"]["pinning"]["cpulist"] == "56-111,168-223"
     assert roles["decode"]["env"]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
-    assert plan["router"]["port"] == 8000 and plan["target"] == "dsv4-pd.target"
+    assert plan["routers"][0]["port"] == 8000 and plan["target"] == "dsv4-pd.target"
 
 
 def test_plan_table_shows_every_role(runner) -> None:

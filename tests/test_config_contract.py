@@ -252,7 +252,7 @@ def test_a_wildcard_or_routable_router_host_is_what_the_engines_dial(host: str,
     data["router"]["host"] = host
     plan = plan_of(yaml.safe_dump(data))
     for e in plan.engines:
-        assert e.router_url == url
+        assert e.router_urls == (url,)
         assert not is_loopback(e.url.split("//")[1].split(":")[0])
 
 

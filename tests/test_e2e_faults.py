@@ -213,7 +213,7 @@ def test_an_engine_down_three_times_the_routers_failure_window_rejoins(
     failure threshold (model_gateway/src/worker/manager.rs): with interval 1 s and threshold 1,
     about 4 s. The decode's runtime is killed (so nobody deregisters the worker) and its GPU
     stays busy 3x that long; the worker must come back and serve."""
-    hc = stack.plan["router"]["options"]
+    hc = stack.plan["routers"][0]["options"]
     interval = int(hc[hc.index("--health-check-interval-secs") + 1])
     threshold = int(hc[hc.index("--health-failure-threshold") + 1])
     window = interval * threshold * 4  # NotReady after one window, failed after 3 more

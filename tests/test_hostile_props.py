@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pdsvc.config.load import parse_config
 from pdsvc.config.reference import reference_markdown
 from pdsvc.config.schema import LifecycleConfig
-from pdsvc.config.sections import MetricsConfig
+from pdsvc.config.sections import FrontConfig, MetricsConfig
 from pdsvc.encode import printable
 from pdsvc.errors import ConfigError, OutputError, TopologyError
 from pdsvc.plan.build import Plan, build_plan
@@ -73,6 +73,7 @@ FIELDS: list[tuple[str, str]] = [
     ("runtime.libexec_dir", "/opt/x-coding:{}"), ("runtime.engine_module", "{}"),
     ("runtime.router_module", "m.{}"), ("transfer.nixl_backend", "{}"), ("k8s.namespace", "{}"),
     ("k8s.router_image", "{}"), ("k8s.gpu_resource", "{}"), ("model.path", "/srv/{}\\"),
+    ("router.front.haproxy", "/usr/sbin/{}"),
 ]
 #: ... and in a config over two hosts (rendered per host, as `pdsvc render` does).
 HOST_FIELDS: list[tuple[str, str]] = [
@@ -159,10 +160,19 @@ def check_systemd(plan: Plan, bundle: dict[str, str]) -> None:
         cache = svc.get("CacheDirectory", [])
         assert [i for v in cache for i in sd.list_items(v)] == (
             [plan.paths.cache_directory] if plan.paths.cache_directory else [])
-    if plan.router:
-        svc = sd.sections(bundle[plan.router.unit])["Service"]
-        _check_service(plan, svc, list(plan.router.env),
-                       list(router_command(plan, plan.router, "systemd")), plan.router.python)
+    for r in plan.routers:
+        svc = sd.sections(bundle[r.unit])["Service"]
+        _check_service(plan, svc, list(r.env), list(router_command(plan, r, "systemd")),
+                       r.python)
+        if plan.front:  # out of the front before a stop, back once ready
+            for key, action in (("ExecStop", "drain"), ("ExecStartPost", "ready")):
+                (line,) = svc[key]
+                args, _ = runtime_parse_args(sd.exec_argv(line)[2:])
+                assert (args.mode, args.action, args.server) == ("front", action, r.name)
+    if plan.front:
+        svc = sd.sections(bundle[plan.front.unit])["Service"]
+        assert [sd.exec_argv(v) for v in svc["ExecStart"]] == [
+            [plan.front.haproxy, "-Ws", "-f", plan.front.config_path]]
 
 
 def _check_service(plan: Plan, svc: dict[str, list[str]], env: list, argv: list[str],
@@ -380,7 +390,8 @@ OTHER_FIELDS = [
     "router.health_check.interval_secs", "router.health_check.timeout_secs",
     "router.health_check.failure_threshold", "router.health_check.success_threshold",
     "router.retry.attempts", "router.retry.initial_backoff_ms", "router.retry.max_backoff_ms",
-    "router.circuit_breaker",
+    "router.circuit_breaker", "router.replicas", "router.replica_port",
+    *(f"router.front.{f}" for f in FrontConfig.model_fields if f != "haproxy"),
     *(f"lifecycle.{f}" for f in LifecycleConfig.model_fields),
     *(f"metrics.{f}" for f in MetricsConfig.model_fields),
     "supervisord.logs", "supervisord.drop_privileges", "k8s.router_service_type",

@@ -52,7 +52,7 @@ def test_three_hosts_plan_routes_over_the_hosts_addresses() -> None:
     assert "--prefill" not in r.argv and "--decode" not in r.argv
     # membership: each engine registers itself with the router, at the router host's address,
     # as the router reaches it, so no registration timeout can drop a late remote engine
-    assert (prefill.router_url, prefill.url) == ("http://10.0.0.1:8000", "http://10.0.0.2:30000")
+    assert (prefill.router_urls, prefill.url) == (("http://10.0.0.1:8000",), "http://10.0.0.2:30000")
     assert decode.pairs == prefill.pairs == (
         ("http://10.0.0.2:30000", 8998, "http://10.0.0.3:30001"),)
     # NIXL coupling across hosts: not PartOf= (one host only) but a watch of prefill's /health
@@ -139,7 +139,7 @@ def test_an_engine_listed_on_two_hosts_spans_them() -> None:
         assert e.health_url == "http://10.0.0.2:30000/health"  # only rank 0 serves HTTP
     assert plan.units.count("dsv4-prefill.service") == 1
     assert len(plan.router.prefills) == 1  # the router knows rank 0 only
-    assert [(e.name, e.node_rank, bool(e.router_url)) for e in ranks] == [
+    assert [(e.name, e.node_rank, bool(e.router_urls)) for e in ranks] == [
         ("dsv4-prefill", 0, True), ("dsv4-prefill", 1, False)]  # rank 0 registers
 
 

@@ -29,7 +29,7 @@ def test_an_engine_left_listed_by_a_killed_runtime_is_deregistered(smg: bool,
     (tmp_path / "router-key").write_text("k\n")
     env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "SERVICE_RESULT": "signal",
            "EXIT_CODE": "killed", "EXIT_STATUS": "KILL"}
-    assert leave_after_end("http://r:8000", URL + "/", "credential:router-key", lines.append,
+    assert leave_after_end(["http://r:8000"], URL + "/", "credential:router-key", lines.append,
                            env=env, call=router) == 0
     assert ("DELETE", "http://r:8000/workers/id0") in router.calls
     listed = [w for w in router.workers if w.get("is_healthy", True)]
@@ -43,7 +43,7 @@ def test_after_a_clean_stop_there_is_nothing_to_do_and_nothing_said(tmp_path: Pa
     router, lines = FakeRouter(), []
     key = tmp_path / "key"
     key.write_text("k")
-    assert leave_after_end("http://r:8000", URL, str(key), lines.append, env={},
+    assert leave_after_end(["http://r:8000"], URL, str(key), lines.append, env={},
                            call=router) == 0
     assert lines == [] and not any(m == "DELETE" for m, _ in router.calls)
 
@@ -53,10 +53,10 @@ def test_a_router_down_or_a_key_missing_is_said_and_the_stop_goes_on(tmp_path: P
     router.up = False
     key = tmp_path / "key"
     key.write_text("k")
-    assert leave_after_end("http://r:8000", URL, str(key), lines.append, env={},
+    assert leave_after_end(["http://r:8000"], URL, str(key), lines.append, env={},
                            call=router) == 0
     assert "unreachable" in lines[-1]
-    assert leave_after_end("http://r:8000", URL, "credential:router-key", lines.append,
+    assert leave_after_end(["http://r:8000"], URL, "credential:router-key", lines.append,
                            env={}, call=router) == 0
     assert "cannot read the router's control-plane key" in lines[-1] and "k\n" not in lines[-1]
 
@@ -64,8 +64,8 @@ def test_a_router_down_or_a_key_missing_is_said_and_the_stop_goes_on(tmp_path: P
 def test_the_mode_parses_and_takes_no_command(capsys) -> None:
     args, command = parse_args(["leave", "--name", "x", "--router", "http://r:8000",
                                 "--advertise", URL, "--control-plane-key", "/etc/k"])
-    assert (args.mode, args.router, args.advertise, command) == ("leave", "http://r:8000", URL,
-                                                                 [])
+    assert (args.mode, args.router, args.advertise, command) == ("leave", ["http://r:8000"],
+                                                                 URL, [])
     with pytest.raises(SystemExit) as e:
         parse_args(["leave", "--name", "x", "--router", "http://r:8000", "--advertise", URL,
                     "--", "true"])
@@ -99,7 +99,7 @@ def test_every_registering_engine_unit_leaves_the_router_after_any_stop() -> Non
         files = {f.path: f.content for f in render_systemd(plan.for_host(host), "t")}
         for e in plan.for_host(host).engines:
             service = sections(files[e.unit])["Service"]
-            if not e.router_url:
+            if not e.router_urls:
                 assert "ExecStopPost" not in service, (host, e.unit)
                 continue
             start, _ = parse_args(exec_argv(service["ExecStart"][0])[2:])

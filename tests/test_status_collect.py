@@ -73,7 +73,7 @@ def _router(host: str, port: int = 8000) -> RouterPlan:
     ("fd00::7", "http://[fd00::7]:8000/v1/chat/completions"),
 ])
 def test_client_url_uses_the_host_clients_reach(host: str, url: str) -> None:
-    assert client_url(_router(host), "gpu-07") == url
+    assert client_url(_router(host).host, _router(host).port, "gpu-07") == url
 
 
 def test_parse_workers_takes_the_router_view_and_refuses_anything_else() -> None:

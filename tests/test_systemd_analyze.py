@@ -44,6 +44,17 @@ def test_default_bundle_verify_and_security(tmp_path: Path) -> None:
     assert all(score <= 4.0 for score in scores.values()), scores
 
 
+def test_two_routers_and_their_front_verify_and_score(tmp_path: Path) -> None:
+    """router.replicas: 2: the routers' ExecStop=/ExecStartPost= and HAProxy's unit too."""
+    require(missing())
+    plan, _ = _render(REPO / "tests/cases/router-replicas.yaml", tmp_path,
+                      topology=REPO / "etc/seed-host.topology.json")
+    assert plan.front is not None
+    assert verify(tmp_path / "root", plan) == ""
+    scores = {unit: security(tmp_path / "root", unit) for unit in plan.units}
+    assert all(score <= 4.0 for score in scores.values()), scores
+
+
 def test_verify_catches_a_missing_binary(tmp_path: Path) -> None:
     """The check can fail: without the configured python in the root, verify complains."""
     require(missing())

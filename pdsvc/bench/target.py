@@ -49,7 +49,8 @@ def target_from_plan(plan: Plan, url: str | None = None) -> Target:
     engines = tuple(dict.fromkeys((e.name, e.url) for e in rank0))
     if url is not None:
         return Target(plan.python, url.rstrip("/"), model_path, served, (), owned=False)
-    return Target(plan.python, router.url.rstrip("/"), model_path, served, engines, owned=True)
+    client = plan.front.url if plan.front else router.url  # the front: one host (checks)
+    return Target(plan.python, client.rstrip("/"), model_path, served, engines, owned=True)
 
 
 @dataclass(frozen=True)

@@ -41,18 +41,20 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
         where = (f"{e.machine} {e.host}",) * hosted
         rows.append((*where, e.unit, e.role, format_cpulist(e.gpus), numa,
                      e.pinning.cpulist or "-", ports))
-    r = plan.router
-    assert r is not None  # the whole plan always has its router
-    rows.append(((f"{r.machine} {plan.host(r.machine).address}",) if hosted else ())
-                 + (r.unit, "router", "-", "-", "-",
-                    f"http {r.port} on {r.host}, metrics {r.prometheus_port}"))
+    for r in plan.routers:  # the whole plan always has its router
+        rows.append(((f"{r.machine} {plan.host(r.machine).address}",) if hosted else ())
+                    + (r.unit, "router", "-", "-", "-",
+                       f"http {r.port} on {r.host}, metrics {r.prometheus_port}"))
+    if plan.front:
+        rows.append((plan.front.unit, "front", "-", "-", "-",
+                     f"http {plan.front.port} on {plan.front.host} (HAProxy)"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     click.echo(f"\nJIT cache (shared by the engines{' of a host' * hosted}): "
                f"{plan.paths.jit_cache}")
     click.echo(f"Service user: {plan.user}:{plan.group}   "
-               f"Requests: {plan.reachable_router().url}/v1/chat/completions")
+               f"Requests: {plan.client_url}/v1/chat/completions")
     for e in plan.engines:
         on = f" on {e.machine}" if hosted else ""
         click.echo(f"\n{e.unit}{on}: pinned to {e.pinning.why}")

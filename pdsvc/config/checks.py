@@ -41,6 +41,7 @@ def cross_field_problems(config: Config) -> list[tuple[tuple, str]]:
                     f"GPU {shared[0]} is also in {other.key}.gpus; give each {whom} its own GPUs"
                 )))
     problems += _port_problems(config)
+    problems += _replica_problems(config)
     problems += pair_problems(config)
     return problems
 
@@ -185,6 +186,14 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
     A port allocated from an instance's index is named as such: giving it is the fix."""
     # the router's first: the port clients know; an engine's that clashes with it is named
     ports = [_section_port(config, "router", key) for key in ("port", "prometheus_port")]
+    r = config.router
+    if r.replicas > 1:  # each router's own port and metrics port, after the first's metrics
+        ports += [(("router", "replica_port"), r.replica_port + i,
+                   f"router {i}'s port is router.replica_port + {i}" if i else "")
+                  for i in range(r.replicas)]
+        ports += [(("router", "prometheus_port"), r.prometheus_port + i,
+                   f"router {i}'s metrics port is router.prometheus_port + {i}")
+                  for i in range(1, r.replicas)]
     for inst in config.engines:
         for key in ("port", "bootstrap_port") if inst.role == "prefill" else ("port",):
             ports.append(_port_of(inst, key))
@@ -218,6 +227,15 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
                     f"{dotted(other_loc)} is {port}; move one of them" + _allocated_hint(name)
                 )))
     return problems
+
+
+def _replica_problems(config: Config) -> list[tuple[tuple, str]]:
+    """Several routers run behind HAProxy on one host (so far; the bundles other than
+    systemd's refuse them: render/kit.systemd_only_front)."""
+    if config.router.replicas > 1 and config.hosts:
+        return [(("router", "replicas"), "several routers behind a front run on one host "
+                 "only so far (this config has hosts); set router.replicas: 1")]
+    return []
 
 
 def _section_port(config: Config, section: str, key: str) -> tuple[tuple, int, str]:

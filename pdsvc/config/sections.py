@@ -163,6 +163,31 @@ class RetryConfig(Strict):
         3000, description="Longest pause between two tries.")
 
 
+class FrontConfig(Strict):
+    """HAProxy in front of the routers when router.replicas ≥ 2 (haproxy(1), Debian's package):
+    it listens on router.host:router.port and sends each request to a router that answers."""
+
+    haproxy: AbsPath = Field("/usr/sbin/haproxy", description="The haproxy binary (Debian: "
+                             "`apt install haproxy`; its own haproxy.service can stay off).")
+    check_interval_ms: Annotated[int, StrictType(), Field(ge=100, le=60000)] = Field(
+        500, description="Health check of each router (GET /liveness) every this long; 2 "
+        "failed in a row take it out, 1 good one puts it back. A refused connection is "
+        "retried on the other router at once, whatever the check says.")
+    retries: Annotated[int, StrictType(), Field(ge=1, le=10)] = Field(
+        3, description="Tries on another router for a request whose router refused, reset "
+        "or closed it without a response (`retry-on conn-failure empty-response`, "
+        "`option redispatch`). A response already begun (a stream) is never retried.")
+    buffer_kib: Annotated[int, StrictType(), Field(ge=16, le=16384)] = Field(
+        256, description="HAProxy's tune.bufsize: a request is sent again after an empty "
+        "response only when it fits (256 KiB: a prompt of ~50k tokens); two such buffers per "
+        "request in flight (256 in flight: 128 MiB).")
+    timeout_secs: HourSecs = Field(
+        3600, description="Longest request, client and server side (a long generation).")
+    drain_secs: HourSecs = Field(
+        60, description="A router unit's stop waits this long at most for the requests it "
+        "is serving to finish, after the front stopped sending it new ones.")
+
+
 class RouterConfig(Strict):
     package: routers.PackageName = Field(
         routers.DEFAULT,
@@ -183,6 +208,14 @@ class RouterConfig(Strict):
     policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"] = Field(
         "cache_aware", description="--policy."
     )
+    replicas: Annotated[int, StrictType(), Field(ge=1, le=8)] = Field(
+        1, description="Router processes. 1: the router listens on host:port itself. 2 or "
+        "more: router I listens on 127.0.0.1:replica_port+I (metrics on prometheus_port+I), "
+        "every engine registers with each, and HAProxy (router.front) listens on host:port "
+        "in front of them: a router's restart, crash or upgrade fails no request.")
+    replica_port: Port = Field(
+        8100, description="With replicas ≥ 2: the first router's own port (loopback).")
+    front: FrontConfig = FrontConfig()
     health_check: HealthCheckConfig = HealthCheckConfig()
     retry: RetryConfig = RetryConfig()
     circuit_breaker: bool = Field(

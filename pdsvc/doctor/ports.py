@@ -41,10 +41,11 @@ def planned_ports(plan: Plan) -> list[PlannedPort]:
         host, port = listen.rsplit(":", 1)
         ports.append(PlannedPort(host, int(port), "the engine runtimes' heals and cures "
                                  "(lifecycle.cascade_port)"))
-    r = plan.router
-    if r is not None:  # None: one host of several, without the router
+    for r in plan.routers:  # none: one host of several, without the router
         ports.append(PlannedPort(r.host, r.port, f"{r.name} HTTP"))
         ports.append(PlannedPort(r.prometheus_host, r.prometheus_port, f"{r.name} Prometheus"))
+    if plan.front is not None:
+        ports.append(PlannedPort(plan.front.host, plan.front.port, f"{plan.front.name} HTTP"))
     return ports
 
 

@@ -67,8 +67,8 @@ def router_url(plan: Plan) -> str:
     """The router as this host's units reach it: where its engines register, else (the router
     alone here) its own URL."""
     for e in plan.engines:
-        if e.router_url:
-            return e.router_url
+        if e.router_urls:
+            return e.router_urls[0]
     assert plan.router is not None
     return plan.router.url
 

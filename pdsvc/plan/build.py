@@ -17,6 +17,7 @@ from pdsvc.plan.pinning import resolve_pinning
 from pdsvc.plan.types import (  # noqa: F401  (re-exported: the plan's types are importable from here)
     UNPLACED,
     EnginePlan,
+    FrontPlan,
     HostPlan,
     K8sPlan,
     KvCheck,
@@ -58,8 +59,8 @@ def build_plan(
     paths = _paths(config)
     engines = _engines(site, paths, warnings)
     router_machine = config.placement().get("router", ("",))[0]
-    router = _router(config, engines, name=f"{name}-router", machine=router_machine)
-    hosts = _host_plans(site, engines, router, warnings)
+    routers = _routers(config, engines, machine=router_machine)
+    hosts = _host_plans(site, engines, routers, warnings)
     sv_run_dir = config.supervisord.run_dir.rstrip("/")
     return _members(config.cascade_hosts(), Plan(
         name=name,
@@ -77,7 +78,8 @@ def build_plan(
                          config.transfer.kv_check_min_gbps),
         paths=paths,
         engines=engines,
-        router=router,
+        routers=routers,
+        front=_front(config, routers),
         lifecycle=LifecyclePlan(**config.lifecycle.model_dump()),
         protect_home=_protect_home(config),
         read_write_paths=tuple(
@@ -224,7 +226,8 @@ def _prefill_units(
 
 
 def _host_plans(
-    site: _Site, engines: tuple[EnginePlan, ...], router: RouterPlan, warnings: list[str]
+    site: _Site, engines: tuple[EnginePlan, ...], routers: tuple[RouterPlan, ...],
+    warnings: list[str],
 ) -> tuple[HostPlan, ...]:
     """Each inventory host: its address, layout and units; a warning for a NIXL host whose
     UCX may pick the wrong NIC."""
@@ -233,7 +236,7 @@ def _host_plans(
     for hname, hc in (config.hosts or {}).items():
         topo, sha = site.host_topologies.get(hname, (site.topology, ""))
         units = [e.unit for e in engines if e.machine == hname]
-        units += [router.unit] if router.machine == hname else []
+        units += [r.unit for r in routers if r.machine == hname]
         hosts.append(HostPlan(hname, hc.address, topo.source if topo else UNPLACED, sha,
                               tuple(dict.fromkeys(units))))
         if config.transfer.backend == "nixl" and hc.ucx_net_devices is None and any(
@@ -256,7 +259,8 @@ def _members(cascade_hosts: tuple[str, ...], plan: Plan) -> Plan:
              for d in serving if d.role == "decode"]
     following = {d.url for d in serving
                  if d.role == "decode" and (d.restarts_with or d.peer_health)}
-    reach = plan.reachable_router().url
+    # several routers run on one host (config checks), each reached on loopback
+    reach = tuple(r.url for r in plan.routers) if plan.front else (plan.reachable_router().url,)
     fleet = _cascade_addresses(plan, cascade_hosts)  # {} on one host
 
     def mine(e: EnginePlan) -> tuple[tuple[str, int, str], ...]:
@@ -270,7 +274,7 @@ def _members(cascade_hosts: tuple[str, ...], plan: Plan) -> Plan:
 
     return replace(plan, engines=tuple(
         e if e.node_rank else replace(
-            e, router_url=reach, pairs=mine(e),
+            e, router_urls=reach, pairs=mine(e),
             followers=tuple(dict.fromkeys(d for _, _, d in mine(e) if d in following)),
             siblings=siblings(e), heal_turn=turn(e),
             fleet_listen=fleet.get(e.machine, ""),
@@ -445,19 +449,45 @@ def flag_args(args: dict) -> list[str]:
     return out
 
 
-def _router(
-    config: Config, engines: tuple[EnginePlan, ...], *, name: str, machine: str
-) -> RouterPlan:
-    rc, rt = config.router, config.runtime
-    python = rc.python or rt.python
-    engines = tuple(e for e in engines if e.node_rank == 0)  # the ones serving HTTP
+def _routers(config: Config, engines: tuple[EnginePlan, ...], *,
+             machine: str) -> tuple[RouterPlan, ...]:
+    """The router, or with router.replicas ≥ 2 each router behind the front: NAME-router-I on
+    127.0.0.1:replica_port+I, its metrics on prometheus_port+I."""
+    rc, name = config.router, f"{config.name}-router"
+    if rc.replicas == 1:
+        return (_router(config, engines, name=name, machine=machine, host=rc.host,
+                        port=rc.port, prometheus_port=rc.prometheus_port),)
+    return tuple(_router(config, engines, name=f"{name}-{i}", machine=machine,
+                         host="127.0.0.1", port=rc.replica_port + i,
+                         prometheus_port=rc.prometheus_port + i) for i in range(rc.replicas))
+
+
+def _front(config: Config, routers: tuple[RouterPlan, ...]) -> FrontPlan | None:
+    """HAProxy on router.host:router.port in front of several routers; None for one."""
+    if len(routers) < 2:
+        return None
+    rc, fc, name = config.router, config.router.front, config.name
+    local = "127.0.0.1" if rc.host in ("0.0.0.0", "::") else rc.host
+    return FrontPlan(
+        name=f"{name}-front", haproxy=fc.haproxy, host=rc.host, port=rc.port,
+        url=f"http://{local}:{rc.port}", config_path=f"/etc/{name}/front.cfg",
+        socket=f"/run/{name}-front/admin.sock", backend="routers",
+        servers=tuple((r.name, f"{r.host}:{r.port}") for r in routers),
+        check_interval_ms=fc.check_interval_ms, retries=fc.retries, buffer_kib=fc.buffer_kib,
+        timeout_secs=fc.timeout_secs, drain_secs=fc.drain_secs)
+
+
+def _router_options(config: Config, host: str, port: int, prometheus_port: int) -> list[str]:
+    """Every launch_router flag after the workers: where it listens, its policy, health
+    checks, retries and the package's own, then router.args."""
+    rc = config.router
     hc = rc.health_check
     options = [
-        "--host", rc.host,
-        "--port", str(rc.port),
+        "--host", host,
+        "--port", str(port),
         "--policy", rc.policy,
         "--prometheus-host", rc.prometheus_host,
-        "--prometheus-port", str(rc.prometheus_port),
+        "--prometheus-port", str(prometheus_port),
         "--health-check-interval-secs", str(hc.interval_secs),
         "--health-check-timeout-secs", str(hc.timeout_secs),
         "--health-failure-threshold", str(hc.failure_threshold),
@@ -472,18 +502,30 @@ def _router(
         rc.circuit_breaker)
     pkg = routers.package(rc.package)
     options += [*pkg.options, *flag_args(rc.args)]
+    return options
+
+
+def _router(
+    config: Config, engines: tuple[EnginePlan, ...], *, name: str, machine: str, host: str,
+    port: int, prometheus_port: int,
+) -> RouterPlan:
+    rc, rt = config.router, config.runtime
+    python = rc.python or rt.python
+    engines = tuple(e for e in engines if e.node_rank == 0)  # the ones serving HTTP
+    pkg = routers.package(rc.package)
+    options = _router_options(config, host, port, prometheus_port)
     # an explicit runtime.router_module (a wrapper, say) wins over the package's module
     module = rt.router_module if "router_module" in rt.model_fields_set else pkg.module
-    local = "127.0.0.1" if rc.host in ("0.0.0.0", "::") else rc.host
-    base = f"http://{local}:{rc.port}"
+    local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base = f"http://{local}:{port}"
     env = {"PYTHONUNBUFFERED": "1", **{k: _env_str(v) for k, v in rc.env.items()}}
     router = RouterPlan(
         name=name,
         python=python,
-        host=rc.host,
-        port=rc.port,
+        host=host,
+        port=port,
         prometheus_host=rc.prometheus_host,
-        prometheus_port=rc.prometheus_port,
+        prometheus_port=prometheus_port,
         env=tuple(env.items()),
         argv=(),
         url=base,

@@ -1,7 +1,7 @@
 """Plan -> every connection one host opens to another (`pdsvc plan`, for the firewalls).
 
 Read from the same plan fields the units are rendered from, so a packet the units send is a
-row here: an engine's ``router_url`` (its runtime's ``--router``), ``url`` (``--advertise``, what
+row here: an engine's ``router_urls`` (its runtime's ``--router``), ``url`` (``--advertise``, what
 the router dials), ``pairs`` (``--pair``), ``peer_health`` (``--restart-with``), ``fleet``
 (``--fleet``: the other engine hosts' heals and cures of a heal cascade), a rank's
 ``health_url`` and ``dist_init_addr``. SGLang's own KV/ZMQ and NCCL rank ports are ephemeral
@@ -57,8 +57,8 @@ def connections(plan: Plan) -> list[Connection]:
                 said.append(why)
 
     for e in plan.engines:
-        if e.router_url:  # the runtime registers the engine; the router then dials it
-            add(e.machine, host_port(e.router_url), "membership",
+        for url in e.router_urls:  # the runtime registers the engine; the router dials it
+            add(e.machine, host_port(url), "membership",
                 f"{e.name} registers with the router (POST/GET/DELETE /workers)")
             add(r.machine, host_port(e.url), "serving",
                 f"router -> {e.name} HTTP (requests, /health)")

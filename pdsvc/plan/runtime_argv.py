@@ -63,9 +63,10 @@ def member_flags(plan: Plan, e: EnginePlan, manager: str) -> list[str]:
     only: the process serving HTTP)."""
     lc = plan.lifecycle
     flags = ["--gpu-wait", str(lc.gpu_wait_secs)]
-    if not e.router_url:
+    if not e.router_urls:
         return flags
-    flags += ["--router", e.router_url, "--role", e.role, "--advertise", e.url]
+    flags += routers_flags(e)
+    flags += ["--role", e.role, "--advertise", e.url]
     if e.role == "prefill":
         flags += ["--bootstrap-port", str(e.bootstrap_port)]
     flags += ["--control-plane-key", key_spec(plan, manager)]
@@ -96,10 +97,25 @@ def leave_flags(plan: Plan, e: EnginePlan) -> list[str]:
     is read from its file (0640, the service's group), not from the unit's credentials: systemd
     gives those to the start commands only, never to ExecStop*= (systemd/systemd#24759,
     #32583)."""
-    if not e.router_url:
+    if not e.router_urls:
         return []
-    return ["--name", e.name, "--router", e.router_url, "--advertise", e.url,
+    return ["--name", e.name, *routers_flags(e), "--advertise", e.url,
             "--control-plane-key", plan.paths.router_key]
+
+
+def routers_flags(e: EnginePlan) -> list[str]:
+    """--router for each router the engine registers with."""
+    return [x for url in e.router_urls for x in ("--router", url)]
+
+
+def front_flags(plan: Plan, r: RouterPlan) -> list[str]:
+    """`runtime front drain|ready`'s options for router ``r`` (its unit's ExecStop= and
+    ExecStartPost=); [] without a front."""
+    f = plan.front
+    if f is None:
+        return []
+    return ["--name", r.name, "--socket", f.socket, "--backend", f.backend, "--server", r.name,
+            "--timeout", str(f.drain_secs)]
 
 
 def restart_all_command(plan: Plan, manager: str) -> str:

@@ -63,7 +63,7 @@ class EnginePlan:
     extra_args: tuple[str, ...] = ()  # the role's `args`
     metrics: bool = False  # --enable-metrics (metrics.engines)
     # membership and the pair canary (rank 0 only: the process that serves HTTP)
-    router_url: str = ""  # the router as this engine reaches it (its /workers API)
+    router_urls: tuple[str, ...] = ()  # every router as this engine reaches it (/workers)
     pairs: tuple[tuple[str, int, str], ...] = ()  # (prefill URL, bootstrap port, decode URL)
     # the decodes of those pairs that restart with their prefills (restarts_with/peer_health):
     # the prefill heals such a pair, whichever side is stale
@@ -109,6 +109,31 @@ class RouterPlan:
     decodes: tuple[str, ...] = ()
     options: tuple[str, ...] = ()  # every flag after the workers
     package: str = "sglang-router"  # router.package (pdsvc/routers.py)
+
+    @property
+    def unit(self) -> str:
+        return f"{self.name}.service"
+
+
+@dataclass(frozen=True)
+class FrontPlan:
+    """HAProxy in front of several routers (router.replicas ≥ 2): clients keep one address,
+    each request goes to a router that answers (render/front.py writes its config)."""
+
+    name: str  # NAME-front
+    haproxy: str
+    host: str  # where clients reach it: router.host:router.port
+    port: int
+    url: str
+    config_path: str  # its haproxy.cfg, installed beside the env files
+    socket: str  # its runtime API (stats socket, level admin): drain and ready a router
+    backend: str
+    servers: tuple[tuple[str, str], ...]  # (router name, ADDRESS:PORT), one per router
+    check_interval_ms: int
+    retries: int
+    buffer_kib: int
+    timeout_secs: int
+    drain_secs: int
 
     @property
     def unit(self) -> str:
@@ -223,7 +248,7 @@ class Plan:
     transfer_backend: str
     paths: Paths
     engines: tuple[EnginePlan, ...]
-    router: RouterPlan | None  # None: a host's view without the router
+    routers: tuple[RouterPlan, ...]  # (): a host's view without the router
     lifecycle: LifecyclePlan
     protect_home: Literal["yes", "read-only"]
     read_write_paths: tuple[str, ...]
@@ -237,12 +262,26 @@ class Plan:
     # the inventory host the router runs on, also in a host's view without it: where the
     # router's control-plane key is made ("" on one host)
     router_machine: str = ""
+    front: FrontPlan | None = None  # HAProxy, with several routers
+
+    @property
+    def router(self) -> RouterPlan | None:
+        """The first router (the only one unless router.replicas ≥ 2): its package, venv,
+        key and machine are every router's."""
+        return self.routers[0] if self.routers else None
+
+    @property
+    def client_url(self) -> str:
+        """Where clients send requests: the front's address, else the router's."""
+        if self.front is not None:
+            return self.front.url
+        return self.reachable_router().url
 
     @property
     def units(self) -> tuple[str, ...]:
         """Every unit once (an engine spanning hosts has one unit name on each of them)."""
-        router = (self.router.unit,) if self.router else ()
-        return tuple(dict.fromkeys((*(e.unit for e in self.engines), *router)))
+        routers = (*(r.unit for r in self.routers), *((self.front.unit,) if self.front else ()))
+        return tuple(dict.fromkeys((*(e.unit for e in self.engines), *routers)))
 
     @property
     def gate(self) -> str:
@@ -271,9 +310,9 @@ class Plan:
     def for_host(self, name: str) -> Plan:
         """What runs on one host: its engines, the router if it is there, that host alone."""
         h = self.host(name)
-        router = self.router if self.router and self.router.machine == name else None
+        routers = tuple(r for r in self.routers if r.machine == name)
         return replace(self, engines=tuple(e for e in self.engines if e.machine == name),
-                       router=router, hosts=(h,), topology_source=h.topology_source)
+                       routers=routers, hosts=(h,), topology_source=h.topology_source)
 
     @property
     def key_use(self) -> Literal["make", "copy", "none"]:
@@ -283,12 +322,12 @@ class Plan:
         only ranks > 0 of engines spanning hosts)."""
         if self.router is not None:
             return "make"
-        return "copy" if any(e.router_url for e in self.engines) else "none"
+        return "copy" if any(e.router_urls for e in self.engines) else "none"
 
     def key_origin(self) -> tuple[str, str]:
         """(host name, address) of the router's host, where a ``copy`` host gets the key:
         the address its engines register at."""
-        url = next(e.router_url for e in self.engines if e.router_url)
+        url = next(e.router_urls[0] for e in self.engines if e.router_urls)
         return self.router_machine, urllib.parse.urlsplit(url).hostname or ""
 
     @property
@@ -304,8 +343,8 @@ class Plan:
         for e in d["engines"]:
             e["pinning"]["cpulist"] = format_cpulist(e["pinning"]["cpus"])
             e["env"] = dict(e["env"])
-        if d["router"]:
-            d["router"]["env"] = dict(d["router"]["env"])
+        for r in d["routers"]:
+            r["env"] = dict(r["env"])
         return d
 
 

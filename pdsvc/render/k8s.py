@@ -53,7 +53,7 @@ from pdsvc.render.k8s_objects import (
     workload_name,
     yaml_file,
 )
-from pdsvc.render.kit import File, header_lines
+from pdsvc.render.kit import File, header_lines, systemd_only_front
 
 KUSTOMIZATION = "kustomization.yaml"
 CUSTOMISE = (
@@ -385,6 +385,7 @@ def render_k8s(plan: Plan, command: str) -> list[File]:
     Object names are the unit names, DNS-1035 labels already (the config's `name` is 2-32
     of [a-z0-9-], starting with a letter). Raises ConfigError for a router bound to loopback,
     which its Service could not reach."""
+    systemd_only_front(plan, "k8s")
     header = header_lines(plan, command, customise=CUSTOMISE)
     engines = engine_groups(plan)
     files = [yaml_file(f"{e.name}.yaml", header,

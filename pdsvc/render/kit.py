@@ -184,6 +184,15 @@ def header_lines(plan: Plan, command: str, customise: str | None = None) -> list
     ]
 
 
+def systemd_only_front(plan: Plan, bundle: str) -> None:
+    """Several routers behind HAProxy are rendered as systemd units only (so far): another
+    bundle of such a plan is refused in one line (also with `pdsvc render --format`)."""
+    if plan.front is not None:
+        raise ConfigError(
+            f"router.replicas: {len(plan.routers)} routers behind a front are rendered for "
+            f"systemd only, not {bundle}; set router.replicas: 1 (or render --format systemd)")
+
+
 def key_fetch_command(plan: Plan) -> str:
     """How an engine host of several fetches the router's control-plane key from the router's
     host, where it was made (root reads it there): into ./router.key, to install from."""

@@ -62,8 +62,7 @@ def scrape_targets(plan: Plan) -> list[tuple[str, str, dict[str, str]]]:
             continue
         out.append(("pdsvc-engines", f"{_address(e.host)}:{e.port}",
                     {**base, "role": e.role, "unit": e.unit}))
-    r = plan.router
-    if r is not None:
+    for r in plan.routers:
         host = _address(r.prometheus_host, plan.hosts[0].address if plan.hosts else "127.0.0.1")
         out.append(("pdsvc-router", f"{host}:{r.prometheus_port}",
                     {**base, "role": "router", "unit": r.unit}))

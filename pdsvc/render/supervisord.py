@@ -49,6 +49,7 @@ from pdsvc.render.kit import (
     jinja_environment,
     key_fetch_command,
     runtime_files,
+    systemd_only_front,
 )
 from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
 from pdsvc.topology import format_cpulist
@@ -233,6 +234,7 @@ def render_supervisord(plan: Plan, command: str) -> list[File]:
     when the plan cannot be run this way: pinning without numactl, a value supervisord cannot
     represent, a control socket path too long for a unix socket.
     """
+    systemd_only_front(plan, "supervisord")
     _check_socket(plan)
     conf = jinja_environment().get_template("supervisord/supervisord.conf.j2").render(
         **_conf_context(plan, command))

@@ -14,6 +14,7 @@ from pdsvc.plan.build import Plan
 from pdsvc.plan.runtime_argv import (
     KEY_CREDENTIAL,
     engine_runtime_flags,
+    front_flags,
     leave_flags,
     liveness_flags,
     member_flags,
@@ -22,6 +23,7 @@ from pdsvc.plan.runtime_argv import (
     router_command,
     router_runtime_flags,
 )
+from pdsvc.render.front import front_config
 from pdsvc.render.kit import (
     POLL_INTERVAL,
     ROUTER_POLL_INTERVAL,
@@ -33,6 +35,9 @@ from pdsvc.render.kit import (
     runtime_modules,
 )
 from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
+
+#: The front's HAProxy config in the bundle (install.list puts it at plan.front.config_path).
+FRONT_CONFIG = "front.cfg"
 
 #: The target's gate, a POSIX sh script run as root (it only asks systemd). Each unit is asked
 #: alone: `systemctl is-active A B` exits 0 when *any* one is active (systemctl(1)). Each unit
@@ -55,7 +60,8 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
     ctx = {"plan": plan, "header": header_lines(plan, command),
            "runtime_modules": runtime_modules(), "host_paths": host_paths(plan),
            "gpu_groups": GPU_GROUPS, "manifest": f"{MANIFEST_DIR}/{plan.name}.manifest",
-           "sysusers": f"{SYSUSERS}/{plan.name}.conf", "tmpfiles": f"{TMPFILES}/{plan.name}.conf"}
+           "sysusers": f"{SYSUSERS}/{plan.name}.conf", "tmpfiles": f"{TMPFILES}/{plan.name}.conf",
+           "front_file": FRONT_CONFIG}
     files = [File(plan.target, env.get_template("systemd/target.j2").render(**ctx)),
              File(plan.gate, env.get_template("systemd/gate.service.j2").render(
                  gate_command=gate_command(plan), **ctx))]
@@ -70,13 +76,16 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
         files.append(File(e.unit, env.get_template("systemd/engine.service.j2").render(
             e=e, flags=flags, leave=leave_flags(plan, e), key=KEY_CREDENTIAL,
             **ctx)))
-    if plan.router:
-        flags = [*router_runtime_flags(plan, plan.router), *liveness_flags(plan),
+    for r in plan.routers:
+        flags = [*router_runtime_flags(plan, r), *liveness_flags(plan),
                  "--poll-interval", ROUTER_POLL_INTERVAL, *policy_flags(plan, plan.paths.run_dir)]
-        files.append(File(plan.router.unit, env.get_template(
-            "systemd/router.service.j2").render(
-                flags=flags, key=KEY_CREDENTIAL,
-                command=router_command(plan, plan.router, "systemd"), **ctx)))
+        files.append(File(r.unit, env.get_template("systemd/router.service.j2").render(
+            r=r, flags=flags, key=KEY_CREDENTIAL, front=front_flags(plan, r),
+            command=router_command(plan, r, "systemd"), **ctx)))
+    if plan.front:
+        files.append(File(plan.front.unit, env.get_template(
+            "systemd/front.service.j2").render(**ctx)))
+        files.append(File(FRONT_CONFIG, front_config(plan.front, header_lines(plan, command))))
     files += runtime_files(plan)
     files += installer_files(plan)
     files += account_files(plan, env, ctx)
@@ -116,7 +125,7 @@ def host_paths(plan: Plan) -> list[HostPath]:
     if plan.key_use != "none":
         out.append(HostPath("secret", p.router_key, "0640", root, plan.key_use))
     out += [HostPath("dir", p.jit_cache, "0750", svc), HostPath("dir", p.state_dir, "0750", svc)]
-    names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
+    names = [e.name for e in plan.engines] + [r.name for r in plan.routers]
     out += [HostPath("envfile", f"{p.env_dir}/{n}.env", "0640", root) for n in names]
     return out
 

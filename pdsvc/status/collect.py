@@ -48,13 +48,13 @@ def parse_workers(body: str) -> tuple[Worker, ...]:
     return tuple(workers)
 
 
-def client_url(router: RouterPlan, hostname: str) -> str:
-    """The chat endpoint as clients reach it: the router's host, or this machine's name when
-    the router listens on every address."""
-    host = hostname if router.host in ("0.0.0.0", "::", "") else router.host
+def client_url(listen: str, port: int, hostname: str) -> str:
+    """The chat endpoint as clients reach it: the router's (or the front's) listen address, or
+    this machine's name when it listens on every address."""
+    host = hostname if listen in ("0.0.0.0", "::", "") else listen
     if ":" in host:  # an IPv6 literal
         host = f"[{host}]"
-    return f"http://{host}:{router.port}/v1/chat/completions"
+    return f"http://{host}:{port}/v1/chat/completions"
 
 
 def router_headers(router: RouterPlan, key_file: str | None = None) -> dict[str, str]:
@@ -74,6 +74,16 @@ def router_headers(router: RouterPlan, key_file: str | None = None) -> dict[str,
     if "--api-key" in argv and argv.index("--api-key") + 1 < len(argv):
         return {"Authorization": f"Bearer {argv[argv.index('--api-key') + 1]}"}
     return {}
+
+
+def read_workers(probe: Probe) -> tuple[tuple[Worker, ...] | None, str | None]:
+    """(the router's workers, or None and why not) from its GET /workers."""
+    if not probe.ok:
+        return None, f"HTTP {probe.code}" if probe.code is not None else probe.error
+    try:
+        return parse_workers(probe.body), None
+    except (ValueError, AttributeError) as e:
+        return None, f"unreadable answer: {e}"
 
 
 def collect(
@@ -96,30 +106,28 @@ def collect(
     router = plan.router or whole.reachable_router()
     headers = router_headers(router, whole.paths.router_key)
     units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
-    units += [("router", router.unit)] if plan.router else []
+    units += [("router", r.unit) for r in plan.routers]
+    units += [("front", plan.front.unit)] if plan.front else []
     urls: list[tuple[str, dict[str, str]]] = [(e.health_url, {}) for e in plan.engines]
-    urls += [(router.readiness_url, {}), (f"{router.url}/workers", headers)]
+    # each router's readiness (another host's: the one), then the first's worker list
+    readies = [r.readiness_url for r in plan.routers] or [router.readiness_url]
+    urls += [*((u, {}) for u in readies), (f"{router.url}/workers", headers)]
     with ThreadPoolExecutor(max_workers=len(units) + len(urls)) as pool:
         states = [pool.submit(backend.state, unit) for _, unit in units]
         probes = [pool.submit(http_get, u, timeout=http_timeout, headers=h) for u, h in urls]
         state_of = [f.result() for f in states]
-        *health, readiness, workers_probe = (f.result() for f in probes)
+        *health, workers_probe = (f.result() for f in probes)
+    health, readiness_of = health[:len(plan.engines)], health[len(plan.engines):]
+    readiness = readiness_of[0]
     engines = zip(plan.engines, state_of[1:1 + len(plan.engines)], health, strict=True)
+    routed = zip(state_of[1 + len(plan.engines):], readiness_of, strict=False)
     views = (
         UnitView("target", state_of[0], None),
         *(UnitView(e.role, s, p) for e, s, p in engines),
-        *((UnitView("router", state_of[-1], readiness),) if plan.router else ()),
+        *(UnitView("router", s, p) for s, p in routed if plan.routers),
+        *((UnitView("front", state_of[-1], None),) if plan.front else ()),
     )
-    workers: tuple[Worker, ...] | None = None
-    workers_error = None
-    if workers_probe.ok:
-        try:
-            workers = parse_workers(workers_probe.body)
-        except (ValueError, AttributeError) as e:
-            workers_error = f"unreadable answer: {e}"
-    else:
-        workers_error = (f"HTTP {workers_probe.code}" if workers_probe.code is not None
-                         else workers_probe.error)
+    workers, workers_error = read_workers(workers_probe)
     expected = tuple(dict.fromkeys((e.role, e.url) for e in whole.engines))
     serving, problems = judge(views, workers, workers_error, expected,
                               None if plan.router else readiness)
@@ -127,7 +135,10 @@ def collect(
     runs, pairs = runstate.unit_runs(plan, where), runstate.pair_views(plan, where)
     problems += runstate.problems(runs, pairs, plan.lifecycle.canary_heal_attempts)
     # the router of another host: where this host reaches it, not at this host's name
-    url = client_url(router, hostname) if plan.router else f"{router.url}/v1/chat/completions"
+    url = client_url(router.host, router.port, hostname) if plan.router else \
+        f"{router.url}/v1/chat/completions"
+    if plan.front:  # clients send to the front (on this host: several routers run on one)
+        url = client_url(plan.front.host, plan.front.port, hostname)
     return Report(
         name=plan.name, backend=backend.name, units=views, workers=workers,
         workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,

@@ -58,7 +58,7 @@ def state_dir(plan: Plan, backend: str) -> Path:
 
 def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
     runs = []
-    names = [e.name for e in plan.engines] + ([plan.router.name] if plan.router else [])
+    names = [e.name for e in plan.engines] + [r.name for r in plan.routers]
     for name in dict.fromkeys(names):
         try:
             doc = read_state(state_path(str(directory), name, Kind.RESTART)) or {}
@@ -165,7 +165,7 @@ def metrics_text(plan: Plan, directory: Path, up: dict[str, bool], now: float) -
     unit's service manager state (unit -> active)."""
     samples = []
     units: list[tuple[str, str, bool]] = [(e.name, e.role, bool(e.pairs)) for e in plan.engines]
-    units += [(plan.router.name, "router", False)] if plan.router else []
+    units += [(r.name, "router", False) for r in plan.routers]
     for name, role, paired in dict.fromkeys(units):
         labels = {"deployment": plan.name, "role": role, "unit": f"{name}.service"}
         samples += unit_samples(

@@ -33,7 +33,8 @@ def scratch_root(root: Path, plan: Plan, bundle: Path) -> Path:
     unit_dir.mkdir(parents=True)
     for unit in (plan.target, plan.gate, *plan.units):
         shutil.copy(bundle / unit, unit_dir / unit)
-    for exe in {plan.python, plan.router.python, "/usr/bin/systemctl", "/bin/sh"}:
+    front = [plan.front.haproxy, "/bin/kill"] if plan.front else []
+    for exe in {plan.python, plan.router.python, "/usr/bin/systemctl", "/bin/sh", *front}:
         dest = root / exe.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy("/usr/bin/true", dest)

@@ -109,7 +109,7 @@ class Fleet:
         for host, c in self.hosts.items():
             if host != self.router_host:
                 rows = self.router_key_rows(host)
-                wants_key = any(e["router_url"] for e in self.plan["engines"]
+                wants_key = any(e["router_urls"] for e in self.plan["engines"]
                                 if e["machine"] == host)
                 assert [r["status"] for r in rows] == (["ok"] if wants_key else []), (host, rows)
                 c.run(["systemctl", "start", "--no-block", self.target])
@@ -166,7 +166,7 @@ class Fleet:
 
     @property
     def router_host(self) -> str:
-        return self.plan["router"]["machine"]
+        return self.plan["routers"][0]["machine"]
 
     def units_on(self, host: str) -> list[str]:
         return next(h["units"] for h in self.plan["hosts"] if h["name"] == host)

@@ -328,7 +328,7 @@ def steady(stack: Stack, ld: Load, seconds: float = BEFORE, tries: int = 5) -> f
 def run_event(stack: Stack, ld: Load, event: Event) -> Outcome:
     """Inflict ``event`` on the loaded stack and measure it (see the module's docstring)."""
     out = Outcome(event.name, event.goal)
-    out.router = str((stack.plan.get("router") or {}).get("package", ""))
+    out.router = str((stack.plan.get("routers") or [{}])[0].get("package", ""))
     why = event.missing()
     if why or event.act is None:
         out.skipped = why or "hook not filled"

@@ -19,6 +19,7 @@ One idea a module:
   jitlock    cold JIT compile serialisation   proctree   subreaper and /proc
   child      the supervised command           listener   supervisord's event listener
   launch     the router launcher with its key fleet      heals and cures across hosts
+  front      a router in and out of HAProxy
 
 docs/lifecycle.md tells the whole story by state, with a timeline per fault.
 """

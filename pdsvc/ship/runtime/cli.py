@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .options import Options, add_options, http_url
+from .options import Options, add_options, http_url, positive_float
 
 
 def _couple(text: str) -> tuple[str, str]:
@@ -28,6 +28,8 @@ the service's behalf, gated on HTTP probes. Modes:
   router         READY=1 once /readiness is 200 and one real generation returned 200
   eventlistener  (supervisord) restart decode whenever prefill (re)starts
   launch         run a router launcher with the control-plane key added in-process
+  leave          take an engine out of every router after its runtime ended (ExecStopPost=)
+  front          drain a router out of HAProxy's rotation, or put it back (router.replicas)
 
 Without systemd (supervisord), --wait-for, --watchdog-secs, --kill-tree and --stop-timeout
 take over what the units get from After=, WatchdogSec= and KillMode=mixed.
@@ -66,13 +68,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     """The runtime's parser and each mode's: engine and router from options.Options."""
     parser = argparse.ArgumentParser(
         prog="runtime",
-        usage="%(prog)s {engine,router,eventlistener,launch,leave} [options] [-- CMD [ARGS...]]",
+        usage="%(prog)s {engine,router,eventlistener,launch,leave,front} [options] "
+              "[-- CMD [ARGS...]]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     modes = parser.add_subparsers(
-        dest="mode", metavar="{engine,router,eventlistener,launch,leave}", required=True
+        dest="mode", metavar="{engine,router,eventlistener,launch,leave,front}", required=True
     )
     supervised = {}
     for mode, usage, help_line, description in SUPERVISED:
@@ -82,7 +85,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         add_options(sub, mode)
         supervised[mode] = sub
     return parser, {**supervised, "eventlistener": add_eventlistener(modes),
-                    "launch": add_launch(modes), "leave": add_leave(modes)}
+                    "launch": add_launch(modes), "leave": add_leave(modes),
+                    "front": add_front(modes)}
 
 
 #: the supervising modes: (mode, usage, --help line, description); their options: Options
@@ -117,6 +121,31 @@ def add_launch(modes: Any) -> argparse.ArgumentParser:
     return launcher
 
 
+def add_front(modes: Any) -> argparse.ArgumentParser:
+    front: argparse.ArgumentParser = modes.add_parser(
+        "front",
+        prog="runtime front",
+        usage="%(prog)s {drain,ready} --socket PATH --backend NAME --server NAME [--timeout S]",
+        help="take a router out of HAProxy's rotation (ExecStop=) or put it back "
+             "(ExecStartPost=)",
+        description=(
+            "drain: no new request goes to the router; wait until those it serves are done.\n"
+            "ready: back in rotation; wait until HAProxy's health check has it UP.\n"
+            "Both through HAProxy's runtime API (stats socket, level admin). Exit status:\n"
+            "always 0 (a router's stop or start never fails for the front)."
+        ),
+    )
+    front.add_argument("action", choices=("drain", "ready"))
+    front.add_argument("--name", required=True, help="prefix of every log line")
+    front.add_argument("--socket", required=True, metavar="PATH",
+                       help="HAProxy's stats socket (level admin)")
+    front.add_argument("--backend", required=True, metavar="NAME")
+    front.add_argument("--server", required=True, metavar="NAME", help="this router's server")
+    front.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
+                       help="the longest wait (default: %(default)g)")
+    return front
+
+
 def add_leave(modes: Any) -> argparse.ArgumentParser:
     leave: argparse.ArgumentParser = modes.add_parser(
         "leave",
@@ -130,7 +159,8 @@ def add_leave(modes: Any) -> argparse.ArgumentParser:
         ),
     )
     leave.add_argument("--name", required=True, help="prefix of every log line")
-    leave.add_argument("--router", required=True, type=http_url, metavar="URL")
+    leave.add_argument("--router", required=True, type=http_url, metavar="URL",
+                       action="append", help="a router it may be listed by (repeatable)")
     leave.add_argument("--advertise", required=True, type=http_url, metavar="URL",
                        help="the engine's URL as the router lists it")
     leave.add_argument("--control-plane-key", metavar="SPEC",
@@ -183,7 +213,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Any, list[str]]:
     parser, modes = build_parser()
     args = parser.parse_args(options)
     mode = modes[args.mode]
-    if args.mode in ("eventlistener", "launch", "leave"):
+    if args.mode in ("eventlistener", "launch", "leave", "front"):
         if command:
             mode.error(f"{args.mode} takes no '-- CMD'")
         return args, command
@@ -218,6 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return leave_after_end(args.router, args.advertise, args.control_plane_key,
                                Log(args.name))
+    if args.mode == "front":
+        from .front import run_front
+        from .notify import Log
+
+        return run_front(args.action, args.socket, args.backend, args.server, args.timeout,
+                         Log(args.name))
     from .lifecycle import run
     from .metrics import textfile
 

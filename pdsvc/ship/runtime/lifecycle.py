@@ -22,7 +22,7 @@ from .fleet import share
 from .gpu import wait_gpus_idle
 from .hold import Hold
 from .jitlock import JitLock, engine_fingerprint
-from .membership import Membership, Worker, read_key
+from .membership import Routers, Worker, read_key
 from .notify import Log, Notifier, watchdog_hint
 from .options import Options
 from .phases import End, Outcome, liveness_loop, wait_for_urls, wait_until_healthy
@@ -83,7 +83,7 @@ class Unit:
         self.canary_path = state_path(state, args.name, Kind.CANARY) if state else None
         self.hold = Hold.of(state, args.name, self.log)  # pdsvc apply's, while it rolls a change
         self.jit: JitLock | None = None
-        self.membership: Membership | None = None
+        self.membership: Routers | None = None
         self.canary: Canary | None = None  # the pair canary's judgment (engines with pairs)
         self.rounds: CanaryThread | None = None  # and the thread that runs its rounds
         self.cascade = Cascade.of(args, self.log)  # an engine with pairs and a state dir
@@ -249,7 +249,7 @@ class Unit:
             return Exit.USAGE
         assert a.role is not None  # parse_args: --router needs --role
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
-        membership = Membership(a.router, worker, key, self.log, held=self.hold.out)
+        membership = Routers(a.router, worker, key, self.log, held=self.hold.out)
         if self.cascade is not None:  # heals and cures of the other hosts (fleet.py)
             share(a, key, self.cascade, self.log)
         self.membership = membership

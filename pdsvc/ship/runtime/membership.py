@@ -103,10 +103,11 @@ class Membership:
                 for e in self.entries if e.get("is_healthy") is not False
                 and str(e.get("status", "")).lower() not in ("draining", "failed")}
 
-    def lists_any(self, urls: list[str]) -> bool:
-        """Whether the router, asked now, lists one of ``urls`` as a healthy worker."""
+    def lists_any(self, urls: list[str]) -> bool | None:
+        """Whether the router, asked now, lists one of ``urls`` as a healthy worker; None
+        when it did not answer."""
         _, error = self._entry()
-        return error is None and any(u.rstrip("/") in self.listed for u in urls)
+        return None if error is not None else any(u.rstrip("/") in self.listed for u in urls)
 
     def _post(self) -> bool:
         reply = self.call(f"{self.router}/workers", ROUTER_CALL_TIMEOUT_S,
@@ -203,16 +204,66 @@ class Membership:
             self._said = ""
         return False
 
+    def drop(self) -> bool | None:
+        """Delete this worker's entry if the router lists it: True when it did, False when
+        it was not listed, None when the router did not answer."""
+        entry, error = self._entry()
+        self.joined = False
+        if entry is not None:
+            self._delete(entry)
+            return True
+        return None if error is not None else False
+
     def leave(self) -> None:
         """Before a stop: take the worker out of rotation, so no new request reaches it while
         it drains. Best effort: a router that is down has nothing to route here anyway."""
-        entry, error = self._entry()
-        if entry is not None:
-            self._delete(entry)
+        dropped = self.drop()
+        if dropped:
             self.log(f"deregistered {self.worker.url} from the router {self.router}")
-        elif error is not None:
-            self.log(f"router {self.router} unreachable ({error}): nothing to deregister")
-        self.joined = False
+        elif dropped is None:
+            self.log(f"router {self.router} unreachable: nothing to deregister")
+
+
+class Routers:
+    """This engine's entries in every router of the deployment (``router.replicas``, behind
+    one front): one Membership each, answering together. The engine joins each router on its
+    own terms (each router's list is what the canary admits against) and leaves them all."""
+
+    def __init__(self, routers: list[str], worker: Worker, key: str | None,
+                 log: Callable[[str], None], **kw: Any) -> None:
+        self.each = [Membership(r, worker, key, log, **kw) for r in routers]
+
+    @property
+    def admit(self) -> Callable[[set[str]], str | None] | None:
+        return self.each[0].admit
+
+    @admit.setter
+    def admit(self, admits: Callable[[set[str]], str | None] | None) -> None:
+        for m in self.each:
+            m.admit = admits
+
+    @property
+    def joined(self) -> bool:
+        """Listed by every router (one that is not gets looked at again soon)."""
+        return all(m.joined for m in self.each)
+
+    def join(self) -> bool:
+        """Join every router; True when one took it (the engine is routable)."""
+        return any([m.join() for m in self.each])
+
+    def check(self, engine_healthy: bool) -> None:
+        for m in self.each:
+            m.check(engine_healthy)
+
+    def lists_any(self, urls: list[str]) -> bool:
+        """Whether every router that answers lists one of ``urls`` healthy (and one answers):
+        a heal that takes this engine out must leave each router a pair to serve with."""
+        seen = [m.lists_any(urls) for m in self.each]
+        return any(x is not None for x in seen) and all(x for x in seen if x is not None)
+
+    def leave(self) -> None:
+        for m in self.each:
+            m.leave()
 
 
 def read_key(spec: str | None, env: dict[str, str] | None = None) -> str | None:
@@ -236,11 +287,11 @@ def read_key(spec: str | None, env: dict[str, str] | None = None) -> str | None:
     return key
 
 
-def leave_after_end(router: str, url: str, key_spec: str | None, log: Callable[[str], None],
-                    env: dict[str, str] | None = None,
+def leave_after_end(routers: list[str], url: str, key_spec: str | None,
+                    log: Callable[[str], None], env: dict[str, str] | None = None,
                     call: Callable[..., HttpReply] = http_call) -> int:
     """`runtime leave`, the unit's ExecStopPost=: whatever ended the main process (kill -9, the
-    OOM killer), the engine leaves the router now, not when the router's health checks give
+    OOM killer), the engine leaves every router now, not when the routers' health checks give
     up on it, which is seconds of requests sent to a dead engine (systemd.service(5): the
     command runs after any stop, also when the main process died; $SERVICE_RESULT and
     $EXIT_STATUS say how). A runtime that stopped cleanly already left: nothing to do then.
@@ -251,14 +302,15 @@ def leave_after_end(router: str, url: str, key_spec: str | None, log: Callable[[
     except (OSError, ValueError) as exc:
         log(f"cannot read the router's control-plane key: {exc}; {url} not deregistered")
         return 0
-    m = Membership(router, Worker(url.rstrip("/"), "", None), key, lambda _: None, call=call)
-    entry, error = m._entry()
-    if error is not None:
-        log(f"router {router} unreachable ({error}): nothing to deregister")
-    elif entry is not None:
-        m._delete(entry)
-        how = ", ".join(f"{k.lower()} {env[k]}" for k in ("SERVICE_RESULT", "EXIT_CODE",
-                                                           "EXIT_STATUS") if env.get(k))
-        log(f"the runtime ended without taking {url} out of the router"
-            f"{f' ({how})' if how else ''}: deregistered it from {router}")
+    how = ", ".join(f"{k.lower()} {env[k]}" for k in ("SERVICE_RESULT", "EXIT_CODE",
+                                                       "EXIT_STATUS") if env.get(k))
+    for router in routers:
+        m = Membership(router, Worker(url.rstrip("/"), "", None), key, lambda _: None,
+                       call=call)
+        dropped = m.drop()
+        if dropped is None:
+            log(f"router {router} unreachable: nothing to deregister")
+        elif dropped:
+            log(f"the runtime ended without taking {url} out of the router"
+                f"{f' ({how})' if how else ''}: deregistered it from {router}")
     return 0

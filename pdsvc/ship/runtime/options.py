@@ -220,9 +220,9 @@ class Options:
         "name of this engine's warm marker (required with --jit-cache); include anything "
         "that invalidates the cache, e.g. the SGLang version", modes=ENGINE, metavar="KEY"))
     # ------------------------------------------------------------ engine: router membership
-    router: str | None = field(default=None, metadata=opt(
-        "the router's base URL (its /workers API)", modes=ENGINE, type=http_url,
-        metavar="URL", group=MEMBERSHIP))
+    router: list[str] = urls(
+        "a router's base URL (its /workers API); repeatable: the engine joins every router "
+        "of the deployment", modes=ENGINE, group=MEMBERSHIP)
     role: str | None = field(default=None, metadata=opt(
         "the worker type to register as", modes=ENGINE, group=MEMBERSHIP,
         choices=("prefill", "decode")))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .canary import Canary
 from .cascade import Cascade
 from .endings import Ending
-from .membership import Membership
+from .membership import Routers
 from .notify import Notifier
 from .options import Options
 from .phases import Outcome, PeerWatch
@@ -38,7 +38,7 @@ class Serving:
     log: Callable[[str], None]
     notifier: Notifier
     policy: RestartPolicy
-    membership: Membership | None
+    membership: Routers | None
     cascade: Cascade | None
     canary: Canary | None  # what the rounds mean (canary.py)
     rounds: CanaryThread | None  # the thread that runs them (rounds.py)

@@ -95,3 +95,9 @@ FLEET_TIMEOUT_S = 1.0
 TEXTFILE_POLL_S = 1.0
 #: the longest a written textfile may age before it is written again, changed or not
 TEXTFILE_REFRESH_S = 15.0
+
+# ---------------------------------------------------------------- HAProxy's front (front.py)
+#: one runtime API command's timeout (HAProxy answers from memory)
+FRONT_CALL_TIMEOUT_S = 3.0
+#: seconds between looks at a router's row while it drains or comes back UP
+FRONT_POLL_S = 0.1

@@ -1,0 +1,66 @@
+"""Plan -> HAProxy's configuration for the front of several routers (router.replicas ≥ 2).
+
+HAProxy (Debian's package, haproxy 2.6) listens on router.host:router.port and sends each
+request to a router that answers; every directive is HAProxy's own (configuration.txt of
+haproxy 2.6):
+
+* ``option httpchk GET /liveness`` + ``check inter … fall 2 rise 1``: a router whose process
+  is gone leaves rotation within two checks;
+* ``retry-on conn-failure empty-response`` with ``retries`` and ``option redispatch 1``: a
+  request that a router refused, reset or closed without a byte of response is sent again, to
+  another router. ``option http-buffer-request`` keeps the whole request (up to tune.bufsize)
+  so that a POST can be sent again; a response that has begun (a stream) is never retried;
+* ``stats socket … level admin``: the runtime API through which a router unit drains itself
+  out of rotation before it stops and puts itself back once ready (runtime/front.py);
+* ``balance roundrobin``: the routers share the load. Each router keeps its own cache-aware
+  tree over the same engines.
+
+The values come from the plan: names and ports the schema bounds, addresses check_host
+accepted; nothing here is quoted because nothing can need it (an IPv6 literal gets HAProxy's
+``ipv6@`` prefix).
+"""
+
+from __future__ import annotations
+
+from pdsvc.plan.types import FrontPlan
+
+
+def bind_address(host: str, port: int) -> str:
+    """``bind``'s address: ``ADDRESS:PORT``, an IPv6 literal with the ``ipv6@`` prefix."""
+    return f"ipv6@{host}:{port}" if ":" in host else f"{host}:{port}"
+
+
+def front_config(f: FrontPlan, header: list[str]) -> str:
+    """The haproxy.cfg of the front (installed at f.config_path)."""
+    lines = [*(f"# {line}" for line in header), "",
+             "global",
+             # events (a router DOWN/UP) to stderr: the unit's journal; no request log
+             "    log stderr format short daemon notice",
+             f"    stats socket {f.socket} mode 660 level admin",
+             f"    tune.bufsize {f.buffer_kib * 1024}",
+             "",
+             "defaults",
+             "    mode http",
+             "    log global",
+             "    option dontlognull",
+             "    option http-buffer-request",
+             "    timeout connect 2s",
+             "    timeout http-request 60s",
+             f"    timeout client {f.timeout_secs}s",
+             f"    timeout server {f.timeout_secs}s",
+             "    timeout queue 30s",
+             f"    retries {f.retries}",
+             "    retry-on conn-failure empty-response",
+             "    option redispatch 1",
+             "",
+             f"frontend {f.name}",
+             f"    bind {bind_address(f.host, f.port)}",
+             f"    default_backend {f.backend}",
+             "",
+             f"backend {f.backend}",
+             "    balance roundrobin",
+             "    option httpchk GET /liveness",
+             f"    default-server check inter {f.check_interval_ms}ms fall 2 rise 1",
+             *(f"    server {name} {address}" for name, address in f.servers),
+             ""]
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""The front as users run it: Debian's HAProxy with the config pdsvc renders
+(render/front.py), two stand-in routers on loopback, and the runtime's `front drain|ready`
+(runtime/front.py) on HAProxy's real runtime API. A router that refuses, resets or closes
+without a response costs the client nothing; a drained router gets no new request and its
+drain waits for the one it serves; a router put back is UP before `ready` returns."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import require
+
+from pdsvc.config.load import parse_config
+from pdsvc.plan.build import build_plan
+from pdsvc.render.front import front_config
+from pdsvc.ship.runtime.front import Front, run_front
+
+HAPROXY = "/usr/sbin/haproxy"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Router:
+    """A stand-in router: answers GET /liveness and POST /generate with its name; ``mode``
+    makes it close without a response (``drop``) or wait (``slow``) first."""
+
+    name: str
+    port: int = field(default_factory=free_port)
+    mode: str = "ok"
+    served: int = 0
+    server: ThreadingHTTPServer | None = None
+
+    def start(self) -> None:
+        router = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def reply(self, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self.reply(b"ok")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if router.mode == "drop":  # like a router killed mid-request
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if router.mode == "slow":
+                    time.sleep(1.5)
+                router.served += 1
+                self.reply(router.name.encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+@dataclass
+class Lab:
+    port: int
+    socket: str
+    routers: list[Router]
+
+    def post(self, body: bytes = b'{"text": "hi"}') -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("POST", "/generate", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            return r.status, r.read().decode()
+        finally:
+            conn.close()
+
+    def front(self, name: str) -> Front:
+        return Front(self.socket, "routers", name, lambda line: None)
+
+    def status(self, name: str) -> str:
+        return (self.front(name).row() or {}).get("status", "")
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    if not shutil.which(HAPROXY):
+        require("haproxy is not installed (apt install haproxy)")
+    routers = [Router("r0"), Router("r1")]
+    for r in routers:
+        r.start()
+    port = free_port()
+    text = "model: {path: /srv/m}\nformat: systemd\nrouter: {replicas: 2, host: 127.0.0.1, " \
+           f"port: {port}}}\n"
+    plan = build_plan(parse_config(text, "c.yaml"), None, config_source="c.yaml",
+                      config_text=text)
+    assert plan.front is not None
+    sock = str(tmp_path / "admin.sock")
+    front = replace(plan.front, socket=sock, check_interval_ms=200, servers=tuple(
+        (r.name, f"127.0.0.1:{r.port}") for r in routers))
+    cfg = tmp_path / "front.cfg"
+    cfg.write_text(front_config(front, ["test"]))
+    proc = subprocess.Popen([HAPROXY, "-Ws", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "NOTIFY_SOCKET": ""})
+    try:
+        lab = Lab(port, sock, routers)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if all(lab.status(r.name).startswith("UP") for r in routers):
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "haproxy did not come up"
+            time.sleep(0.05)
+        yield lab
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for r in routers:
+            r.stop()
+
+
+def test_the_rendered_config_is_valid_for_haproxy(lab: Lab) -> None:
+    """(the fixture started HAProxy with it, both routers UP) and requests share them"""
+    answers = [lab.post() for _ in range(6)]
+    assert {a for a in answers} == {(200, "r0"), (200, "r1")}
+
+
+def test_a_router_gone_or_closing_without_a_response_costs_no_request(lab: Lab) -> None:
+    r0, r1 = lab.routers
+    r1.stop()  # refused at once: retried on r0, whatever the health check says yet
+    assert [lab.post() for _ in range(8)] == [(200, "r0")] * 8
+    r1.start()
+    r1.mode = "drop"  # accepts, then closes without a byte: an empty response, retried
+    assert [lab.post() for _ in range(8)] == [(200, "r0")] * 8
+
+
+def test_drain_waits_for_the_request_in_flight_and_sends_none_new(lab: Lab) -> None:
+    r0, r1 = lab.routers
+    r0.mode = r1.mode = "slow"
+    results: list[tuple[int, str]] = []
+    flights = [threading.Thread(target=lambda: results.append(lab.post())) for _ in range(2)]
+    for t in flights:
+        t.start()
+    time.sleep(0.3)  # one on each router
+    lines: list[str] = []
+    began = time.monotonic()
+    assert run_front("drain", lab.socket, "routers", "r0", 10, lines.append) == 0
+    took = time.monotonic() - began
+    assert 0.5 < took < 3, took  # it waited for r0's request, not its whole bound
+    assert "drained" in lines[-1] and lab.status("r0").startswith("DRAIN")
+    for t in flights:
+        t.join()
+    assert sorted(results) == [(200, "r0"), (200, "r1")]
+    r0.mode = r1.mode = "ok"
+    assert [lab.post() for _ in range(4)] == [(200, "r1")] * 4
+    # back: UP (its health check passed) before `ready` returns, and it serves again
+    assert run_front("ready", lab.socket, "routers", "r0", 10, lines.append) == 0
+    assert "back in rotation" in lines[-1] and lab.status("r0").startswith("UP")
+    assert (200, "r0") in [lab.post() for _ in range(4)]
+
+
+def test_a_router_down_stays_drained_until_ready(lab: Lab) -> None:
+    """A crash runs the unit's ExecStop= too: a router drained while down is not sent
+    requests once its process is back, only once its unit says ready."""
+    r0, _ = lab.routers
+    r0.stop()
+    run_front("drain", lab.socket, "routers", "r0", 5, lambda line: None)
+    r0.start()
+    time.sleep(0.6)  # health checks see it answer again
+    assert [lab.post() for _ in range(4)] == [(200, "r1")] * 4
+
+
+def test_no_front_is_one_line_and_exit_0(tmp_path: Path) -> None:
+    lines: list[str] = []
+    assert run_front("drain", str(tmp_path / "none.sock"), "routers", "r0", 1,
+                     lines.append) == 0
+    assert len(lines) == 1 and "cannot reach HAProxy's runtime API" in lines[0]
