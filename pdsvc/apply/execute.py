@@ -272,9 +272,8 @@ class Executor:
         for u in b:
             self._hold(u, out=True, peers=self._urls(step.halves[1]),
                        why="switch to the new half")
-        old = [(u, e) for u in b for e in [self.router.entry(u)[0]] if e is not None]
         t_delete = self.host.now()
-        at_once(lambda ue: self.router.delete(*ue), old)
+        old = [u for u in b if self.router.deregister(u)]
         # never a new engine beside an old one (a mixed pair): A only once B is gone
         if not self.router.until(lambda w: not any(routable(entry_in(w, u)) for u in b), b[0]):
             raise StepFailed(f"within {self.bounds.ready_secs:g} s: still listed after its "
@@ -284,7 +283,7 @@ class Executor:
         for u in a:
             self._hold(u, out=False, peers=self._urls(step.halves[0]),
                        why="serving; the old half restarts")
-        for u, _ in old:
+        for u in old:
             self.say(f"  {u.name}: out of the router")
         if not self.router.until(lambda w: all(routable(entry_in(w, u)) for u in a), a[0]):
             raise StepFailed(f"within {self.bounds.ready_secs:g} s: not listed by the router: "
@@ -302,7 +301,8 @@ class Executor:
                 engines)
         for u in engines:
             if u.name in out:
-                self.say(f"  {u.name}: out of the router {u.option('--router')}")
+                self.say(f"  {u.name}: out of the router "
+                         f"{' and '.join(self.router.routers(u))}")
         unheld = [u for u in engines if u.name not in self.holds.values()]
         deadline = self.host.now() + self.bounds.drain_secs
         while True:

@@ -1,0 +1,93 @@
+"""apply's control-plane calls with several routers (router.replicas ≥ 2, apply/router.py):
+an engine is posted to and deleted from every router its unit names, counts as registered
+only once each lists it, and as out only once none does."""
+
+from __future__ import annotations
+
+import json
+
+from pdsvc.apply.bounds import Bounds
+from pdsvc.apply.router import RouterClient, entry_in, routable
+from pdsvc.apply.units import Unit
+from pdsvc.config.load import parse_config
+from pdsvc.plan.build import build_plan
+from pdsvc.render.systemd import render_systemd
+
+A, B = "http://127.0.0.1:8100", "http://127.0.0.1:8101"
+
+
+def prefill_unit() -> Unit:
+    text = "model: {path: /srv/m}\nrouter: {replicas: 2}\n"
+    plan = build_plan(parse_config(text, "c.yaml"), None, config_source="c.yaml",
+                      config_text=text)
+    files = {f.path: f.content for f in render_systemd(plan, "t")}
+    return Unit.parse("dsv4-prefill.service", files["dsv4-prefill.service"])
+
+
+class Routers:
+    """Two routers' /workers, as the apply Host's http() reaches them; a clock."""
+
+    def __init__(self) -> None:
+        self.lists: dict[str, list[dict]] = {A: [], B: []}
+        self.down: set[str] = set()
+        self.calls: list[str] = []
+        self.t = 0.0
+
+    def http(self, method: str, url: str, headers=None, timeout: float = 0,
+             body: bytes | None = None) -> tuple[int, str]:
+        base = next(b for b in self.lists if url.startswith(b))
+        self.calls.append(f"{method} {base}")
+        if base in self.down:
+            return 0, ""
+        if method == "GET":
+            return 200, json.dumps({"workers": self.lists[base]})
+        if method == "POST":
+            doc = json.loads(body or b"{}")  # a URL listed already stays once (202 / 409)
+            if all(w["url"] != doc["url"] for w in self.lists[base]):
+                self.lists[base].append({"id": f"id-{len(self.calls)}", "url": doc["url"]})
+        if method == "DELETE":
+            wid = url.rsplit("/", 1)[1]
+            self.lists[base] = [w for w in self.lists[base] if w["id"] != wid]
+        return 202, "{}"
+
+    def read(self, path: str) -> str | None:
+        return "key"
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, secs: float) -> None:
+        self.t += secs
+
+
+def test_the_unit_names_both_routers() -> None:
+    assert RouterClient.routers(prefill_unit()) == (A, B)
+
+
+def test_registered_only_once_each_router_lists_it_and_out_once_none_does() -> None:
+    u, host = prefill_unit(), Routers()
+    client = RouterClient(host, Bounds(10, 10, 0.5))  # type: ignore[arg-type]
+    client.register(u)
+    assert sorted(c for c in host.calls if c.startswith("POST")) == [f"POST {A}", f"POST {B}"]
+    entry, answered = client.entry(u)
+    assert answered and routable(entry)
+    host.lists[B].clear()  # B restarted: not in rotation everywhere
+    assert client.entry(u) == (None, True)
+    host.down.add(B)
+    assert client.entry(u) == (None, False)
+    host.down.clear()
+    client.register(u)
+    assert client.deregister(u)
+    assert host.lists == {A: [], B: []}
+    assert not client.deregister(u)  # listed nowhere: nothing to take out
+
+
+def test_until_waits_for_every_router() -> None:
+    u, host = prefill_unit(), Routers()
+    client = RouterClient(host, Bounds(10, 2, 0.5))  # type: ignore[arg-type]
+    host.lists[A].append({"id": "x", "url": u.url})
+    listed = lambda w: routable(entry_in(w, u))  # noqa: E731
+    assert not client.until(listed, u)  # B never lists it: the bound passes
+    assert host.t >= 2
+    host.lists[B].append({"id": "y", "url": u.url})
+    assert client.until(listed, u)
