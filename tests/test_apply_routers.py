@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from pdsvc.apply.bounds import Bounds
+from pdsvc.apply.rollout import StepKind, format_rollout, plan_rollout
 from pdsvc.apply.router import RouterClient, entry_in, routable
 from pdsvc.apply.units import Unit
 from pdsvc.config.load import parse_config
@@ -91,3 +92,26 @@ def test_until_waits_for_every_router() -> None:
     assert host.t >= 2
     host.lists[B].append({"id": "y", "url": u.url})
     assert client.until(listed, u)
+
+
+def rendered(text: str) -> dict[str, str]:
+    plan = build_plan(parse_config(text, "c.yaml"), None, config_source="c.yaml",
+                      config_text=text)
+    return {f.path: f.content for f in render_systemd(plan, "pdsvc render")}
+
+
+def test_a_router_change_rolls_one_router_at_a_time_and_serving_goes_on() -> None:
+    old = rendered("model: {path: /srv/m}\nrouter: {replicas: 2}\n")
+    new = rendered("model: {path: /srv/m}\nrouter: {replicas: 2, policy: round_robin}\n")
+    r = plan_rollout(old, new)
+    assert [(s.action, s.units, s.serving_stops) for s in r.steps] == [
+        (StepKind.RESTART_ROUTER, ("dsv4-router-0.service",), False),
+        (StepKind.RESTART_ROUTER, ("dsv4-router-1.service",), False)]
+    text = format_rollout(r)
+    assert "serving: never stops" in text and "serving STOPS" not in text
+    assert "drained out of the front first" in text
+    # one router alone: its restart still stops serving, and says so
+    one = plan_rollout(rendered("model: {path: /srv/m}\n"),
+                       rendered("model: {path: /srv/m}\nrouter: {policy: round_robin}\n"))
+    assert [s.serving_stops for s in one.steps] == [True]
+    assert "serving STOPS while the router restarts" in format_rollout(one)

@@ -58,7 +58,7 @@ class StepKind(str, Enum):
     RESTART_HALF = "restart half"  # one half of a pair-incompatible change, held out
     SWITCH_HALVES = "switch halves"  # the router from half B to half A; nothing restarts
     START = "start"  # a new engine or router
-    RESTART_ROUTER = "restart router"  # serving stops meanwhile
+    RESTART_ROUTER = "restart router"  # serving stops meanwhile, unless routers are fronted
     REGROUP = "regroup"  # supervisord: programs leave a shared group (order.py)
     UPDATE_GROUP = "update group"  # supervisord: a shared group re-created (order.py)
 
@@ -272,6 +272,10 @@ class _Planner:
         self.steps: list[Step] = []
         self.done: set[str] = set()
         self.notes: list[str] = []
+        #: several routers (router.replicas ≥ 2: only ever behind HAProxy's front): one
+        #: restarts while the others serve, each unit drains itself out of the front first
+        #: and is back in it when `systemctl restart` returns (its ExecStop=/ExecStartPost=)
+        self.fronted = sum(u.kind == "router" for u in units.values()) > 1
 
     def _down(self, names: Sequence[str]) -> tuple[set[str], set[str]]:
         """(what restarts along with `names`, everything the step takes down)."""
@@ -285,8 +289,9 @@ class _Planner:
         takes, down = self._down(names)
         lost, left = self.capacity.during(down)
         stops = stops or (bool(self.capacity.pairs) and left == 0)
-        if kind is StepKind.RESTART_ROUTER:
-            lost, left, stops = (), 0, True
+        if kind is StepKind.RESTART_ROUTER:  # the others serve through the front, if any
+            left = len(self.capacity.pairs) if self.fronted else 0
+            lost, stops = (), not self.fronted
         self.steps.append(Step(kind, tuple(names), tuple(sorted(takes)), lost, left, stops, why,
                                halves))
         self.done.update(down)
@@ -362,12 +367,15 @@ def _new_engines(plan: _Planner, changes: list[Change]) -> None:
 
 
 def _router(plan: _Planner, changes: list[Change]) -> None:
-    """The router last: the engines register themselves again once it is back."""
+    """The router last: the engines register themselves again once it is back. Several
+    routers: one at a time, each out of the front while it restarts."""
     for c in changes:
         if c.role == "router" and c.action in ("restart", "start"):
             kind = StepKind.RESTART_ROUTER if c.action == "restart" else StepKind.START
+            how = ("; drained out of the front first, back in it once it serves, the other "
+                   "routers serve meanwhile" if plan.fronted else "")
             plan.add(kind, [c.unit], _why(c) + "; the engines register themselves again once "
-                     "it is back")
+                     "it is back" + how)
 
 
 def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
@@ -405,8 +413,10 @@ def format_rollout(r: Rollout) -> str:
         takes = f" (takes {', '.join(s.takes)} along: PartOf=)" if s.takes else ""
         lines.append(f"  {i}. {s.action} {', '.join(s.units)}{takes}")
         lines.append(f"     why: {s.why}")
-        if s.action is StepKind.RESTART_ROUTER:
+        if s.action is StepKind.RESTART_ROUTER and s.serving_stops:
             lines.append("     serving STOPS while the router restarts")
+        elif s.action is StepKind.RESTART_ROUTER:
+            lines.append("     serving goes on: the other routers, through the front")
         elif s.action is StepKind.SWITCH_HALVES:
             lines.append(f"     serving goes on: {', '.join(s.halves[0])} serve(s) with the "
                          f"new definition ({s.pairs_left} pairs), no mixed pair ever routed")

@@ -340,6 +340,10 @@ class Plan:
         d = asdict(self)
         d["units"] = list(self.units)
         d["watchdog_secs"] = self.watchdog_secs
+        # derived, for readers of `pdsvc plan --json`: the first router as before several
+        # (router.replicas), and where clients send requests (the front, else the router)
+        d["router"] = d["routers"][0] if self.routers else None
+        d["client_url"] = self.client_url if self.routers else None
         for e in d["engines"]:
             e["pinning"]["cpulist"] = format_cpulist(e["pinning"]["cpus"])
             e["env"] = dict(e["env"])

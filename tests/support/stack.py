@@ -221,7 +221,13 @@ class Stack:
 
     @property
     def units(self) -> list[str]:
-        return [self.unit(r) for r in (*self.engines, "router")]
+        """Every service of the plan: the engines, the router(s), the front if any."""
+        return list(self.plan["units"])
+
+    @property
+    def router_ports(self) -> list[int]:
+        """Each router's own port (router.replicas ≥ 2: behind the front on router.port)."""
+        return [int(r["port"]) for r in self.plan["routers"]]
 
     def down(self) -> None:
         try:
@@ -243,9 +249,10 @@ class Stack:
              timeout: float = 15) -> tuple[int, str]:
         return curl(self.c, f"http://127.0.0.1:{port}{path}", body, timeout)
 
-    def workers(self, timeout: float = 15) -> tuple[int, str]:
-        """The router's GET /workers, with the control-plane key install.sh made."""
-        return curl(self.c, "http://127.0.0.1:8000/workers", None, timeout,
+    def workers(self, timeout: float = 15, port: int = 8000) -> tuple[int, str]:
+        """A router's GET /workers (the one on ``port``), with the control-plane key
+        install.sh made."""
+        return curl(self.c, f"http://127.0.0.1:{port}/workers", None, timeout,
                     key_file=f"/etc/{self.name}/router.key")
 
     def generate(self, timeout: float = 15) -> tuple[int, str]:

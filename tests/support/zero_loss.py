@@ -80,7 +80,7 @@ def boot(work: Path, venv: Path, router_package: str, **extra: object) -> Stack:
 
 def load(stack: Stack, seed: int = 0) -> Load:
     """Steady load on the stack's router, from inside its network namespace."""
-    return Load(f"{stack.plan['router']['url']}/generate", rate=RATE, tokens=TOKENS,
+    return Load(f"{stack.plan['client_url']}/generate", rate=RATE, tokens=TOKENS,
                 netns=stack.netns, timeout=30, seed=seed)
 
 
@@ -109,13 +109,17 @@ CHANGES = {
     "pair-compatible": {"args": {"max-running-requests": 128}},
     "pair-incompatible": {"args": {"page-size": 32}},
 }
+#: ... and a change of the router section (every router unit restarts, one at a time)
+ROUTER_CHANGES = {"router": {"policy": "round_robin"}}
 
 
 def changed_config(stack: Stack, change: str) -> Path:
     """The stack's config with CHANGES[change] on every engine, written beside it."""
     cfg = yaml.safe_load((stack.work / "config.yaml").read_text())
     new = copy.deepcopy(cfg)
-    for role in ("prefill", "decode"):
+    if change in ROUTER_CHANGES:
+        new["router"] = {**new.get("router", {}), **ROUTER_CHANGES[change]}
+    for role in ("prefill", "decode") if change in CHANGES else ():
         for engine in new[role] if isinstance(new[role], list) else [new[role]]:
             for key, value in CHANGES[change].items():
                 engine[key] = {**engine.get(key, {}), **value}
@@ -198,6 +202,27 @@ EVENTS = (
 )
 
 
+def rolling(*roles: str) -> Callable[[Stack], None]:
+    """`systemctl restart` of each unit in turn, as an upgrade of the router package is
+    rolled out by hand (each restart returns once that router is back in the front)."""
+    def act(stack: Stack) -> None:
+        for role in roles:
+            restart(role)(stack)
+    return act
+
+
+#: router.replicas: 2 behind HAProxy (FRONT): the router's own events. A router killed with
+#: requests in flight: every non-streamed one is sent again by the front (its router closed
+#: without a response), a stream already begun is cut (goal "kill": ≤ the streams in flight).
+FRONT = {"router.replicas": 2}
+FRONT_EVENTS = (
+    Event("systemctl restart router-0", restart("router-0"), "router-0", "zero"),
+    Event("kill -9 router-1", kill("9", "router-1"), "router-1", "kill"),
+    Event("upgrade: restart router-0, router-1", rolling("router-0", "router-1"), "", "zero"),
+    Event("apply, router change", apply("router"), "", "zero", apply_missing),
+)
+
+
 # ---------------------------------------------------------------------- measuring one
 
 
@@ -206,14 +231,17 @@ def engine_urls(stack: Stack) -> dict[str, str]:
 
 
 def at_capacity(stack: Stack) -> bool:
-    """Every unit active and the router lists every engine, healthy."""
+    """Every unit active and every router lists every engine, healthy."""
     if any(stack.prop(u, "ActiveState") != "active" for u in stack.units):
         return False
-    code, body = stack.workers(timeout=3)
-    if code != 200:
-        return False
-    listed = {w["url"] for w in json.loads(body).get("workers", []) if w.get("is_healthy")}
-    return listed >= set(engine_urls(stack).values())
+    for port in stack.router_ports:
+        code, body = stack.workers(timeout=3, port=port)
+        if code != 200:
+            return False
+        listed = {w["url"] for w in json.loads(body).get("workers", []) if w.get("is_healthy")}
+        if not listed >= set(engine_urls(stack).values()):
+            return False
+    return True
 
 
 def pid_of(stack: Stack, instance: str) -> int | None:

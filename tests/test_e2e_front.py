@@ -1,0 +1,75 @@
+"""No single point of failure in the router: router.replicas: 2 behind Debian's HAProxy, a
+2P2D stack under steady load, real systemd, both router generations (tests/support/
+zero_loss.py's FRONT_EVENTS, the same figures as benchmarks/zero_loss.py):
+
+  systemctl restart of one router: 0 failed (it drains out of the front first);
+  kill -9 of one router: 0 non-streamed failed (the front sends them to the other), streams
+    cut no more than were in flight;
+  both routers restarted in turn (a package upgrade): 0 failed;
+  `pdsvc apply` of a router change (one router at a time): 0 failed.
+No request of any event may hang until the client's timeout. The front adds latency: its
+p50 and p99 beside the router's own, in one run, are printed (`BENCH`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zero_loss
+from conftest import require
+from faults import journal
+from loadgen import Load
+from nspawn import nspawn_available
+from stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def fronted(serve_python: Path, router_package: str,
+            tmp_path_factory) -> Iterator[tuple[Stack, Load]]:
+    require(nspawn_available())
+    s = zero_loss.boot(tmp_path_factory.mktemp("front"), serve_python.parent.parent,
+                       router_package, **zero_loss.FRONT)
+    ld = zero_loss.load(s)
+    ld.start()
+    print(f"\nfront [{router_package}]: 2P2D, 2 routers behind HAProxy, "
+          f"{zero_loss.RATE:g} requests/s, half streamed\n{zero_loss.HEADER}")
+    try:
+        yield s, ld
+    finally:
+        ld.stop(wait=5)
+        s.down()
+
+
+def test_clients_reach_both_routers_through_one_address(fronted: tuple[Stack, Load]) -> None:
+    stack, _ = fronted
+    assert stack.plan["client_url"] == "http://127.0.0.1:8000"
+    assert stack.router_ports == [8100, 8101]
+    for port in stack.router_ports:  # every engine registered with each router
+        code, body = stack.workers(port=port)
+        assert code == 200
+        listed = {w["url"] for w in json.loads(body)["workers"] if w.get("is_healthy")}
+        assert listed == set(zero_loss.engine_urls(stack).values())
+
+
+@pytest.mark.parametrize("event", zero_loss.FRONT_EVENTS,
+                         ids=[e.name for e in zero_loss.FRONT_EVENTS])
+def test_no_request_fails_when_a_router_goes(fronted: tuple[Stack, Load], router_package: str,
+                                             event: zero_loss.Event) -> None:
+    why = event.missing()
+    if why:
+        pytest.skip(why)
+    stack, ld = fronted
+    out = zero_loss.run_event(stack, ld, event)
+    print(f"BENCH [{router_package}] front:{out.row()}")
+    misses = out.misses()
+    assert not misses, (f"{event.name} [{router_package}]: {'; '.join(misses)}\n"
+                        f"{zero_loss.describe(out)}")
+    if event.name.startswith("systemctl restart"):  # drained out of the front, then back
+        said = journal(stack, event.target)
+        assert any("drained in" in ln for ln in said), said[-20:]
+        assert any("back in rotation" in ln for ln in said), said[-20:]
