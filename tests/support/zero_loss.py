@@ -477,6 +477,21 @@ def apply_outage_1p1d(work: Path, venv: Path, router_package: str) -> str:
             + breakdown(last_good, last_good + gap, said, logged))
 
 
+def meets_goal(stack: Stack, ld: Load, event: Event, label: str) -> Outcome:
+    """A test's run of one event: skipped when it cannot run here, its BENCH line printed,
+    and failed (with a few of its failures) when it misses its goal."""
+    import pytest
+
+    why = event.missing()
+    if why:
+        pytest.skip(why)
+    out = run_event(stack, ld, event)
+    print(f"BENCH [{out.router}] {label}:{out.row()}")
+    misses = out.misses()
+    assert not misses, f"{event.name} [{out.router}]: {'; '.join(misses)}\n{describe(out)}"
+    return out
+
+
 def describe(out: Outcome) -> str:
     """One outcome with a few of its failures, for a test's message."""
     lines = [HEADER, out.row()]
