@@ -180,6 +180,37 @@ def get(url: str, netns: str | None = None, timeout: float = 3) -> tuple[int, st
     return out[0]
 
 
+def hop_times(urls: list[str], netns: str | None = None, rounds: int = 400,
+              timeout: float = 3) -> dict[str, list[float]]:
+    """Seconds of each GET of each URL, the URLs taken in turn ``rounds`` times over one
+    kept-alive connection each (as a client keeps one), from inside ``netns``: what one hop
+    costs beside another, in the same moments."""
+    out: dict[str, list[float]] = {u: [] for u in urls}
+
+    def run() -> None:
+        enter_netns(netns)
+        conns = {u: (http.client.HTTPConnection(urlsplit(u).hostname, urlsplit(u).port,
+                                                timeout=timeout), urlsplit(u).path)
+                 for u in urls}
+        try:
+            for _ in range(rounds):
+                for u, (conn, path) in conns.items():
+                    t0 = time.perf_counter()
+                    conn.request("GET", path)
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.status == 200:
+                        out[u].append(time.perf_counter() - t0)
+        finally:
+            for conn, _ in conns.values():
+                conn.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(rounds * len(urls) * timeout + 5)
+    return out
+
+
 @dataclass
 class Load:
     url: str  # the router's /generate

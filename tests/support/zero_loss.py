@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 from faults import kill, kill_runtime, restart
-from loadgen import Load, Result, failures, get, p99
+from loadgen import Load, Result, failures, get, hop_times, p99
 from stack import REPO, Stack
 
 GEN_DELAY = 0.5  # s: every generation, both sides
@@ -475,6 +475,27 @@ def apply_outage_1p1d(work: Path, venv: Path, router_package: str) -> str:
     return (f"1P1D apply outage: {gap:.1f} s against the engine's load time {LOAD_SECS:g} s "
             f"(goal ≤ {LOAD_SECS + 2:g} s)\n    from the last good answer: "
             + breakdown(last_good, last_good + gap, said, logged))
+
+
+def front_latency(stack: Stack, rounds: int = 400) -> tuple[dict[str, tuple[float, float]], str]:
+    """The latency the front adds, beside the router alone in the same run: GET /liveness (the
+    router answers it itself) through the front and straight to router-0, in turn. ({"front"|
+    "router": (p50, p99) in ms}, a BENCH line)."""
+    front = f"{stack.plan['client_url']}/liveness"
+    direct = f"http://127.0.0.1:{stack.router_ports[0]}/liveness"
+    times = hop_times([front, direct], stack.netns, rounds)
+    assert all(len(v) == rounds for v in times.values()), {k: len(v) for k, v in times.items()}
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    got = {name: (pct(times[u], 0.5), pct(times[u], 0.99))
+           for name, u in (("front", front), ("router", direct))}
+    (f50, f99), (r50, r99) = got["front"], got["router"]
+    return got, (f"front adds p50 {f50 - r50:+.2f} ms, p99 {f99 - r99:+.2f} ms (front "
+                 f"{f50:.2f}/{f99:.2f}, router alone {r50:.2f}/{r99:.2f} ms p50/p99; {rounds} "
+                 f"GET /liveness each, in turn; goal ≤ +1 / +2 ms)")
 
 
 def meets_goal(stack: Stack, ld: Load, event: Event, label: str) -> Outcome:
