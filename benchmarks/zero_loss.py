@@ -12,7 +12,10 @@ empty fails, a stream without its final chunk and [DONE] is cut), then one event
   unit's main process, as the OOM killer would: its ExecStopPost= takes the engine out);
   systemctl restart of the router;
   `pdsvc apply` of a pair-compatible change and of a pair-incompatible change, and a 1P1D
-  apply's outage against the engine's load time.
+  apply's outage against the engine's load time;
+  then with two routers behind HAProxy (router.replicas: 2): a restart of one router, a kill
+  -9 of the other, both restarted in turn (an upgrade), `pdsvc apply` of a router change, and
+  the latency and memory the front adds.
 
 For each: requests sent while it lasted, failed (by kind), p99 latency of the good requests
 before and during, and the seconds until full capacity (every engine active, the hit one a
@@ -55,6 +58,25 @@ def run(package: str) -> None:
         stack.down()
     print("  " + zl.apply_outage_1p1d(Path(tempfile.mkdtemp(prefix="pdsvc-zero-loss-1p1d-")),
                                       VENV, package))
+    run_front(package)
+
+
+def run_front(package: str) -> None:
+    """router.replicas: 2 behind HAProxy: the router's own events, then what the front costs
+    (latency beside the router alone, in the same run; memory)."""
+    stack = zl.boot(Path(tempfile.mkdtemp(prefix="pdsvc-zero-loss-front-")), VENV, package,
+                    **zl.FRONT)
+    try:
+        with zl.load(stack) as ld:
+            print(f"\n{package}: 2P2D, 2 routers behind HAProxy, under steady load\n"
+                  f"{zl.HEADER}", flush=True)
+            for event in zl.FRONT_EVENTS:
+                out = zl.run_event(stack, ld, event)
+                miss = "; ".join(out.misses())
+                print(out.row() + (f"   MISSES: {miss}" if miss else ""), flush=True)
+            print(f"  {zl.front_latency(stack)[1]}\n  {zl.front_memory(stack)}", flush=True)
+    finally:
+        stack.down()
 
 
 def main() -> None:

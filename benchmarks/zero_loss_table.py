@@ -19,7 +19,8 @@ ROW = re.compile(r"^  (?P<event>\S.{0,33}?)\s+(?P<sent>\d+)\s+(?P<failed>\d+)"
                  r"(?: \(≤(?P<bound>\d+)\))?\s+"
                  r"(?P<kinds>\S.*?)\s+(?P<p99b>\d+\.\d+)\s+(?P<p99d>\d+\.\d+)\s+"
                  r"(?P<cap>\d+\.\d+)(?:\s+MISSES: (?P<miss>.*))?$")
-SECTION = re.compile(r"^(?P<router>[\w.-]+): 2P2D under steady load")
+SECTION = re.compile(r"^(?P<router>[\w.-]+): 2P2D(?:, 2 routers behind HAProxy,)? under steady "
+                     r"load")
 OUTAGE = re.compile(r"^  1P1D apply outage: (?P<gap>\d+\.\d+) s against the engine's load time "
                     r"(?P<load>[\d.]+) s \(goal ≤ (?P<goal>[\d.]+) s\)")
 ROUTERS = {"sglang-router": "sglang-router 0.3.2", "smg": "smg 1.13.0"}
@@ -54,10 +55,12 @@ def table(text: str) -> str:
     lines = ["| event (2P2D, steady load) | " + " | ".join(ROUTERS.values()) + " | goal |",
              "|---|" + "---|" * (len(ROUTERS) + 1)]
     for event, by in cells.items():
+        what = event.removeprefix("front: ")  # router.replicas: 2 behind HAProxy
         want = (goal if event.startswith("1P1D") else
-                "as few as the router allows" if "router" in event else
-                "0 plain; streams cut ≤ in flight" if event.startswith("kill") else
-                "0; p99 ≤ 2 × steady" if event.startswith("apply") else "0")
+                "one router: as few as it allows; behind the front: 0"
+                if event == "systemctl restart router" else
+                "0 plain; streams cut ≤ in flight" if what.startswith("kill") else
+                "0; p99 ≤ 2 × steady" if what.startswith("apply") else "0")
         lines.append(f"| {event} | " + " | ".join(by.get(r, "–") for r in ROUTERS)
                      + f" | {want} |")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pdsvc.plan.build import Plan
 
 from .facts import Facts
+from .front import check_front
 from .gpu_checks import (
     check_driver,
     check_gpu_memory,
@@ -47,6 +48,11 @@ def _gpu_host(f: Facts) -> bool:
     return f.plan is None or bool(f.plan.engines)
 
 
+def _fronted(f: Facts) -> bool:
+    """Several routers behind HAProxy run here."""
+    return f.plan is not None and f.plan.front is not None
+
+
 def _key_reader(f: Facts) -> bool:
     """One host of several whose units read the router's control-plane key."""
     return f.plan is not None and bool(f.plan.hosts) and f.plan.key_use != "none"
@@ -72,6 +78,7 @@ CHECKS: tuple[Check, ...] = (
     Check("network", lambda f: check_network(f.planned, f.host.sysfs_root), _planned),
     Check("ports", lambda f: check_ports(f.planned, f.host.proc_root), _planned),
     Check("router key", lambda f: check_router_key(f.planned), _key_reader),
+    Check("front", lambda f: check_front(f.planned), _fronted),
     Check("python", lambda f: check_python(f.planned, f.installed), _planned),
     Check("flags", lambda f: check_flags(f.planned, f.installed), _planned),
     Check("jit cache", lambda f: check_jit_cache(f.planned), _engines),

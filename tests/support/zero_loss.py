@@ -216,10 +216,10 @@ def rolling(*roles: str) -> Callable[[Stack], None]:
 #: without a response), a stream already begun is cut (goal "kill": ≤ the streams in flight).
 FRONT = {"router.replicas": 2}
 FRONT_EVENTS = (
-    Event("systemctl restart router-0", restart("router-0"), "router-0", "zero"),
-    Event("kill -9 router-1", kill("9", "router-1"), "router-1", "kill"),
-    Event("upgrade: restart router-0, router-1", rolling("router-0", "router-1"), "", "zero"),
-    Event("apply, router change", apply("router"), "", "zero", apply_missing),
+    Event("front: systemctl restart router-0", restart("router-0"), "router-0", "zero"),
+    Event("front: kill -9 router-1", kill("9", "router-1"), "router-1", "kill"),
+    Event("front: upgrade (restart both)", rolling("router-0", "router-1"), "", "zero"),
+    Event("front: apply, router change", apply("router"), "", "zero", apply_missing),
 )
 
 
@@ -496,6 +496,18 @@ def front_latency(stack: Stack, rounds: int = 400) -> tuple[dict[str, tuple[floa
     return got, (f"front adds p50 {f50 - r50:+.2f} ms, p99 {f99 - r99:+.2f} ms (front "
                  f"{f50:.2f}/{f99:.2f}, router alone {r50:.2f}/{r99:.2f} ms p50/p99; {rounds} "
                  f"GET /liveness each, in turn; goal ≤ +1 / +2 ms)")
+
+
+def front_memory(stack: Stack) -> str:
+    """The resident memory of the front and of one router (each unit's main process and its
+    children: HAProxy's master and worker; the runtime and the router it launched)."""
+    def mib(unit: str) -> float:
+        main = stack.prop(unit, "MainPID")
+        out = stack.c.run(["ps", "-o", "rss=", "-p", main, "--ppid", main]).stdout.split()
+        return sum(int(x) for x in out) / 1024
+
+    return (f"memory: the front (HAProxy) {mib(stack.unit('front')):.0f} MiB, one router "
+            f"{mib(stack.unit('router-0')):.0f} MiB (RSS under load)")
 
 
 def meets_goal(stack: Stack, ld: Load, event: Event, label: str) -> Outcome:
