@@ -128,3 +128,59 @@ def test_http_get_ignores_proxy_settings(dep: Deployment, monkeypatch) -> None:
     assert http_get(f"{dep.prefill.url}/health").code == 200
 
 
+
+
+# --------------------------------------------------------------------------- several routers
+
+
+class AllActive:
+    """A service manager whose every unit is active."""
+
+    name = "systemd"
+
+    def state(self, unit: str) -> ServiceState:
+        return ServiceState(unit=unit, state="active", sub="running", result="success",
+                            since="", since_secs=1.0, restarts=0)
+
+
+def test_status_shows_each_routers_list_and_names_a_gap_in_any(tmp_path) -> None:
+    """router.replicas: 2: a row per router and the front, each router's own worker list, and
+    an engine missing from the second router's list is a problem (serving goes on)."""
+    from dataclasses import replace
+
+    from pdsvc.config.load import parse_config
+    from pdsvc.plan.build import build_plan
+    from pdsvc.status.collect import collect
+    from pdsvc.status.format import format_text, report_dict
+
+    eps = [Endpoint() for _ in range(4)]  # prefill, decode, router-0, router-1
+    try:
+        text = "model: {path: /srv/m}\nrouter: {replicas: 2}\n"
+        plan = build_plan(parse_config(text, "c.yaml"), None, config_source="c.yaml",
+                          config_text=text)
+        engines = tuple(replace(e, url=ep.url, health_url=f"{ep.url}/health")
+                        for e, ep in zip(plan.engines, eps, strict=False))
+        routers = tuple(replace(r, url=ep.url, readiness_url=f"{ep.url}/readiness")
+                        for r, ep in zip(plan.routers, eps[2:], strict=True))
+        plan = replace(plan, engines=engines, routers=routers,
+                       paths=replace(plan.paths, router_key=str(tmp_path / "none")))
+        for ep in eps[:2]:
+            ep.routes["/health"] = (200, "")
+        both = workers_body(("prefill", eps[0].url, True), ("decode", eps[1].url, True))
+        for ep in eps[2:]:
+            ep.routes["/readiness"] = (200, '{"status":"ready"}')
+        eps[2].routes["/workers"] = (200, both)
+        eps[3].routes["/workers"] = (200, workers_body(("prefill", eps[0].url, True)))
+        report = collect(plan, AllActive(), hostname="gpu-07")  # type: ignore[arg-type]
+        out = format_text(report)
+        assert [u.role for u in report.units] == [
+            "target", "prefill", "decode", "router", "router", "front"]
+        assert f"router workers (GET {eps[3].url}/workers):" in out
+        assert report.serving and report.problems == (
+            f"the router {eps[3].url} does not list the decode worker {eps[1].url}",)
+        assert "send requests to: http://gpu-07:8000/v1/chat/completions" in out
+        more = report_dict(report)["more_routers"]
+        assert [len(m["workers"]) for m in more] == [1]
+    finally:
+        for ep in eps:
+            ep.close()

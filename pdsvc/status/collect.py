@@ -17,7 +17,7 @@ from pdsvc.ship.runtime.probe import MAX_BODY, http_call
 from pdsvc.status import runstate
 from pdsvc.status.judge import judge
 from pdsvc.status.managers import ServiceManager
-from pdsvc.status.model import Probe, Report, UnitView, Worker
+from pdsvc.status.model import Probe, Report, RouterList, UnitView, Worker
 
 HTTP_TIMEOUT = 2.0  # seconds per probe: a status command must answer quickly
 
@@ -108,19 +108,17 @@ def collect(
     units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
     units += [("router", r.unit) for r in plan.routers]
     units += [("front", plan.front.unit)] if plan.front else []
-    urls: list[tuple[str, dict[str, str]]] = [(e.health_url, {}) for e in plan.engines]
-    # each router's readiness (another host's: the one), then the first's worker list
+    # each router's readiness (another host's: the one), then each one's worker list
     readies = [r.readiness_url for r in plan.routers] or [router.readiness_url]
-    urls += [*((u, {}) for u in readies), (f"{router.url}/workers", headers)]
-    with ThreadPoolExecutor(max_workers=len(units) + len(urls)) as pool:
-        states = [pool.submit(backend.state, unit) for _, unit in units]
-        probes = [pool.submit(http_get, u, timeout=http_timeout, headers=h) for u, h in urls]
-        state_of = [f.result() for f in states]
-        *health, workers_probe = (f.result() for f in probes)
-    health, readiness_of = health[:len(plan.engines)], health[len(plan.engines):]
+    lists = [f"{r.url}/workers" for r in plan.routers[1:]]
+    urls = [*(e.health_url for e in plan.engines), *readies, f"{router.url}/workers", *lists]
+    state_of, answers = _ask_all(backend, [u for _, u in units], urls, headers, http_timeout)
+    n = len(plan.engines)
+    health, readiness_of = answers[:n], answers[n:n + len(readies)]
+    workers_probe, *more_probes = answers[n + len(readies):]
     readiness = readiness_of[0]
-    engines = zip(plan.engines, state_of[1:1 + len(plan.engines)], health, strict=True)
-    routed = zip(state_of[1 + len(plan.engines):], readiness_of, strict=False)
+    engines = zip(plan.engines, state_of[1:1 + n], health, strict=True)
+    routed = zip(state_of[1 + n:], readiness_of, strict=False)
     views = (
         UnitView("target", state_of[0], None),
         *(UnitView(e.role, s, p) for e, s, p in engines),
@@ -128,9 +126,10 @@ def collect(
         *((UnitView("front", state_of[-1], None),) if plan.front else ()),
     )
     workers, workers_error = read_workers(workers_probe)
+    more = tuple(RouterList(p, *read_workers(p)) for p in more_probes)
     expected = tuple(dict.fromkeys((e.role, e.url) for e in whole.engines))
     serving, problems = judge(views, workers, workers_error, expected,
-                              None if plan.router else readiness)
+                              None if plan.router else readiness, more)
     where = runstate.state_dir(plan, backend.name)
     runs, pairs = runstate.unit_runs(plan, where), runstate.pair_views(plan, where)
     problems += runstate.problems(runs, pairs, plan.lifecycle.canary_heal_attempts)
@@ -142,7 +141,18 @@ def collect(
     return Report(
         name=plan.name, backend=backend.name, units=views, workers=workers,
         workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,
-        problems=(*problems, *findings), runs=tuple(runs), pairs=tuple(pairs),
+        problems=(*problems, *findings), runs=tuple(runs), pairs=tuple(pairs), more=more,
     )
+
+
+def _ask_all(backend: ServiceManager, units: list[str], urls: list[str],
+             headers: dict[str, str], timeout: float) -> tuple[list, list[Probe]]:
+    """Every unit's state and every URL's answer, all at once (a hung endpoint costs one
+    timeout, not one per probe); the control plane's key only to /workers."""
+    with ThreadPoolExecutor(max_workers=len(units) + len(urls)) as pool:
+        states = [pool.submit(backend.state, unit) for unit in units]
+        probes = [pool.submit(http_get, u, timeout=timeout,
+                              headers=headers if u.endswith("/workers") else {}) for u in urls]
+        return [f.result() for f in states], [f.result() for f in probes]
 
 

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from pdsvc.status import runstate
-from pdsvc.status.model import Report
+from pdsvc.status.model import Report, RouterList
 
 #: The schema tag of `status --json` (as doctor's and topology's carry theirs).
 STATUS_SCHEMA = "pdsvc-status/1"
@@ -46,14 +46,18 @@ def format_text(report: Report) -> str:
             "-" if s.restarts is None else str(s.restarts), probe, s.error or s.status_text,
         ])
     lines = [f"{report.name} PD stack ({report.backend})", "", *_table(rows), ""]
-    lines.append(f"router workers (GET {report.workers_probe.url}):")
-    if report.workers is None:
-        lines.append(f"  unknown: {report.workers_error}")
-    elif not report.workers:
-        lines.append("  none")
-    else:
-        lines += ["  " + line for line in _table([
-            [w.type, w.url, "healthy" if w.healthy else "UNHEALTHY"] for w in report.workers])]
+    lists = [RouterList(report.workers_probe, report.workers, report.workers_error),
+             *report.more]
+    for i, one in enumerate(lists):
+        lines += [""] if i else []
+        lines.append(f"router workers (GET {one.probe.url}):")
+        if one.workers is None:
+            lines.append(f"  unknown: {one.error}")
+        elif not one.workers:
+            lines.append("  none")
+        else:
+            lines += ["  " + line for line in _table([
+                [w.type, w.url, "healthy" if w.healthy else "UNHEALTHY"] for w in one.workers])]
     pairs = runstate.format_pairs(list(report.pairs))
     lines += ["", *pairs] if pairs else []
     lines += ["", f"send requests to: {report.url}", "", report.verdict]
@@ -78,5 +82,9 @@ def report_dict(report: Report) -> dict[str, Any]:
         "workers": None if report.workers is None else [asdict(w) for w in report.workers],
         "workers_error": report.workers_error,
         "workers_probe": report.workers_probe.to_dict(),
+        # the other routers behind the front (router.replicas ≥ 2), each as the first above
+        "more_routers": [{"workers": None if m.workers is None else [asdict(w) for w in m.workers],
+                          "workers_error": m.error, "workers_probe": m.probe.to_dict()}
+                         for m in report.more],
         **runstate.to_dict(list(report.runs), list(report.pairs)),
     }

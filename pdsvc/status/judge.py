@@ -6,7 +6,17 @@ wrong either way, serving or not.
 
 from __future__ import annotations
 
-from pdsvc.status.model import Probe, UnitView, Worker
+from pdsvc.status.model import Probe, RouterList, UnitView, Worker
+
+
+def unlisted(workers: tuple[Worker, ...], expected: tuple[tuple[str, str], ...],
+             where: str) -> list[str]:
+    """One router's list against the engines it should route to."""
+    problems = [f"{w.type} worker {w.url} unhealthy" + (f" in {where}" if where !=
+                "the router" else "") for w in workers if not w.healthy]
+    listed = {w.url.rstrip("/") for w in workers}
+    return problems + [f"{where} does not list the {role} worker {url}"
+                       for role, url in expected if url.rstrip("/") not in listed]
 
 
 def judge(
@@ -15,6 +25,7 @@ def judge(
     workers_error: str | None,
     expected: tuple[tuple[str, str], ...],
     remote_readiness: Probe | None = None,
+    others: tuple[RouterList, ...] = (),
 ) -> tuple[bool, list[str]]:
     """(serving, problems): serving = every service unit active and /readiness 200; the
     problems name what is wrong either way (a probe of a unit that is down is not repeated).
@@ -45,15 +56,15 @@ def judge(
     if remote_readiness is not None and not remote_readiness.ok:
         problems.append(f"router (another host) not ready: /readiness {remote_readiness.summary()}")
     if workers is not None:
-        for w in workers:
-            if not w.healthy:
-                problems.append(f"{w.type} worker {w.url} unhealthy")
-        listed = {w.url.rstrip("/") for w in workers}
-        for role, url in expected:
-            if url.rstrip("/") not in listed:
-                problems.append(f"the router does not list the {role} worker {url}")
+        problems += unlisted(workers, expected, "the router")
     elif readiness is not None and readiness.code is not None:  # the router answers, yet …
         problems.append(f"router /workers: {workers_error}")
+    for more in others:
+        where = f"the router {more.probe.url.removesuffix('/workers')}"
+        if more.workers is None:
+            problems.append(f"{where} /workers: {more.error}")
+        else:
+            problems += unlisted(more.workers, expected, where)
     serving = bool(services) and all(u.state.active for u in services) and bool(
         readiness and readiness.ok)
     return serving, problems

@@ -86,6 +86,16 @@ class UnitView:
 
 
 @dataclass(frozen=True)
+class RouterList:
+    """Another router's own view of its workers (router.replicas ≥ 2: the first router's is
+    the Report's ``workers``)."""
+
+    probe: Probe
+    workers: tuple[Worker, ...] | None  # None: unread (see error)
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Report:
     name: str
     backend: str
@@ -98,6 +108,7 @@ class Report:
     problems: tuple[str, ...]
     runs: tuple[runstate.UnitRun, ...] = ()  # how each unit's last run ended (the runtime's)
     pairs: tuple[runstate.PairView, ...] = ()  # the pair canary's P x D matrix
+    more: tuple[RouterList, ...] = ()  # the other routers' lists, behind the front
 
     @property
     def verdict(self) -> str:
