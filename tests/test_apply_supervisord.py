@@ -95,8 +95,9 @@ def test_a_bundle_of_the_one_group_layout_is_regrouped_in_one_step(tmp_path) -> 
     r = plan(old, bundle(tmp_path, ", args: {max-running-requests: 64}", "b.yaml"))
     [step] = r.steps
     assert step.action == "regroup" and step.serving_stops
-    assert step.units == ("dsv4-prefill-0", "dsv4-prefill-1", "dsv4-decode-0", "dsv4-decode-1",
-                          "dsv4-router")
+    # the event listener (it takes a dead runtime's engine out of the router) starts anew too
+    assert step.units == ("dsv4-events", "dsv4-prefill-0", "dsv4-prefill-1", "dsv4-decode-0",
+                          "dsv4-decode-1", "dsv4-router")
     assert "supervisorctl update" in step.why
     # after it, the same change rolls
     assert not plan(bundle(tmp_path, name="a.yaml"),

@@ -234,7 +234,7 @@ class SupervisordStack:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def listener_log(self) -> str:
-        path = self.work / "logs" / f"{NAME}-restarts.log"
+        path = self.work / "logs" / f"{NAME}-events.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def generate(self, timeout: float = 10) -> tuple[int, str]:
@@ -326,6 +326,21 @@ def test_engine_kill_9_is_restarted_and_the_router_serves_again(stack: Superviso
     assert len(stack.orphans()) == 2, stack.processes()  # the dead engine's orphan is gone
 
 
+def test_a_runtime_killed_takes_its_engine_out_of_the_router_at_once(
+        stack: SupervisordStack) -> None:
+    """kill -9 of the decode's runtime (the program's own process): the event listener sees
+    PROCESS_STATE_EXITED and deletes the decode from the router (the units' ExecStopPost=),
+    seconds before the router's health checks would; supervisord restarts it and it joins."""
+    before = stack.runtime_pid("decode")
+    os.kill(before, signal.SIGKILL)
+    wait_for(lambda: "deregistered it from" in stack.listener_log(), 20,
+             "the listener takes the dead runtime's decode out of the router")
+    assert "exited unexpectedly" in stack.listener_log()
+    wait_for(lambda: stack.info("decode")["pid"] not in (0, before), 60,
+             "supervisord restarts decode")
+    stack.wait_serving(90, "serving again after the decode's runtime was killed")
+
+
 def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
         stack: SupervisordStack) -> None:
     bound = stack.plan.watchdog_secs
@@ -399,7 +414,7 @@ def test_start_all_brings_the_whole_deployment_back(stack: SupervisordStack) -> 
     assert result.returncode == 0, result.stdout + result.stderr
     stack.wait_serving(180, "serving again after `supervisorctl start all`")
     status = stack.ctl("status").stdout
-    for name in (*stack.names.values(), f"{NAME}-restarts"):
+    for name in (*stack.names.values(), f"{NAME}-events"):
         assert re.search(rf"^{re.escape(name)}\s+RUNNING", status, re.M), status
 
 

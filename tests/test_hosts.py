@@ -245,7 +245,10 @@ def test_supervisord_bundles_one_per_host(runner, tmp_path: Path) -> None:
     assert "Host gpu-b of several: its engines only" in b
     # NIXL coupling across hosts: the decode's runtime watches gpu-a's prefill
     assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3" in b
-    assert "[eventlistener:" not in b  # nothing to restart on this host itself
+    # nothing to restart on this host itself: its listener only takes a decode whose runtime
+    # died out of the router on lb
+    assert "--restart-with dsv4-" not in b and "events=PROCESS_STATE_EXITED\n" in b
+    assert "--leave dsv4-decode=http://10.0.0.3:30001 --router http://10.0.0.1:8000" in b
 
 
 def test_install_sh_takes_one_hosts_bundle_and_explains_the_layout(

@@ -595,3 +595,39 @@ def test_eventlistener_usage():
         text = run(mode, "--help").stdout
         for name in ("--wait-for", "--watchdog-secs", "--kill-tree", "--stop-timeout"):
             assert name in text, (mode, name)
+
+
+def test_listener_takes_an_engine_whose_runtime_died_out_of_every_router(tmp_path: Path):
+    """supervisord's ExecStopPost=: PROCESS_STATE_EXITED of an engine program deletes its
+    entry from each router; another program's exit, and a STOPPED program, delete nothing."""
+    from pair_fakes import FakeRouter
+
+    from pdsvc.ship.runtime.membership import Routers, Worker
+
+    routers = {"http://r0:8100": FakeRouter(), "http://r1:8101": FakeRouter()}
+
+    def call(url: str, *a, **kw):  # noqa: ANN002, ANN003, ANN202
+        return next(r for base, r in routers.items() if url.startswith(base))(url, *a, **kw)
+
+    assert Routers(list(routers), Worker("http://10.0.0.2:30000", "prefill", 8998), "k",
+                   print, call=call).join()
+    key = tmp_path / "key"
+    key.write_text("k")
+    args, _ = parse_args(["eventlistener", "--name", "t-events", "--leave",
+                          "p=http://10.0.0.2:30000", "--router", "http://r0:8100", "--router",
+                          "http://r1:8101", "--control-plane-key", str(key)])
+    events = [_event("router", "router", "RUNNING", "PROCESS_STATE_EXITED"),
+              _event("p", "p", "RUNNING", "PROCESS_STATE_STOPPED"),
+              _event("p", "p", "RUNNING", "PROCESS_STATE_EXITED")]
+    err = io.StringIO()
+    old, sys.stderr = sys.stderr, err
+    try:
+        assert run_eventlistener(args, io.BytesIO(b"".join(events)), io.BytesIO(),
+                                 FakeSupervisor({}), call=call) == 0
+    finally:
+        sys.stderr = old
+    for r in routers.values():
+        assert r.workers == [] and [m for m, _ in r.calls].count("DELETE") == 1
+    said = err.getvalue()
+    assert said.count("deregistered it from") == 2 and "exited unexpectedly" in said
+    assert "k\n" not in said

@@ -255,21 +255,33 @@ def _check_socket(plan: Plan) -> None:
 
 
 def _listener(plan: Plan) -> dict[str, Any] | None:
-    """The event listener that restarts a coupled decode with its prefill; None without
-    couples."""
+    """The event listener: it restarts a coupled decode with its prefill (PartOf=), and takes
+    an engine whose runtime died out of every router (ExecStopPost=); None when it has
+    neither to do."""
     program_of = {e.unit: e.name for e in plan.engines}
     couples = [(e.name, program_of[u]) for e in plan.engines for u in e.restarts_with
                if u in program_of]
-    if not couples:
+    leaves = [(e.name, e.url) for e in plan.engines if e.router_urls]
+    if not couples and not leaves:
         return None
-    name = f"{plan.name}-restarts"
+    name = f"{plan.name}-events"
     flags = ["eventlistener", "--name", name]
     for dependent, trigger in couples:
         # a program alone in its group is named by itself (runtime/listener.py namespec)
         flags += ["--restart-with", f"{dependent}={trigger}"]
+    for program, url in leaves:
+        flags += ["--leave", f"{program}={url}"]
+    routers = dict.fromkeys(u for e in plan.engines for u in e.router_urls)
+    for url in routers:
+        flags += ["--router", url]
+    if leaves:  # the file itself: the listener runs as supervisord's user (root or the service's)
+        flags += ["--control-plane-key", plan.paths.router_key]
+    events = ["PROCESS_STATE_STARTING"] * bool(couples) + ["PROCESS_STATE_EXITED"] * bool(leaves)
     return {
         "name": name,
         "couples": couples,
+        "leaves": leaves,
+        "events": ",".join(events),
         "command": [" ".join([*_runtime_command(plan), sv_command(flags)])],
     }
 

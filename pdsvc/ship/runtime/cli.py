@@ -12,9 +12,10 @@ from .options import Options, add_options, http_url, positive_float
 
 
 def _couple(text: str) -> tuple[str, str]:
+    """NAME=VALUE (DEPENDENT=TRIGGER, PROGRAM=URL): split at the first `=`."""
     dependent, _, trigger = text.partition("=")
     if not dependent or not trigger:
-        raise argparse.ArgumentTypeError(f"expected DEPENDENT=TRIGGER, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return dependent, trigger
 
 
@@ -174,12 +175,17 @@ def add_eventlistener(modes: Any) -> argparse.ArgumentParser:
         prog="runtime eventlistener",
         epilog=EVENTLISTENER_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="%(prog)s --name NAME --restart-with DEPENDENT=TRIGGER [...]",
-        help="supervisord event listener: restart decode whenever prefill (re)starts",
+        usage="%(prog)s --name NAME [--restart-with DEPENDENT=TRIGGER ...] "
+              "[--leave PROGRAM=URL ... --router URL ... --control-plane-key FILE]",
+        help="supervisord event listener: restart decode whenever prefill (re)starts; take an "
+             "engine whose runtime died out of the routers",
         description=(
-            "A supervisord [eventlistener:x] for events=PROCESS_STATE_STARTING: whenever\n"
-            "TRIGGER (re)starts, restart DEPENDENT through supervisord's XML-RPC interface,\n"
-            "unless DEPENDENT was started with or after it (as at boot). systemd's PartOf=."
+            "A supervisord [eventlistener:x]. PROCESS_STATE_STARTING: whenever TRIGGER\n"
+            "(re)starts, restart DEPENDENT through supervisord's XML-RPC interface, unless\n"
+            "DEPENDENT was started with or after it (as at boot): systemd's PartOf=.\n"
+            "PROCESS_STATE_EXITED: when PROGRAM exits without a stop asked for (kill -9 of\n"
+            "its runtime, the OOM killer), delete URL from every --router: the units'\n"
+            "ExecStopPost= (`runtime leave`)."
         ),
     )
     listener.add_argument("--name", required=True, help="prefix of every log line")
@@ -187,12 +193,17 @@ def add_eventlistener(modes: Any) -> argparse.ArgumentParser:
         "--restart-with",
         type=_couple,
         action="append",
-        required=True,
         metavar="DEPENDENT=TRIGGER",
         help="supervisorctl names (program alone in its group, or group:program), e.g. "
         "dsv4-decode=dsv4-prefill (NIXL: a restarted prefill does not serve with the old "
         "decode, sglang #33789)",
     )
+    listener.add_argument("--leave", type=_couple, action="append", metavar="PROGRAM=URL",
+                          help="an engine program and its URL as the routers list it")
+    listener.add_argument("--router", type=http_url, action="append", metavar="URL",
+                          help="a router the engines register with (repeatable)")
+    listener.add_argument("--control-plane-key", metavar="FILE",
+                          help="the routers' control-plane key (a file; never logged)")
     listener.add_argument(
         "--server-url",
         metavar="URL",

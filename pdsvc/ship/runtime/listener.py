@@ -1,4 +1,5 @@
 """supervisord event listener: restart decode whenever prefill (re)starts (PartOf= for
+supervisord), take an engine whose runtime died out of every router (ExecStopPost= for
 supervisord), and the XML-RPC client over supervisord's unix socket."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import os
 import socket
 import sys
 import xmlrpc.client
-from collections.abc import Mapping, Sequence
-from typing import IO
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
 
 from .endings import Exit
 from .notify import Log
@@ -102,11 +103,42 @@ class Restarter:
         self.log(f"{dependent} restarted")
 
 
+class Leaver:
+    """An engine program that exited without a stop asked for (kill -9 of its runtime, the
+    OOM killer: PROCESS_STATE_EXITED) leaves every router now, not when the routers' health
+    checks give up on it (membership.leave_after_end, the systemd units' ExecStopPost=). A
+    runtime that stopped cleanly had left already (supervisord reports STOPPED then)."""
+
+    def __init__(self, leaves: Mapping[str, str], routers: Sequence[str], key: str | None,
+                 log: Log, call: Callable[..., Any] | None = None) -> None:
+        self.leaves = leaves  # program namespec -> the engine's URL as the routers list it
+        self.routers = list(routers)
+        self.key = key
+        self.log = log
+        self.call = call  # the HTTP client (tests: a fake router); None: the runtime's
+
+    def on_exited(self, payload: Mapping[str, str]) -> None:
+        name = namespec(payload.get("groupname", ""), payload.get("processname", ""))
+        url = self.leaves.get(name)
+        if url is None or not self.routers:
+            return
+        from .membership import leave_after_end
+
+        how = {"SERVICE_RESULT": "exited " + ("as expected" if payload.get("expected") == "1"
+                                              else "unexpectedly"),
+               "EXIT_CODE": f"pid {payload.get('pid', '?')}"}
+        from .probe import http_call
+
+        leave_after_end(self.routers, url, self.key, self.log, env=how,
+                        call=self.call or http_call)
+
+
 def run_eventlistener(
     args: argparse.Namespace,
     stdin: IO[bytes] | None = None,
     stdout: IO[bytes] | None = None,
     rpc: object | None = None,
+    call: Callable[..., Any] | None = None,
 ) -> int:
     """Speak supervisord's event listener protocol on stdin/stdout (so logs go to stderr):
     READY, read one event, act on it, RESULT 2 OK, again. Returns when stdin closes."""
@@ -114,8 +146,9 @@ def run_eventlistener(
     stdin = sys.stdin.buffer if stdin is None else stdin
     stdout = sys.stdout.buffer if stdout is None else stdout
     couples: dict[str, list[str]] = {}
-    for dependent, trigger in args.restart_with:
+    for dependent, trigger in args.restart_with or ():
         couples.setdefault(trigger, []).append(dependent)
+    leaver = Leaver(dict(args.leave or ()), args.router or (), args.control_plane_key, log, call)
     if rpc is None:
         server_url = args.server_url or os.environ.get("SUPERVISOR_SERVER_URL", "")
         if not server_url:
@@ -126,6 +159,9 @@ def run_eventlistener(
     restarter = Restarter(couples, rpc, log)
     for trigger, dependents in couples.items():
         log(f"will restart {', '.join(dependents)} whenever {trigger} (re)starts")
+    if leaver.leaves:
+        log(f"will take {', '.join(leaver.leaves)} out of the router(s) whenever one exits "
+            "without a stop")
     while True:
         stdout.write(b"READY\n")
         stdout.flush()
@@ -136,5 +172,7 @@ def run_eventlistener(
         payload = stdin.read(int(header.get("len", "0"))).decode("utf-8", "replace")
         if header.get("eventname") == "PROCESS_STATE_STARTING":
             restarter.on_starting(_tokens(payload.split("\n", 1)[0]))
+        elif header.get("eventname") == "PROCESS_STATE_EXITED":
+            leaver.on_exited(_tokens(payload.split("\n", 1)[0]))
         stdout.write(b"RESULT 2\nOK")
         stdout.flush()
