@@ -79,3 +79,17 @@ def test_the_latency_the_front_adds_is_printed(fronted: tuple[Stack, Load],
     line = zero_loss.front_memory(stack)
     print(f"BENCH [{router_package}] {line}")
     assert "MiB" in line
+
+
+def test_a_marathon_of_faults_with_an_apply_in_the_middle_loses_no_request(
+        fronted: tuple[Stack, Load], router_package: str) -> None:
+    """Engines, runtimes and routers killed and restarted in a row, some while the last one
+    still heals, a pdsvc apply in the middle: no non-streamed request fails, and a stream
+    fails only by being cut on an engine or router that was killed under it."""
+    if zero_loss.apply_missing():
+        pytest.skip("no pdsvc apply")
+    stack, ld = fronted
+    failed, plain, sent, _, line = zero_loss.marathon(stack, ld)
+    print(f"BENCH [{router_package}] {line}")
+    assert sent > 100
+    assert plain == 0 and set(failed) <= {"cut"}, line

@@ -477,6 +477,56 @@ def apply_outage_1p1d(work: Path, venv: Path, router_package: str) -> str:
             + breakdown(last_good, last_good + gap, said, logged))
 
 
+#: A marathon of faults in a row on the fronted 2P2D stack under load (FRONT), as a new user's
+#: chaos run: (what, act, whether the next waits for full capacity first). A fault that does
+#: not wait hits while the last one still heals, never the role-mate of an instance still
+#: down (one of each role always serves); the apply runs in the middle.
+MARATHON = (
+    ("systemctl restart prefill-1", restart("prefill-1"), False),
+    ("kill -9 decode-0's engine", kill("9", "decode-0"), True),
+    ("kill -9 router-1", kill("9", "router-1"), False),
+    ("kill -9 prefill-0's runtime", kill_runtime("prefill-0"), True),
+    ("systemctl restart router-0", restart("router-0"), False),
+    ("kill -9 decode-1's runtime", kill_runtime("decode-1"), True),
+    ("apply, pair-compatible change", apply("pair-compatible"), True),
+    ("kill -9 prefill-1's engine", kill("9", "prefill-1"), False),
+    ("kill -9 router-0", kill("9", "router-0"), True),
+    ("systemctl restart decode-0", restart("decode-0"), False),
+    ("systemctl restart router-1", restart("router-1"), True),
+    ("kill -9 prefill-0's engine", kill("9", "prefill-0"), False),
+    ("kill -9 decode-1's engine", kill("9", "decode-1"), True),
+    ("kill -9 router-1, again", kill("9", "router-1"), True),
+)
+#: between two faults that do not wait for full capacity
+MARATHON_GAP_S = 1.5
+
+
+def marathon(stack: Stack, ld: Load) -> tuple[Counter, int, int, float, str]:
+    """MARATHON under the running load: (failed by kind, non-streamed failed, sent, seconds,
+    a BENCH line)."""
+    t0 = time.monotonic()
+    for _what, act, settle in MARATHON:
+        act(stack)
+        if settle:
+            stack.c.wait_for(lambda: at_capacity(stack), CAPACITY_TIMEOUT, interval=0.2,
+                             what=f"full capacity after {_what}")
+        else:
+            time.sleep(MARATHON_GAP_S)
+    stack.c.wait_for(lambda: at_capacity(stack), CAPACITY_TIMEOUT, interval=0.2,
+                     what="full capacity after the marathon")
+    time.sleep(TAIL)
+    t1 = time.monotonic()
+    ld.settle(t1)
+    during = ld.between(t0, t1)
+    failed = failures(during)
+    plain = sum(1 for r in during if not r.ok and not r.stream)
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(failed.items())) or "-"
+    return failed, plain, len(during), t1 - t0, (
+        f"marathon: {len(MARATHON)} faults in a row in {t1 - t0:.0f} s (an apply in the "
+        f"middle), {len(during)} requests: {sum(failed.values())} failed ({kinds}), "
+        f"{plain} of them non-streamed; goal 0 non-streamed, only cut streams")
+
+
 def front_latency(stack: Stack, rounds: int = 400) -> tuple[dict[str, tuple[float, float]], str]:
     """The latency the front adds, beside the router alone in the same run: GET /liveness (the
     router answers it itself) through the front and straight to router-0, in turn. ({"front"|
