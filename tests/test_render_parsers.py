@@ -38,12 +38,13 @@ def checked(serve_python: Path, sysfs_hosts) -> list[tuple[str, str, list[str], 
     for case in CASES:
         src = _host(case, sysfs_hosts)
         plan = load_plan(case, src.get("sysfs"), src.get("topology"))
+        routers = {r.unit for r in plan.routers}  # the front (HAProxy) is not the runtime's
         for f in render_systemd(plan, "test"):
-            if not f.path.endswith(".service") or f.path.endswith("-pd-ready.service"):
+            if f.path not in routers | {e.unit for e in plan.engines}:
                 continue
             words = exec_words(parse_unit(f.content)["Service"]["ExecStart"][0])
             argv = launched_argv(words[words.index("--") + 1:])
-            kind = ROUTER_KINDS[argv[2]] if f.path.endswith("-router.service") else "sglang"
+            kind = ROUTER_KINDS[argv[2]] if f.path in routers else "sglang"
             items.append((case.stem, f.path, kind, argv))
     results = argv_check.run_checks(serve_python, [(kind, argv[3:]) for *_, kind, argv in items])
     return [(c, u, a, r) for (c, u, _, a), r in zip(items, results, strict=True)]
