@@ -115,3 +115,26 @@ def test_a_router_change_rolls_one_router_at_a_time_and_serving_goes_on() -> Non
                        rendered("model: {path: /srv/m}\nrouter: {policy: round_robin}\n"))
     assert [s.serving_stops for s in one.steps] == [True]
     assert "serving STOPS while the router restarts" in format_rollout(one)
+
+
+def test_a_front_config_change_is_a_reload_that_never_stops_serving() -> None:
+    old = rendered("model: {path: /srv/m}\nrouter: {replicas: 2}\n")
+    new = rendered("model: {path: /srv/m}\nrouter: {replicas: 2, front: {retries: 5}}\n")
+    r = plan_rollout(old, new)
+    assert [(c.unit, c.role, [x.kind for x in c.reasons]) for c in r.changes] == [
+        ("dsv4-front.service", "front", ["config"])]
+    assert [(s.action, s.units, s.serving_stops) for s in r.steps] == [
+        (StepKind.RELOAD_FRONT, ("dsv4-front.service",), False)]
+
+
+def test_going_to_two_routers_starts_the_front_then_the_routers_and_says_serving_stops() -> None:
+    r = plan_rollout(rendered("model: {path: /srv/m}\n"),
+                     rendered("model: {path: /srv/m}\nrouter: {replicas: 2}\n"))
+    assert [(s.action, s.units) for s in r.steps][1:] == [
+        (StepKind.START, ("dsv4-front.service",)),
+        (StepKind.START, ("dsv4-router-0.service",)),
+        (StepKind.START, ("dsv4-router-1.service",))]
+    assert all(s.serving_stops for s in r.steps)
+    text = format_rollout(r)
+    assert "the installer removes dsv4-router.service, so serving stops" in text
+    assert "drained out of the front first" not in text  # a start drains nothing

@@ -174,6 +174,16 @@ class Executor:
             return
         self._join(run, register=False)
 
+    def _reload_front(self, step: Step, t0: float) -> None:  # noqa: ARG002 (STEP_RUNS')
+        """HAProxy re-reads its config (`systemctl reload`: new workers on the listening
+        socket, the old ones finish their requests); nothing restarts, nothing is drained."""
+        names = [self.units[n].local_name if n in self.units else n for n in step.units]
+        rc, out = self.manager.act("reload", names, self.bounds.ready_secs)
+        if rc != 0:
+            raise StepFailed(f"{self.manager.name}: reload {' '.join(names)} failed ({rc}): "
+                             f"{out.splitlines()[-1] if out else ''}")
+        self.say(f"  {', '.join(names)}: reloaded (the front's socket stayed open)")
+
     def _begin(self, step: Step, t0: float) -> _Run:
         down = [self.units[n] for n in step.down if n in self.units]
         return _Run(step, down, [u for u in down if u.kind == "engine"],
@@ -340,4 +350,5 @@ STEP_RUNS: dict[StepKind, Callable[[Executor, Step, float], None]] = {
     StepKind.START: Executor._start,
     StepKind.RESTART_HALF: Executor._restart_half,
     StepKind.SWITCH_HALVES: Executor._switch,
+    StepKind.RELOAD_FRONT: Executor._reload_front,
 }

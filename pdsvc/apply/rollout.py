@@ -26,23 +26,24 @@ from enum import Enum
 
 from pdsvc.apply.hosts import bundle_units
 from pdsvc.apply.units import Unit, flag_values
+from pdsvc.plan.types import FRONT_CONFIG
 from pdsvc.sglang import PAIR_ENV, PAIR_FLAGS
 
 #: The shipped runtime's files in a bundle; a change there restarts every unit that runs it.
 RUNTIME_PREFIX = "runtime/"
-ROLE_ORDER = {"prefill": 0, "decode": 1, "router": 2}
+ROLE_ORDER = {"prefill": 0, "decode": 1, "router": 2, "front": 3}
 
 
 @dataclass(frozen=True)
 class Reason:
-    kind: str  # unit | env | argv | runtime
+    kind: str  # unit | env | argv | runtime | config (the front's)
     detail: str
 
 
 @dataclass(frozen=True)
 class Change:
     unit: str
-    role: str  # prefill | decode | router | "" (the target, the gate)
+    role: str  # prefill | decode | router | front | "" (the target, the gate)
     action: str  # restart | start | remove | reload
     reasons: tuple[Reason, ...]
     pair_breaking: tuple[str, ...] = ()  # the pair settings that change (PAIR_FLAGS/ENV)
@@ -57,7 +58,8 @@ class StepKind(str, Enum):
     RESTART_TOGETHER = "restart together"  # every pair a pair-incompatible change touches
     RESTART_HALF = "restart half"  # one half of a pair-incompatible change, held out
     SWITCH_HALVES = "switch halves"  # the router from half B to half A; nothing restarts
-    START = "start"  # a new engine or router
+    START = "start"  # a new engine, router or front
+    RELOAD_FRONT = "reload front"  # HAProxy re-reads its config; its socket stays open
     RESTART_ROUTER = "restart router"  # serving stops meanwhile, unless routers are fronted
     REGROUP = "regroup"  # supervisord: programs leave a shared group (order.py)
     UPDATE_GROUP = "update group"  # supervisord: a shared group re-created (order.py)
@@ -179,6 +181,10 @@ def _changes(old_units: dict[str, Unit], new_units: dict[str, Unit],
             continue
         if old is None:
             action = "start" if new.kind != "other" else "reload"
+            if new.kind == "front" and any(u.kind == "router" for u in old_units.values()):
+                # the old router still holds the clients' port until the installer removes
+                # it: the front starts after the install, before the new routers
+                action = "start"
             changes.append(Change(name, new.role, action, (Reason("unit", "new unit"),)))
             continue
         reasons = list(classify(old, new))
@@ -189,6 +195,9 @@ def _changes(old_units: dict[str, Unit], new_units: dict[str, Unit],
         if new.kind == "other":
             changes.append(Change(name, new.role, "reload", tuple(reasons)))
             continue
+        if new.kind == "front":  # `systemctl reload`: new workers on the same socket
+            changes.append(Change(name, new.role, "restart", tuple(reasons)))
+            continue
         breaking: tuple[str, ...] = ()
         if new.kind == "engine":
             a, b = pair_settings(old), pair_settings(new)
@@ -196,6 +205,21 @@ def _changes(old_units: dict[str, Unit], new_units: dict[str, Unit],
                              for k in a if a[k] != b[k])
         changes.append(Change(name, new.role, "restart", tuple(reasons), breaking))
     return changes
+
+
+def _front_config(old: dict[str, str], new: dict[str, str], new_units: dict[str, Unit],
+                  changes: list[Change]) -> list[Change]:
+    """The front's HAProxy config is a file of the bundle, not a unit: a change of it alone is
+    a change of the front (a reload), named as such."""
+    def settings(text: str) -> list[str]:  # its header (the config's sha256) is no change
+        return [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+    if FRONT_CONFIG not in old or FRONT_CONFIG not in new or \
+            settings(old[FRONT_CONFIG]) == settings(new[FRONT_CONFIG]):
+        return []
+    changed = {c.unit for c in changes}
+    return [Change(name, u.role, "restart", (Reason("config", f"{FRONT_CONFIG} changed"),))
+            for name, u in new_units.items() if u.kind == "front" and name not in changed]
 
 
 def _coupled(name: str, units: dict[str, Unit]) -> set[str]:
@@ -289,6 +313,8 @@ class _Planner:
         takes, down = self._down(names)
         lost, left = self.capacity.during(down)
         stops = stops or (bool(self.capacity.pairs) and left == 0)
+        if kind is StepKind.RELOAD_FRONT:
+            lost, left, stops = (), len(self.capacity.pairs), False
         if kind is StepKind.RESTART_ROUTER:  # the others serve through the front, if any
             left = len(self.capacity.pairs) if self.fronted else 0
             lost, stops = (), not self.fronted
@@ -362,8 +388,23 @@ def _one_by_one(plan: _Planner, restart: list[Change], group: set[str]) -> None:
 
 def _new_engines(plan: _Planner, changes: list[Change]) -> None:
     for c in changes:
-        if c.action == "start" and c.role != "router":
+        if c.action == "start" and c.role in ("prefill", "decode"):
             plan.add(StepKind.START, [c.unit], "a new engine")
+
+
+def _front(plan: _Planner, changes: list[Change]) -> None:
+    """The front before the routers: a new one starts (on the clients' port, which the
+    installer freed by removing the router that held it), a changed one (its unit or its
+    config) reloads: HAProxy's new workers take the listening socket over, the old ones
+    finish their requests (haproxy(1), -Ws and SIGUSR2)."""
+    for c in changes:
+        if c.role == "front":
+            if c.action == "start":
+                plan.add(StepKind.START, [c.unit], "the front: HAProxy on the clients' port, "
+                         "before the routers behind it", stops=_routers_replaced(changes))
+            elif c.action == "restart":
+                plan.add(StepKind.RELOAD_FRONT, [c.unit], _why(c) + "; a reload, not a "
+                         "restart: no connection is refused or cut")
 
 
 def _router(plan: _Planner, changes: list[Change]) -> None:
@@ -373,9 +414,21 @@ def _router(plan: _Planner, changes: list[Change]) -> None:
         if c.role == "router" and c.action in ("restart", "start"):
             kind = StepKind.RESTART_ROUTER if c.action == "restart" else StepKind.START
             how = ("; drained out of the front first, back in it once it serves, the other "
-                   "routers serve meanwhile" if plan.fronted else "")
+                   "routers serve meanwhile" if plan.fronted and c.action == "restart" else "")
             plan.add(kind, [c.unit], _why(c) + "; the engines register themselves again once "
-                     "it is back" + how)
+                     "it is back" + how, stops=c.action == "start" and _routers_replaced(changes))
+    if _routers_replaced(changes):
+        plan.notes.append(
+            "router.replicas changes: the installer removes "
+            + ", ".join(c.unit for c in changes if c.role == "router" and c.action == "remove")
+            + ", so serving stops from the install until the new routers serve")
+
+
+def _routers_replaced(changes: list[Change]) -> bool:
+    """A router unit goes and another comes (router.replicas changed): no router serves
+    from the install, which removes the old one, until the new ones are up."""
+    return any(c.role == "router" and c.action == "remove" for c in changes) and any(
+        c.role == "router" and c.action == "start" for c in changes)
 
 
 def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
@@ -386,11 +439,13 @@ def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
     runtime = {p for p in old.keys() | new.keys() if p.startswith(RUNTIME_PREFIX)}
     runtime_changed = sum(old.get(p) != new.get(p) for p in runtime)
     changes = _changes(old_units, new_units, runtime_changed)
-    restart = [c for c in changes if c.action == "restart" and c.role != "router"]
+    changes += _front_config(old, new, new_units, changes)
+    restart = [c for c in changes if c.action == "restart" and c.role in ("prefill", "decode")]
     plan = _Planner(new_units, _Capacity({n: u for n, u in new_units.items() if n in old_units}))
     group = _pair_incompatible(plan, restart)
     _one_by_one(plan, restart, group)
     _new_engines(plan, changes)
+    _front(plan, changes)
     _router(plan, changes)
     return Rollout(tuple(changes), tuple(plan.steps), tuple(plan.notes))
 
@@ -420,6 +475,8 @@ def format_rollout(r: Rollout) -> str:
         elif s.action is StepKind.SWITCH_HALVES:
             lines.append(f"     serving goes on: {', '.join(s.halves[0])} serve(s) with the "
                          f"new definition ({s.pairs_left} pairs), no mixed pair ever routed")
+        elif s.serving_stops and not s.pairs_down:
+            lines.append("     serving STOPS: no router serves until the new ones do")
         elif s.serving_stops:
             lines.append(f"     serving STOPS: no pair left ({len(s.pairs_down)} pairs down)")
         elif s.pairs_down:

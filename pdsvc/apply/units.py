@@ -5,6 +5,7 @@ pairs, router). Only what pdsvc's own renderer writes needs to parse: one direct
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 
@@ -79,10 +80,13 @@ class Unit:
 
     @property
     def kind(self) -> str:
-        """engine | router (the runtime's subcommand) | other (the target, the gate)."""
+        """engine | router (the runtime's subcommand) | front (HAProxy in front of several
+        routers: the one unit that runs haproxy) | other (the target, the gate)."""
         for word in self.runtime_argv:
             if word in ("engine", "router"):
                 return word
+        if self.argv and os.path.basename(self.argv[0]) == "haproxy":
+            return "front"
         return "other"
 
     @property
@@ -110,7 +114,7 @@ class Unit:
 
     @property
     def role(self) -> str:
-        return self.option("--role") or ("router" if self.kind == "router" else "")
+        return self.option("--role") or (self.kind if self.kind in ("router", "front") else "")
 
     @property
     def url(self) -> str:

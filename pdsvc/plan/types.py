@@ -115,6 +115,10 @@ class RouterPlan:
         return f"{self.name}.service"
 
 
+#: The front's HAProxy config as a file of the bundle (installed at FrontPlan.config_path).
+FRONT_CONFIG = "front.cfg"
+
+
 @dataclass(frozen=True)
 class FrontPlan:
     """HAProxy in front of several routers (router.replicas ≥ 2): clients keep one address,

@@ -23,6 +23,7 @@ from pdsvc.plan.runtime_argv import (
     router_command,
     router_runtime_flags,
 )
+from pdsvc.plan.types import FRONT_CONFIG
 from pdsvc.render.front import front_config
 from pdsvc.render.kit import (
     POLL_INTERVAL,
@@ -35,9 +36,6 @@ from pdsvc.render.kit import (
     runtime_modules,
 )
 from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
-
-#: The front's HAProxy config in the bundle (install.list puts it at plan.front.config_path).
-FRONT_CONFIG = "front.cfg"
 
 #: The target's gate, a POSIX sh script run as root (it only asks systemd). Each unit is asked
 #: alone: `systemctl is-active A B` exits 0 when *any* one is active (systemctl(1)). Each unit

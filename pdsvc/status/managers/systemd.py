@@ -90,10 +90,11 @@ class Systemd:
         return parse_show(self._show(unit, ("InvocationID",))[1]).get("InvocationID", "")
 
     def act(self, verb: str, units: list[str], timeout: float) -> tuple[int, str]:
-        """`systemctl restart|start UNITS` (restart: stop, then start with the new unit file,
-        which install.sh's daemon-reload made the loaded one)."""
-        rc, out = self.runner.run([self.systemctl, "restart" if verb != "start" else "start",
-                                   *units], timeout)
+        """`systemctl restart|start|reload UNITS` (restart: stop, then start with the new unit
+        file, which install.sh's daemon-reload made the loaded one; reload: the unit's
+        ExecReload=, the front's HAProxy)."""
+        command = verb if verb in ("start", "reload") else "restart"
+        rc, out = self.runner.run([self.systemctl, command, *units], timeout)
         return rc, out.strip()
 
     def look(self, unit: str) -> str:
