@@ -199,6 +199,8 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
             ports.append(_port_of(inst, key))
     if config.cascade_hosts():  # bound on each engine host only when there are several
         ports.append(_section_port(config, "lifecycle", "cascade_port"))
+    if config.metrics.textfile:  # each host's node_exporter, where the scrape config points
+        ports.append(_section_port(config, "metrics", "node_exporter_port"))
     spans: list[tuple[tuple, int, str]] = [
         _port_of(inst, "dist_init_port") for inst in config.engines
     ]
