@@ -13,7 +13,6 @@ p50 and p99 beside the router's own, in one run, are printed (`BENCH`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,10 +49,7 @@ def test_clients_reach_both_routers_through_one_address(fronted: tuple[Stack, Lo
     assert stack.plan["client_url"] == "http://127.0.0.1:8000"
     assert stack.router_ports == [8100, 8101]
     for port in stack.router_ports:  # every engine registered with each router
-        code, body = stack.workers(port=port)
-        assert code == 200
-        listed = {w["url"] for w in json.loads(body)["workers"] if w.get("is_healthy")}
-        assert listed == set(zero_loss.engine_urls(stack).values())
+        assert stack.listed(port) == set(zero_loss.engine_urls(stack).values())
 
 
 @pytest.mark.parametrize("event", zero_loss.FRONT_EVENTS,

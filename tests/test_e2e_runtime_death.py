@@ -7,7 +7,6 @@ that clears ExecStopPost= stands for the units before): `BENCH` prints the two s
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,9 +48,8 @@ def listed_after_kill(s: Stack, instance: str) -> tuple[float, str]:
     kill_runtime(instance)(s)
     time.sleep(0.05)  # the engine is killed with its runtime (KillMode=mixed)
     while time.monotonic() - t0 < LISTED_AT_MOST_S:
-        code, body = s.workers(timeout=3)
-        if code == 200 and url not in {w["url"] for w in json.loads(body)["workers"]
-                                       if w.get("is_healthy")}:
+        listed = s.listed()
+        if listed is not None and url not in listed:
             return time.monotonic() - t0, "left"
         if s.curl("/health", port=port, timeout=1)[0] == 200:
             return time.monotonic() - t0, "back"

@@ -255,6 +255,13 @@ class Stack:
         return curl(self.c, f"http://127.0.0.1:{port}/workers", None, timeout,
                     key_file=f"/etc/{self.name}/router.key")
 
+    def listed(self, port: int = 8000, timeout: float = 3) -> set[str] | None:
+        """The URLs of the workers a router lists healthy; None when it did not answer."""
+        code, body = self.workers(timeout=timeout, port=port)
+        if code != 200:
+            return None
+        return {w["url"] for w in json.loads(body).get("workers", []) if w.get("is_healthy")}
+
     def generate(self, timeout: float = 15) -> tuple[int, str]:
         return self.curl("/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4}},
                          timeout=timeout)

@@ -22,7 +22,6 @@ the ~0.25 s switch of a pair-incompatible apply with its own 503 (goal "switch" 
 from __future__ import annotations
 
 import copy
-import json
 import re
 import subprocess
 import sys
@@ -174,9 +173,8 @@ def out_of_router(act: Callable[[Stack], None], instance: str) -> Callable[[Stac
         t0 = time.monotonic()
         act(stack)
         while time.monotonic() - t0 < 30:
-            code, body = stack.workers(timeout=3)
-            if code == 200 and url not in {w["url"] for w in json.loads(body)["workers"]
-                                           if w.get("is_healthy")}:
+            listed = stack.listed()
+            if listed is not None and url not in listed:
                 break
             time.sleep(0.05)
         print(f"\n  {instance}: out of the router {time.monotonic() - t0:.2f} s after the kill")
@@ -234,14 +232,8 @@ def at_capacity(stack: Stack) -> bool:
     """Every unit active and every router lists every engine, healthy."""
     if any(stack.prop(u, "ActiveState") != "active" for u in stack.units):
         return False
-    for port in stack.router_ports:
-        code, body = stack.workers(timeout=3, port=port)
-        if code != 200:
-            return False
-        listed = {w["url"] for w in json.loads(body).get("workers", []) if w.get("is_healthy")}
-        if not listed >= set(engine_urls(stack).values()):
-            return False
-    return True
+    want = set(engine_urls(stack).values())
+    return all((stack.listed(port) or set()) >= want for port in stack.router_ports)
 
 
 def pid_of(stack: Stack, instance: str) -> int | None:
