@@ -203,3 +203,18 @@ def test_no_front_is_one_line_and_exit_0(tmp_path: Path) -> None:
     assert run_front("drain", str(tmp_path / "none.sock"), "routers", "r0", 1,
                      lines.append) == 0
     assert len(lines) == 1 and "cannot reach HAProxy's runtime API" in lines[0]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "127.0.0.1", "localhost"])
+def test_every_router_host_the_schema_takes_is_a_valid_bind(host: str, tmp_path: Path) -> None:
+    if not shutil.which(HAPROXY):
+        require("haproxy is not installed (apt install haproxy)")
+    text = f"model: {{path: /srv/m}}\nrouter: {{replicas: 2, host: '{host}'}}\n"
+    plan = build_plan(parse_config(text, "c.yaml"), None, config_source="c.yaml",
+                      config_text=text)
+    assert plan.front is not None
+    cfg = tmp_path / "front.cfg"
+    cfg.write_text(front_config(replace(plan.front, socket=str(tmp_path / "s")), ["t"]))
+    r = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr

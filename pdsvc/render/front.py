@@ -16,8 +16,8 @@ haproxy 2.6):
   tree over the same engines.
 
 The values come from the plan: names and ports the schema bounds, addresses check_host
-accepted; nothing here is quoted because nothing can need it (an IPv6 literal gets HAProxy's
-``ipv6@`` prefix).
+accepted; nothing here is quoted because nothing can need it (``::`` gets HAProxy's ``ipv6@``
+prefix and ``v4v6``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from pdsvc.plan.types import FrontPlan
 
 
 def bind_address(host: str, port: int) -> str:
-    """``bind``'s address: ``ADDRESS:PORT``, an IPv6 literal with the ``ipv6@`` prefix."""
-    return f"ipv6@{host}:{port}" if ":" in host else f"{host}:{port}"
+    """``bind``'s address: ``ADDRESS:PORT``; ``::`` (the only IPv6 literal router.host
+    takes) with the ``ipv6@`` prefix and ``v4v6``, so IPv4 clients are served as well
+    whatever net.ipv6.bindv6only says."""
+    return f"ipv6@{host}:{port} v4v6" if ":" in host else f"{host}:{port}"
 
 
 def front_config(f: FrontPlan, header: list[str]) -> str:
