@@ -176,6 +176,22 @@ def _cases() -> list[dict]:
                     {"deployment": "dsv4", "role": "prefill", "severity": "page"}]),
             ],
         },
+        {  # two routers (router.replicas): router-1 loses its decode, router-0 keeps it; the
+            # alert fires for the one that lists none (a sum over both would not)
+            "interval": "15s",
+            "input_series": [
+                *({"series": f'smg_worker_health{{deployment="dsv4",role="router",'
+                   f'instance="127.0.0.1:{port}",worker="http://127.0.0.1:{engine}"}}',
+                   "values": values} for port, engine, values in (
+                       ("29000", 30001, "1x16"), ("29001", 30001, "1x4 0x12"),
+                       ("29000", 30000, "1x16"), ("29001", 30000, "1x16"))),
+            ],
+            "alert_rule_test": [
+                _alert("PdsvcNoHealthyWorker", "45s", None),
+                _alert("PdsvcNoHealthyWorker", "3m", [
+                    {"deployment": "dsv4", "role": "decode", "severity": "page"}]),
+            ],
+        },
         {  # TTFT: every first token in the 2.5-5 s bucket (p99 > 2 s) vs all under 0.5 s
             "interval": "1m",
             "input_series": [

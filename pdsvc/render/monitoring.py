@@ -220,7 +220,9 @@ def _role_failure_alerts(plan: Plan) -> list[dict]:
 
 
 def _no_worker_alerts(plan: Plan) -> list[dict]:
-    """A role the router has no healthy worker of, one alert per role."""
+    """A role a router has no healthy worker of, one alert per role: with several routers
+    (router.replicas), the one that lists the fewest decides (`sum by (instance)`: each
+    router's own count; a router that lost the engines fails the requests sent to it)."""
     d, sel, status = plan.name, _selector(plan), _status_command(plan)
     rules: list[dict] = []
     r = plan.router
@@ -231,15 +233,15 @@ def _no_worker_alerts(plan: Plan) -> list[dict]:
                 continue
             rules.append({
                 "alert": "PdsvcNoHealthyWorker",
-                "expr": (f'(sum(smg_worker_health{{{sel}, worker=~"{_alternation(urls)}"}}) '
-                         "or vector(0)) < 1"),
+                "expr": ("(min(sum by (instance) (smg_worker_health{"
+                         f'{sel}, worker=~"{_alternation(urls)}"}})) or vector(0)) < 1'),
                 "for": "1m",
                 "severity": "page",
                 "labels": {"role": role, "deployment": d},
-                "summary": f"the router has no healthy {role} worker",
+                "summary": f"a router has no healthy {role} worker",
                 "description": (
-                    f"smg_worker_health is 0 (or absent) for every {role} engine the router "
-                    "knows: no request can be served. More: `" + status + "`, `journalctl -u "
+                    f"smg_worker_health is 0 (or absent) for every {role} engine a router "
+                    "knows: no request sent to it can be served. More: `" + status + "`, `journalctl -u "
                     f"{r.unit}` and the engines' journals (`journalctl -u '{plan.name}-{role}*'`)"
                     ". Do: start or fix those units; they register with the router themselves "
                     "once healthy."),
