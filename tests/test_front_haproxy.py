@@ -218,3 +218,28 @@ def test_every_router_host_the_schema_takes_is_a_valid_bind(host: str, tmp_path:
     r = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_status_reads_each_router_as_the_front_sees_it(lab: Lab) -> None:
+    """`pdsvc status`'s view of the front (status/collect.front_view): both routers UP, then
+    one drained is a problem naming it; all out is said as such."""
+    from pdsvc.status.collect import front_problems, front_view
+
+    text = "model: {path: /srv/m}\nrouter: {replicas: 2}\n"
+    plan = build_plan(parse_config(text, "c.yaml"), None, config_source="c.yaml",
+                      config_text=text)
+    assert plan.front is not None
+    plan = replace(plan, front=replace(plan.front, socket=lab.socket,
+                                       servers=(("r0", "-"), ("r1", "-"))))
+    front, error = front_view(plan)
+    assert error is None and [(s.name, s.in_rotation) for s in front or ()] == [
+        ("r0", True), ("r1", True)]
+    assert front_problems(plan, front, error) == []
+    run_front("drain", lab.socket, "routers", "r0", 5, lambda line: None)
+    front, error = front_view(plan)
+    assert front_problems(plan, front, error) == [
+        "the front does not send requests to r0 (DRAIN)"]
+    run_front("drain", lab.socket, "routers", "r1", 5, lambda line: None)
+    front, error = front_view(plan)
+    assert front_problems(plan, front, error)[-1] == (
+        "the front has no router in rotation: every request gets its 503")

@@ -241,8 +241,9 @@ def _no_worker_alerts(plan: Plan) -> list[dict]:
                 "summary": f"a router has no healthy {role} worker",
                 "description": (
                     f"smg_worker_health is 0 (or absent) for every {role} engine a router "
-                    "knows: no request sent to it can be served. More: `" + status + "`, `journalctl -u "
-                    f"{r.unit}` and the engines' journals (`journalctl -u '{plan.name}-{role}*'`)"
+                    "knows: no request sent to it can be served. More: `" + status
+                    + f"`, `journalctl -u {r.unit}` and the engines' journals "
+                    f"(`journalctl -u '{plan.name}-{role}*'`)"
                     ". Do: start or fix those units; they register with the router themselves "
                     "once healthy."),
             })

@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from pdsvc.plan.build import Plan, RouterPlan
+from pdsvc.ship.runtime.front import ask, server_row
 from pdsvc.ship.runtime.probe import MAX_BODY, http_call
 from pdsvc.status import runstate
 from pdsvc.status.judge import judge
 from pdsvc.status.managers import ServiceManager
-from pdsvc.status.model import Probe, Report, RouterList, UnitView, Worker
+from pdsvc.status.model import FrontServer, Probe, Report, RouterList, UnitView, Worker
 
 HTTP_TIMEOUT = 2.0  # seconds per probe: a status command must answer quickly
 
@@ -133,6 +134,8 @@ def collect(
     where = runstate.state_dir(plan, backend.name)
     runs, pairs = runstate.unit_runs(plan, where), runstate.pair_views(plan, where)
     problems += runstate.problems(runs, pairs, plan.lifecycle.canary_heal_attempts)
+    front, front_error = front_view(plan)
+    problems += front_problems(plan, front, front_error)
     # the router of another host: where this host reaches it, not at this host's name
     url = client_url(router.host, router.port, hostname) if plan.router else \
         f"{router.url}/v1/chat/completions"
@@ -142,7 +145,42 @@ def collect(
         name=plan.name, backend=backend.name, units=views, workers=workers,
         workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,
         problems=(*problems, *findings), runs=tuple(runs), pairs=tuple(pairs), more=more,
+        front=front, front_error=front_error,
     )
+
+
+def front_view(plan: Plan) -> tuple[tuple[FrontServer, ...] | None, str | None]:
+    """Each router as the front sees it (HAProxy's ``show stat`` on its runtime socket:
+    root or the service group may read it); (None, why) when it cannot be read, (None, None)
+    without a front."""
+    f = plan.front
+    if f is None:
+        return None, None
+    try:
+        text = ask(f.socket, "show stat")
+    except OSError as e:
+        return None, f"cannot read HAProxy's runtime API at {f.socket}: {e.strerror or e}"
+    servers = []
+    for name, _ in f.servers:
+        row = server_row(text, f.backend, name) or {}
+        scur = row.get("scur", "")
+        servers.append(FrontServer(name, row.get("status", "") or "not in its config",
+                                   int(scur) if scur.isdigit() else 0))
+    return tuple(servers), None
+
+
+def front_problems(plan: Plan, front: tuple[FrontServer, ...] | None,
+                   error: str | None) -> list[str]:
+    """A router the front does not send requests to, or a front that cannot be read."""
+    if plan.front is None:
+        return []
+    if front is None:
+        return [f"the front: {error}"]
+    out = [f"the front does not send requests to {s.name} ({s.status})"
+           for s in front if not s.in_rotation]
+    if front and not any(s.in_rotation for s in front):
+        out.append("the front has no router in rotation: every request gets its 503")
+    return out
 
 
 def _ask_all(backend: ServiceManager, units: list[str], urls: list[str],

@@ -58,6 +58,12 @@ def format_text(report: Report) -> str:
         else:
             lines += ["  " + line for line in _table([
                 [w.type, w.url, "healthy" if w.healthy else "UNHEALTHY"] for w in one.workers])]
+    if report.front is not None:
+        lines += ["", "the front's routers (HAProxy show stat):"]
+        lines += ["  " + line for line in _table([
+            [f.name, f.status, f"{f.sessions} in flight"] for f in report.front])]
+    elif report.front_error:
+        lines += ["", f"the front's routers: unknown: {report.front_error}"]
     pairs = runstate.format_pairs(list(report.pairs))
     lines += ["", *pairs] if pairs else []
     lines += ["", f"send requests to: {report.url}", "", report.verdict]
@@ -86,5 +92,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         "more_routers": [{"workers": None if m.workers is None else [asdict(w) for w in m.workers],
                           "workers_error": m.error, "workers_probe": m.probe.to_dict()}
                          for m in report.more],
+        "front": None if report.front is None else [asdict(f) for f in report.front],
+        "front_error": report.front_error,
         **runstate.to_dict(list(report.runs), list(report.pairs)),
     }

@@ -96,6 +96,19 @@ class RouterList:
 
 
 @dataclass(frozen=True)
+class FrontServer:
+    """One router as the front (HAProxy) sees it: ``show stat`` on its runtime API."""
+
+    name: str
+    status: str  # UP, DOWN, DRAIN, MAINT, "UP 1/2" (going down), ... as HAProxy says it
+    sessions: int  # requests it is serving now (scur)
+
+    @property
+    def in_rotation(self) -> bool:
+        return self.status.startswith("UP")
+
+
+@dataclass(frozen=True)
 class Report:
     name: str
     backend: str
@@ -109,6 +122,8 @@ class Report:
     runs: tuple[runstate.UnitRun, ...] = ()  # how each unit's last run ended (the runtime's)
     pairs: tuple[runstate.PairView, ...] = ()  # the pair canary's P x D matrix
     more: tuple[RouterList, ...] = ()  # the other routers' lists, behind the front
+    front: tuple[FrontServer, ...] | None = None  # the front's view of each router, if read
+    front_error: str | None = None  # why it was not (no front: both None)
 
     @property
     def verdict(self) -> str:
