@@ -13,6 +13,7 @@ p50 and p99 beside the router's own, in one run, are printed (`BENCH`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +51,14 @@ def test_clients_reach_both_routers_through_one_address(fronted: tuple[Stack, Lo
     assert stack.router_ports == [8100, 8101]
     for port in stack.router_ports:  # every engine registered with each router
         assert stack.listed(port) == set(zero_loss.engine_urls(stack).values())
+    # pdsvc status says so, with each router as the front sees it
+    r = stack.pdsvc("status", "-c", "/srv/e2e/config.yaml", "--topology",
+                    "/srv/e2e/topology.json", "--json", timeout=120)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["serving"] and doc["problems"] == [], r.stdout + r.stderr
+    assert [(f["name"], f["status"]) for f in doc["front"]] == [
+        (f"{stack.name}-router-0", "UP"), (f"{stack.name}-router-1", "UP")]
+    assert [len(m["workers"]) for m in doc["more_routers"]] == [4]
 
 
 @pytest.mark.parametrize("event", zero_loss.FRONT_EVENTS,
