@@ -59,6 +59,10 @@ def test_clients_reach_both_routers_through_one_address(fronted: tuple[Stack, Lo
     assert [(f["name"], f["status"]) for f in doc["front"]] == [
         (f"{stack.name}-router-0", "UP"), (f"{stack.name}-router-1", "UP")]
     assert [len(m["workers"]) for m in doc["more_routers"]] == [4]
+    # HAProxy's own exporter, the pdsvc-front scrape target, from inside its sandbox
+    code, text = stack.curl("/metrics", port=stack.plan["front"]["prometheus_port"])
+    assert code == 200 and (f'haproxy_server_status{{proxy="routers",server="{stack.name}'
+                            '-router-1",state="UP"} 1') in text
 
 
 @pytest.mark.parametrize("event", zero_loss.FRONT_EVENTS,

@@ -77,6 +77,7 @@ class Router:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda *a: None  # type: ignore[method-assign]  # drop mode
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
@@ -91,6 +92,7 @@ class Lab:
     port: int
     socket: str
     routers: list[Router]
+    metrics_port: int = 0
 
     def post(self, body: bytes = b'{"text": "hi"}') -> tuple[int, str]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
@@ -123,13 +125,13 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
     assert plan.front is not None
     sock = str(tmp_path / "admin.sock")
     front = replace(plan.front, socket=sock, check_interval_ms=200, servers=tuple(
-        (r.name, f"127.0.0.1:{r.port}") for r in routers))
+        (r.name, f"127.0.0.1:{r.port}") for r in routers), prometheus_port=free_port())
     cfg = tmp_path / "front.cfg"
     cfg.write_text(front_config(front, ["test"]))
     proc = subprocess.Popen([HAPROXY, "-Ws", "-f", str(cfg)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "NOTIFY_SOCKET": ""})
     try:
-        lab = Lab(port, sock, routers)
+        lab = Lab(port, sock, routers, front.prometheus_port)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -243,3 +245,21 @@ def test_status_reads_each_router_as_the_front_sees_it(lab: Lab) -> None:
     front, error = front_view(plan)
     assert front_problems(plan, front, error)[-1] == (
         "the front has no router in rotation: every request gets its 503")
+
+
+def test_the_exporter_says_each_routers_state_as_the_alerts_read_it(lab: Lab) -> None:
+    """HAProxy's own exporter (the pdsvc-front scrape target): haproxy_server_status with
+    proxy, server and state labels, the current state at 1 (monitoring._front_alerts)."""
+    def status() -> str:
+        conn = http.client.HTTPConnection("127.0.0.1", lab.metrics_port, timeout=5)
+        try:
+            conn.request("GET", "/metrics")
+            return conn.getresponse().read().decode()
+        finally:
+            conn.close()
+
+    assert 'haproxy_server_status{proxy="routers",server="r0",state="UP"} 1' in status()
+    run_front("drain", lab.socket, "routers", "r0", 5, lambda line: None)
+    text = status()
+    assert 'haproxy_server_status{proxy="routers",server="r0",state="UP"} 0' in text
+    assert 'haproxy_server_status{proxy="routers",server="r0",state="DRAIN"} 1' in text

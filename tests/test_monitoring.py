@@ -255,3 +255,52 @@ def test_each_alert_fires_on_its_fault_and_not_without(promtool, tmp_path) -> No
     assert done.returncode == 0, done.stdout + done.stderr
     covered = {t["alertname"] for c in _cases() for t in c["alert_rule_test"]}
     assert covered == {r["alert"] for r in alert_rules(plan)}
+
+
+def test_the_fronts_alerts_fire_on_a_router_out_of_rotation(promtool, tmp_path) -> None:
+    """router.replicas: 2: HAProxy's exporter is scraped (pdsvc-front), one router out of
+    rotation for 2 min warns (not the seconds of a rolling restart), none in it pages."""
+    plan = load_plan(REPO / "tests/cases/router-replicas.yaml", None, SEED)
+    mon = _write(render_systemd(plan, "test"), tmp_path)
+    text = (mon / "dsv4-prometheus.yml").read_text()
+    assert '"pdsvc-front"' in text and '"127.0.0.1:29100"' in text
+    assert _run(promtool, "check", "config", "dsv4-prometheus.yml", cwd=mon).returncode == 0
+    front = {"deployment": "dsv4", "role": "front", "unit": "dsv4-front.service"}
+
+    def status(server: str, state: str, values: str) -> dict:
+        labels = ",".join(f'{k}="{v}"' for k, v in {**front, "proxy": "routers",
+                                                     "server": server, "state": state}.items())
+        return {"series": f"haproxy_server_status{{{labels}}}", "values": values}
+
+    cases = [
+        {  # router-1 drained for 20 s (a rolling restart): silent; router-0 DOWN for 3 min
+            "interval": "15s",
+            "input_series": [
+                status("dsv4-router-0", "UP", "1x2 0x14"), status("dsv4-router-0", "DOWN",
+                                                                  "0x2 1x14"),
+                status("dsv4-router-1", "UP", "1x4 0x1 1x10"),
+                status("dsv4-router-1", "DRAIN", "0x4 1x1 0x10"),
+            ],
+            "alert_rule_test": [
+                _alert("PdsvcRouterOutOfFront", "90s", None),
+                _alert("PdsvcRouterOutOfFront", "3m", [
+                    {**front, "proxy": "routers", "server": "dsv4-router-0", "state": "UP",
+                     "severity": "warn"}]),
+                _alert("PdsvcNoRouterInFront", "3m", None),
+            ],
+        },
+        {  # both out: the front refuses everything
+            "interval": "15s",
+            "input_series": [status("dsv4-router-0", "UP", "0x10"),
+                             status("dsv4-router-1", "UP", "0x10")],
+            "alert_rule_test": [
+                _alert("PdsvcNoRouterInFront", "2m", [
+                    {"deployment": "dsv4", "severity": "page"}]),
+            ],
+        },
+    ]
+    tests = {"rule_files": ["dsv4-rules.yml"], "evaluation_interval": "15s",
+             "tests": _annotated(cases, plan)}
+    (mon / "tests.yml").write_text(json.dumps(tests, indent=1))
+    done = _run(promtool, "test", "rules", "tests.yml", cwd=mon)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -6,6 +6,7 @@ not shared. Each problem is a (key path, message) pair; parse_config reports the
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from pdsvc.config.fields import dotted
 from pdsvc.config.pairing import pair_problems
@@ -194,6 +195,7 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
         ports += [(("router", "prometheus_port"), r.prometheus_port + i,
                    f"router {i}'s metrics port is router.prometheus_port + {i}")
                   for i in range(1, r.replicas)]
+        ports.append(_section_port(config.router, "front", "prometheus_port", ("router",)))
     for inst in config.engines:
         for key in ("port", "bootstrap_port") if inst.role == "prefill" else ("port",):
             ports.append(_port_of(inst, key))
@@ -240,12 +242,14 @@ def _replica_problems(config: Config) -> list[tuple[tuple, str]]:
     return []
 
 
-def _section_port(config: Config, section: str, key: str) -> tuple[tuple, int, str]:
+def _section_port(config: Any, section: str, key: str,
+                  parents: tuple[str, ...] = ()) -> tuple[tuple, int, str]:
     """(key path, port, '' when given) of a section's port: one left out is its default, not
-    allocated from an index."""
+    allocated from an index. ``parents``: where ``config`` is itself (router.front)."""
     model = getattr(config, section)
-    why = "" if key in model.model_fields_set else f"{section}.{key} is its default"
-    return (section, key), getattr(model, key), why
+    loc = (*parents, section, key)
+    why = "" if key in model.model_fields_set else f"{'.'.join(loc)} is its default"
+    return loc, getattr(model, key), why
 
 
 def _port_of(inst: Instance, key: str) -> tuple[tuple, int, str]:

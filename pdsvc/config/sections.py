@@ -186,6 +186,9 @@ class FrontConfig(Strict):
     drain_secs: HourSecs = Field(
         60, description="A router unit's stop waits this long at most for the requests it "
         "is serving to finish, after the front stopped sending it new ones.")
+    prometheus_port: Port = Field(
+        29100, description="HAProxy's own Prometheus exporter (haproxy_* series: each "
+        "router's state and requests), on router.prometheus_host; scraped as pdsvc-front.")
 
 
 class RouterConfig(Strict):

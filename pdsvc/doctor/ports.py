@@ -45,7 +45,9 @@ def planned_ports(plan: Plan) -> list[PlannedPort]:
         ports.append(PlannedPort(r.host, r.port, f"{r.name} HTTP"))
         ports.append(PlannedPort(r.prometheus_host, r.prometheus_port, f"{r.name} Prometheus"))
     if plan.front is not None:
-        ports.append(PlannedPort(plan.front.host, plan.front.port, f"{plan.front.name} HTTP"))
+        f = plan.front
+        ports.append(PlannedPort(f.host, f.port, f"{f.name} HTTP"))
+        ports.append(PlannedPort(f.prometheus_host, f.prometheus_port, f"{f.name} Prometheus"))
     return ports
 
 

@@ -474,7 +474,8 @@ def _front(config: Config, routers: tuple[RouterPlan, ...]) -> FrontPlan | None:
         socket=f"/run/{name}-front/admin.sock", backend="routers",
         servers=tuple((r.name, f"{r.host}:{r.port}") for r in routers),
         check_interval_ms=fc.check_interval_ms, retries=fc.retries, buffer_kib=fc.buffer_kib,
-        timeout_secs=fc.timeout_secs, drain_secs=fc.drain_secs)
+        timeout_secs=fc.timeout_secs, drain_secs=fc.drain_secs,
+        prometheus_host=rc.prometheus_host, prometheus_port=fc.prometheus_port)
 
 
 def _router_options(config: Config, host: str, port: int, prometheus_port: int) -> list[str]:

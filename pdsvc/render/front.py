@@ -13,7 +13,10 @@ haproxy 2.6):
 * ``stats socket … level admin``: the runtime API through which a router unit drains itself
   out of rotation before it stops and puts itself back once ready (runtime/front.py);
 * ``balance roundrobin``: the routers share the load. Each router keeps its own cache-aware
-  tree over the same engines.
+  tree over the same engines;
+* HAProxy's own Prometheus exporter (``http-request use-service prometheus-exporter``, built
+  into Debian's package) on router.prometheus_host:router.front.prometheus_port: each
+  router's state (``haproxy_server_status{proxy="routers",server=…,state=…}``) and requests.
 
 The values come from the plan: names and ports the schema bounds, addresses check_host
 accepted; nothing here is quoted because nothing can need it (``::`` gets HAProxy's ``ipv6@``
@@ -58,6 +61,12 @@ def front_config(f: FrontPlan, header: list[str]) -> str:
              f"frontend {f.name}",
              f"    bind {bind_address(f.host, f.port)}",
              f"    default_backend {f.backend}",
+             "",
+             f"frontend {f.name}-metrics",
+             f"    bind {bind_address(f.prometheus_host, f.prometheus_port)}",
+             "    no log",
+             "    http-request use-service prometheus-exporter if { path /metrics }",
+             "    http-request return status 404",
              "",
              f"backend {f.backend}",
              "    balance roundrobin",

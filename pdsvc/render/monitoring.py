@@ -62,6 +62,10 @@ def scrape_targets(plan: Plan) -> list[tuple[str, str, dict[str, str]]]:
             continue
         out.append(("pdsvc-engines", f"{_address(e.host)}:{e.port}",
                     {**base, "role": e.role, "unit": e.unit}))
+    if plan.front is not None:  # HAProxy's own exporter: each router's state in the front
+        f = plan.front
+        out.append(("pdsvc-front", f"{_address(f.prometheus_host)}:{f.prometheus_port}",
+                    {**base, "role": "front", "unit": f.unit}))
     for r in plan.routers:
         host = _address(r.prometheus_host, plan.hosts[0].address if plan.hosts else "127.0.0.1")
         out.append(("pdsvc-router", f"{host}:{r.prometheus_port}",
@@ -112,7 +116,7 @@ def _alternation(urls: list[str]) -> str:
 def alert_rules(plan: Plan) -> list[dict]:
     """The alerts: each with a summary, what shows more, and what to do."""
     return [*_unit_alerts(plan), _ttft_alert(plan), *_role_failure_alerts(plan),
-            *_no_worker_alerts(plan), _unreachable_alert(plan)]
+            *_no_worker_alerts(plan), _unreachable_alert(plan), *_front_alerts(plan)]
 
 
 def _selector(plan: Plan) -> str:
@@ -248,6 +252,41 @@ def _no_worker_alerts(plan: Plan) -> list[dict]:
                     "once healthy."),
             })
     return rules
+
+
+def _front_alerts(plan: Plan) -> list[dict]:
+    """With the front (router.replicas ≥ 2): a router out of its rotation for long (a rolling
+    restart takes it out for seconds), and none in it (every request gets HAProxy's 503).
+    HAProxy's exporter gives each server one series per state, the current one at 1."""
+    f = plan.front
+    if f is None:
+        return []
+    sel, status = _selector(plan), _status_command(plan)
+    up = f'haproxy_server_status{{{sel}, proxy="{f.backend}", state="UP"}}'
+    return [{
+        "alert": "PdsvcRouterOutOfFront",
+        "expr": f"{up} == 0",
+        "for": "2m",
+        "severity": "warn",
+        "summary": "{{ $labels.server }} is out of the front's rotation",
+        "description": (
+            "HAProxy has not sent requests to this router for 2 min (DOWN: its /liveness "
+            "check fails; DRAIN or MAINT: its unit took it out and did not put it back). "
+            "The other routers serve. More: `" + status + "`, `journalctl -u "
+            "{{ $labels.server }}`. Do: fix or restart that router's unit; it returns to the "
+            "front once it serves."),
+    }, {
+        "alert": "PdsvcNoRouterInFront",
+        "expr": f"(sum({up}) or vector(0)) < 1",
+        "for": "1m",
+        "severity": "page",
+        "labels": {"deployment": plan.name},
+        "summary": "the front has no router in rotation",
+        "description": (
+            f"HAProxy ({f.unit}) sends no request to any router: every client request gets "
+            "its 503. More: `" + status + f"`, `journalctl -u {f.unit}`. Do: start or fix the "
+            f"router units ({', '.join(r.unit for r in plan.routers)})."),
+    }]
 
 
 def _unreachable_alert(plan: Plan) -> dict:
