@@ -333,6 +333,9 @@ def test_a_runtime_killed_takes_its_engine_out_of_the_router_at_once(
     seconds before the router's health checks would; supervisord restarts it and it joins.
     What the dead runtime's engine left in a session of its own (the stand-in's orphan) is
     nobody's to reap under supervisord (systemd's cgroup kills it): the test reaps it."""
+    # RUNNING (past startsecs), as a real engine is long before it serves; one killed within
+    # its startsecs is BACKOFF to supervisord, which the listener takes as well (unit test)
+    wait_for(lambda: stack.info("decode")["statename"] == "RUNNING", 30, "decode RUNNING")
     before, engine = stack.runtime_pid("decode"), stack.engine_pid("decode")
     table = process_table()
     left = [pid for pid in stack.orphans() if table[pid][0] in (engine, before)]
@@ -348,6 +351,7 @@ def test_a_runtime_killed_takes_its_engine_out_of_the_router_at_once(
     wait_for(lambda: stack.info("decode")["pid"] not in (0, before), 60,
              "supervisord restarts decode")
     stack.wait_serving(90, "serving again after the decode's runtime was killed")
+    wait_for(lambda: stack.info("decode")["statename"] == "RUNNING", 30, "decode RUNNING")
     for pid in left:  # the dead engine's orphan (the stand-in's), if it is still there
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

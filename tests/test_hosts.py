@@ -247,7 +247,8 @@ def test_supervisord_bundles_one_per_host(runner, tmp_path: Path) -> None:
     assert "--restart-with http://10.0.0.2:30000/health --peer-down-probes 3" in b
     # nothing to restart on this host itself: its listener only takes a decode whose runtime
     # died out of the router on lb
-    assert "--restart-with dsv4-" not in b and "events=PROCESS_STATE_EXITED\n" in b
+    assert "--restart-with dsv4-" not in b
+    assert "events=PROCESS_STATE_EXITED,PROCESS_STATE_BACKOFF\n" in b
     assert "--leave dsv4-decode=http://10.0.0.3:30001 --router http://10.0.0.1:8000" in b
 
 

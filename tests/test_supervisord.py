@@ -609,16 +609,20 @@ def test_listener_takes_an_engine_whose_runtime_died_out_of_every_router(tmp_pat
     def call(url: str, *a, **kw):  # noqa: ANN002, ANN003, ANN202
         return next(r for base, r in routers.items() if url.startswith(base))(url, *a, **kw)
 
-    assert Routers(list(routers), Worker("http://10.0.0.2:30000", "prefill", 8998), "k",
-                   print, call=call).join()
+    for url in ("http://10.0.0.2:30000", "http://10.0.0.3:30001"):
+        assert Routers(list(routers), Worker(url, "prefill", 8998), "k", print,
+                       call=call).join()
     key = tmp_path / "key"
     key.write_text("k")
     args, _ = parse_args(["eventlistener", "--name", "t-events", "--leave",
-                          "p=http://10.0.0.2:30000", "--router", "http://r0:8100", "--router",
-                          "http://r1:8101", "--control-plane-key", str(key)])
+                          "p=http://10.0.0.2:30000", "--leave", "q=http://10.0.0.3:30001",
+                          "--router", "http://r0:8100", "--router", "http://r1:8101",
+                          "--control-plane-key", str(key)])
+    # q died within its startsecs (a fast load): supervisord says BACKOFF, not EXITED
     events = [_event("router", "router", "RUNNING", "PROCESS_STATE_EXITED"),
               _event("p", "p", "RUNNING", "PROCESS_STATE_STOPPED"),
-              _event("p", "p", "RUNNING", "PROCESS_STATE_EXITED")]
+              _event("p", "p", "RUNNING", "PROCESS_STATE_EXITED"),
+              _event("q", "q", "STARTING", "PROCESS_STATE_BACKOFF")]
     err = io.StringIO()
     old, sys.stderr = sys.stderr, err
     try:
@@ -627,7 +631,8 @@ def test_listener_takes_an_engine_whose_runtime_died_out_of_every_router(tmp_pat
     finally:
         sys.stderr = old
     for r in routers.values():
-        assert r.workers == [] and [m for m, _ in r.calls].count("DELETE") == 1
+        assert r.workers == [] and [m for m, _ in r.calls].count("DELETE") == 2
     said = err.getvalue()
-    assert said.count("deregistered it from") == 2 and "exited unexpectedly" in said
+    assert said.count("deregistered it from") == 4 and "exited unexpectedly" in said
+    assert "exited while starting" in said
     assert "k\n" not in said

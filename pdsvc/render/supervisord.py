@@ -52,6 +52,7 @@ from pdsvc.render.kit import (
     systemd_only_front,
 )
 from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
+from pdsvc.ship.runtime.listener import LEAVE_EVENTS
 from pdsvc.topology import format_cpulist
 
 CONF = "supervisord.conf"
@@ -276,7 +277,7 @@ def _listener(plan: Plan) -> dict[str, Any] | None:
         flags += ["--router", url]
     if leaves:  # the file itself: the listener runs as supervisord's user (root or the service's)
         flags += ["--control-plane-key", plan.paths.router_key]
-    events = ["PROCESS_STATE_STARTING"] * bool(couples) + ["PROCESS_STATE_EXITED"] * bool(leaves)
+    events = ["PROCESS_STATE_STARTING"] * bool(couples) + list(LEAVE_EVENTS) * bool(leaves)
     return {
         "name": name,
         "couples": couples,

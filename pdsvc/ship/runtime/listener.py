@@ -103,11 +103,17 @@ class Restarter:
         self.log(f"{dependent} restarted")
 
 
+#: A program's process ended without a stop asked for: from RUNNING (EXITED) or while still
+#: STARTING, within its startsecs (BACKOFF: supervisord's events.py, supervisor 4.x). An
+#: engine can be registered before startsecs (a fast load), so both count.
+LEAVE_EVENTS = ("PROCESS_STATE_EXITED", "PROCESS_STATE_BACKOFF")
+
+
 class Leaver:
     """An engine program that exited without a stop asked for (kill -9 of its runtime, the
-    OOM killer: PROCESS_STATE_EXITED) leaves every router now, not when the routers' health
-    checks give up on it (membership.leave_after_end, the systemd units' ExecStopPost=). A
-    runtime that stopped cleanly had left already (supervisord reports STOPPED then)."""
+    OOM killer: LEAVE_EVENTS) leaves every router now, not when the routers' health checks
+    give up on it (membership.leave_after_end, the systemd units' ExecStopPost=). A runtime
+    that stopped cleanly had left already (supervisord reports STOPPED then)."""
 
     def __init__(self, leaves: Mapping[str, str], routers: Sequence[str], key: str | None,
                  log: Log, call: Callable[..., Any] | None = None) -> None:
@@ -124,8 +130,9 @@ class Leaver:
             return
         from .membership import leave_after_end
 
-        how = {"SERVICE_RESULT": "exited " + ("as expected" if payload.get("expected") == "1"
-                                              else "unexpectedly"),
+        how = {"SERVICE_RESULT": "exited " + (
+                   "while starting" if payload.get("from_state") == "STARTING" else
+                   "as expected" if payload.get("expected") == "1" else "unexpectedly"),
                "EXIT_CODE": f"pid {payload.get('pid', '?')}"}
         from .probe import http_call
 
@@ -172,7 +179,7 @@ def run_eventlistener(
         payload = stdin.read(int(header.get("len", "0"))).decode("utf-8", "replace")
         if header.get("eventname") == "PROCESS_STATE_STARTING":
             restarter.on_starting(_tokens(payload.split("\n", 1)[0]))
-        elif header.get("eventname") == "PROCESS_STATE_EXITED":
+        elif header.get("eventname") in LEAVE_EVENTS:
             leaver.on_exited(_tokens(payload.split("\n", 1)[0]))
         stdout.write(b"RESULT 2\nOK")
         stdout.flush()
