@@ -141,8 +141,13 @@ def _bindable(port: int) -> bool:
 
 def free_block() -> int:
     """A base B with B…B+299 free on 127.0.0.1: HTTP/bootstrap/router ports B…B+4,
-    dist-init bases B+100 and B+200 (and the 99 ports above each)."""
-    for base in range(21000, 60000, 1300):
+    dist-init bases B+100 and B+200 (and the 99 ports above each). Each xdist worker looks in
+    blocks of its own (two doctor tests at once once took the same block: one's servers left
+    TIME_WAIT on the other's planned ports), and a port in TIME_WAIT is not free (the bind
+    sets no SO_REUSEADDR, as doctor's own does)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    for base in range(21000 + 1300 * (int(worker) % 8 if worker.isdigit() else 0), 60000,
+                      1300 * 8):
         if all(_bindable(p) for p in range(base, base + 300)):
             return base
     raise RuntimeError("no free port block on 127.0.0.1")
