@@ -42,20 +42,20 @@ import zero_loss as zl  # noqa: E402
 VENV = REPO / ".venv-serve"
 
 
+def events(stack: zl.Stack, ld: zl.Load, which: tuple[zl.Event, ...]) -> None:
+    """Each event's row, as it ends, with what it misses of its goal."""
+    for event in which:
+        out = zl.run_event(stack, ld, event)
+        miss = "; ".join(out.misses())
+        print(out.row() + (f"   MISSES: {miss}" if miss else ""), flush=True)
+
+
 def run(package: str) -> None:
-    stack = zl.boot(Path(tempfile.mkdtemp(prefix="pdsvc-zero-loss-")), VENV, package)
-    try:
-        with zl.load(stack) as ld:
-            print(f"\n{package}: 2P2D under steady load (p99 in s of the good requests; "
-                  f"capacity: s until full capacity)\n{zl.HEADER}", flush=True)
-            for event in zl.EVENTS:
-                out = zl.run_event(stack, ld, event)
-                miss = "; ".join(out.misses())
-                print(out.row() + (f"   MISSES: {miss}" if miss else ""), flush=True)
-            print(f"  (load: {len(ld.results)} requests in all, {ld.skipped} not sent for "
-                  f"{ld.max_in_flight} in flight)")
-    finally:
-        stack.down()
+    with zl.loaded(Path(tempfile.mkdtemp(prefix="pdsvc-zero-loss-")), VENV,
+                   package) as (stack, ld):
+        events(stack, ld, zl.EVENTS)
+        print(f"  (load: {len(ld.results)} requests in all, {ld.skipped} not sent for "
+              f"{ld.max_in_flight} in flight)")
     print("  " + zl.apply_outage_1p1d(Path(tempfile.mkdtemp(prefix="pdsvc-zero-loss-1p1d-")),
                                       VENV, package))
     run_front(package)
@@ -64,19 +64,10 @@ def run(package: str) -> None:
 def run_front(package: str) -> None:
     """router.replicas: 2 behind HAProxy: the router's own events, then what the front costs
     (latency beside the router alone, in the same run; memory)."""
-    stack = zl.boot(Path(tempfile.mkdtemp(prefix="pdsvc-zero-loss-front-")), VENV, package,
-                    **zl.FRONT)
-    try:
-        with zl.load(stack) as ld:
-            print(f"\n{package}: 2P2D, 2 routers behind HAProxy, under steady load\n"
-                  f"{zl.HEADER}", flush=True)
-            for event in zl.FRONT_EVENTS:
-                out = zl.run_event(stack, ld, event)
-                miss = "; ".join(out.misses())
-                print(out.row() + (f"   MISSES: {miss}" if miss else ""), flush=True)
-            print(f"  {zl.front_latency(stack)[1]}\n  {zl.front_memory(stack)}", flush=True)
-    finally:
-        stack.down()
+    with zl.loaded(Path(tempfile.mkdtemp(prefix="pdsvc-zero-loss-front-")), VENV, package,
+                   front=True) as (stack, ld):
+        events(stack, ld, zl.FRONT_EVENTS)
+        print(f"  {zl.front_latency(stack)[1]}\n  {zl.front_memory(stack)}", flush=True)
 
 
 def main() -> None:

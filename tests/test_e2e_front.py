@@ -32,17 +32,9 @@ pytestmark = pytest.mark.e2e
 def fronted(serve_python: Path, router_package: str,
             tmp_path_factory) -> Iterator[tuple[Stack, Load]]:
     require(nspawn_available())
-    s = zero_loss.boot(tmp_path_factory.mktemp("front"), serve_python.parent.parent,
-                       router_package, **zero_loss.FRONT)
-    ld = zero_loss.load(s)
-    ld.start()
-    print(f"\nfront [{router_package}]: 2P2D, 2 routers behind HAProxy, "
-          f"{zero_loss.RATE:g} requests/s, half streamed\n{zero_loss.HEADER}")
-    try:
-        yield s, ld
-    finally:
-        ld.stop(wait=5)
-        s.down()
+    with zero_loss.loaded(tmp_path_factory.mktemp("front"), serve_python.parent.parent,
+                          router_package, front=True) as running:
+        yield running
 
 
 def test_clients_reach_both_routers_through_one_address(fronted: tuple[Stack, Load]) -> None:

@@ -33,17 +33,9 @@ pytestmark = pytest.mark.e2e
 def loaded(serve_python: Path, router_package: str,
            tmp_path_factory) -> Iterator[tuple[Stack, Load]]:
     require(nspawn_available())
-    s = zero_loss.boot(tmp_path_factory.mktemp("zero-loss"), serve_python.parent.parent,
-                       router_package)
-    ld = zero_loss.load(s)
-    ld.start()
-    print(f"\nzero-loss [{router_package}]: 2P2D, {zero_loss.RATE:g} requests/s, half streamed"
-          f"\n{zero_loss.HEADER}")
-    try:
-        yield s, ld
-    finally:
-        ld.stop(wait=5)
-        s.down()
+    with zero_loss.loaded(tmp_path_factory.mktemp("zero-loss"), serve_python.parent.parent,
+                          router_package) as running:
+        yield running
 
 
 @pytest.mark.parametrize("event", zero_loss.EVENTS, ids=[e.name for e in zero_loss.EVENTS])

@@ -27,7 +27,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,27 @@ def boot(work: Path, venv: Path, router_package: str, **extra: object) -> Stack:
         s.down()
         raise
     return s
+
+
+@contextmanager
+def loaded(work: Path, venv: Path, router_package: str,
+           front: bool = False) -> Iterator[tuple[Stack, Load]]:
+    """A 2P2D stack booted (``front``: two routers behind HAProxy, FRONT), under steady load,
+    its table's title and HEADER printed; the load stopped and the stack down at the end."""
+    stack = boot(work, venv, router_package, **(FRONT if front else {}))
+    title = "2P2D, 2 routers behind HAProxy, under steady load" if front else \
+        "2P2D under steady load"
+    try:
+        ld = load(stack)
+        ld.start()
+        print(f"\n{router_package}: {title} ({RATE:g} requests/s, half streamed; p99 in s "
+              f"of the good requests; capacity: s until full capacity)\n{HEADER}", flush=True)
+        try:
+            yield stack, ld
+        finally:
+            ld.stop(wait=5)
+    finally:
+        stack.down()
 
 
 def load(stack: Stack, seed: int = 0) -> Load:
