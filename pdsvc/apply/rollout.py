@@ -181,10 +181,6 @@ def _changes(old_units: dict[str, Unit], new_units: dict[str, Unit],
             continue
         if old is None:
             action = "start" if new.kind != "other" else "reload"
-            if new.kind == "front" and any(u.kind == "router" for u in old_units.values()):
-                # the old router still holds the clients' port until the installer removes
-                # it: the front starts after the install, before the new routers
-                action = "start"
             changes.append(Change(name, new.role, action, (Reason("unit", "new unit"),)))
             continue
         reasons = list(classify(old, new))

@@ -15,6 +15,7 @@ from pdsvc import __version__, routers
 from pdsvc.errors import TopologyError
 from pdsvc.plan.pinning import resolve_pinning
 from pdsvc.plan.types import (  # noqa: F401  (re-exported: the plan's types are importable from here)
+    FRONT_CONFIG,
     UNPLACED,
     EnginePlan,
     FrontPlan,
@@ -79,7 +80,7 @@ def build_plan(
         paths=paths,
         engines=engines,
         routers=routers,
-        front=_front(config, routers),
+        front=_front(config, paths, routers),
         lifecycle=LifecyclePlan(**config.lifecycle.model_dump()),
         protect_home=_protect_home(config),
         read_write_paths=tuple(
@@ -462,20 +463,26 @@ def _routers(config: Config, engines: tuple[EnginePlan, ...], *,
                          prometheus_port=rc.prometheus_port + i) for i in range(rc.replicas))
 
 
-def _front(config: Config, routers: tuple[RouterPlan, ...]) -> FrontPlan | None:
+def _front(config: Config, paths: Paths,
+           routers: tuple[RouterPlan, ...]) -> FrontPlan | None:
     """HAProxy on router.host:router.port in front of several routers; None for one."""
     if len(routers) < 2:
         return None
-    rc, fc, name = config.router, config.router.front, config.name
-    local = "127.0.0.1" if rc.host in ("0.0.0.0", "::") else rc.host
+    rc, fc, front = config.router, config.router.front, f"{config.name}-front"
     return FrontPlan(
-        name=f"{name}-front", haproxy=fc.haproxy, host=rc.host, port=rc.port,
-        url=f"http://{local}:{rc.port}", config_path=f"/etc/{name}/front.cfg",
-        socket=f"/run/{name}-front/admin.sock", backend="routers",
+        name=front, haproxy=fc.haproxy, host=rc.host, port=rc.port,
+        url=_local_base(rc.host, rc.port), config_path=f"{paths.env_dir}/{FRONT_CONFIG}",
+        # in its RuntimeDirectory= (NAME-front, the unit's name)
+        socket=f"/run/{front}/admin.sock", backend="routers",
         servers=tuple((r.name, f"{r.host}:{r.port}") for r in routers),
         check_interval_ms=fc.check_interval_ms, retries=fc.retries, buffer_kib=fc.buffer_kib,
         timeout_secs=fc.timeout_secs, drain_secs=fc.drain_secs,
         prometheus_host=rc.prometheus_host, prometheus_port=fc.prometheus_port)
+
+
+def _local_base(host: str, port: int) -> str:
+    """http://ADDRESS:PORT of a listener as this host reaches it (loopback for a wildcard)."""
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
 
 
 def _router_options(config: Config, host: str, port: int, prometheus_port: int) -> list[str]:
@@ -517,8 +524,7 @@ def _router(
     options = _router_options(config, host, port, prometheus_port)
     # an explicit runtime.router_module (a wrapper, say) wins over the package's module
     module = rt.router_module if "router_module" in rt.model_fields_set else pkg.module
-    local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    base = f"http://{local}:{port}"
+    base = _local_base(host, port)
     env = {"PYTHONUNBUFFERED": "1", **{k: _env_str(v) for k, v in rc.env.items()}}
     router = RouterPlan(
         name=name,

@@ -138,8 +138,8 @@ class FrontPlan:
     buffer_kib: int
     timeout_secs: int
     drain_secs: int
-    prometheus_host: str = "127.0.0.1"  # HAProxy's own exporter (haproxy_* series)
-    prometheus_port: int = 29100
+    prometheus_host: str  # HAProxy's own exporter (haproxy_* series)
+    prometheus_port: int
 
     @property
     def unit(self) -> str:

@@ -14,7 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from .endings import Exit
+from .membership import leave_after_end
 from .notify import Log
+from .probe import HttpReply, http_call
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -116,28 +118,23 @@ class Leaver:
     that stopped cleanly had left already (supervisord reports STOPPED then)."""
 
     def __init__(self, leaves: Mapping[str, str], routers: Sequence[str], key: str | None,
-                 log: Log, call: Callable[..., Any] | None = None) -> None:
+                 log: Log, call: Callable[..., HttpReply] = http_call) -> None:
         self.leaves = leaves  # program namespec -> the engine's URL as the routers list it
         self.routers = list(routers)
         self.key = key
         self.log = log
-        self.call = call  # the HTTP client (tests: a fake router); None: the runtime's
+        self.call = call  # the HTTP client (tests: a fake router)
 
     def on_exited(self, payload: Mapping[str, str]) -> None:
         name = namespec(payload.get("groupname", ""), payload.get("processname", ""))
         url = self.leaves.get(name)
         if url is None or not self.routers:
             return
-        from .membership import leave_after_end
-
         how = {"SERVICE_RESULT": "exited " + (
                    "while starting" if payload.get("from_state") == "STARTING" else
                    "as expected" if payload.get("expected") == "1" else "unexpectedly"),
                "EXIT_CODE": f"pid {payload.get('pid', '?')}"}
-        from .probe import http_call
-
-        leave_after_end(self.routers, url, self.key, self.log, env=how,
-                        call=self.call or http_call)
+        leave_after_end(self.routers, url, self.key, self.log, env=how, call=self.call)
 
 
 def run_eventlistener(
@@ -155,7 +152,8 @@ def run_eventlistener(
     couples: dict[str, list[str]] = {}
     for dependent, trigger in args.restart_with or ():
         couples.setdefault(trigger, []).append(dependent)
-    leaver = Leaver(dict(args.leave or ()), args.router or (), args.control_plane_key, log, call)
+    leaver = Leaver(dict(args.leave or ()), args.router or (), args.control_plane_key, log,
+                    call or http_call)
     if rpc is None:
         server_url = args.server_url or os.environ.get("SUPERVISOR_SERVER_URL", "")
         if not server_url:
