@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdsvc.config.load import parse_config
+from pdsvc.config.sections import MetricsConfig
 from pdsvc.errors import PdsvcError
 from pdsvc.plan.build import build_plan
 from pdsvc.render.bundle import write_bundle
@@ -67,7 +68,11 @@ def valid_configs(draw) -> dict:
     gpus_p = sorted(draw(st.permutations(node)))[:k]
     other = [4, 5, 6, 7] if node == [0, 1, 2, 3] else [0, 1, 2, 3]
     gpus_d = other[: draw(st.integers(1, 4))]
-    bases = draw(st.lists(st.integers(2, 600), min_size=7, max_size=7, unique=True))
+    # every port distinct from node_exporter's too (metrics.node_exporter_port, in the clash
+    # check), whose default these configs keep
+    taken = MetricsConfig.model_fields["node_exporter_port"].default // 100
+    bases = draw(st.lists(st.integers(2, 600).filter(lambda b: b != taken), min_size=7,
+                          max_size=7, unique=True))
     ports = [b * 100 for b in bases]  # ≥100 apart, so dist-init spans never cover another
     return _config(
         ports, gpus_p, gpus_d,
