@@ -80,7 +80,12 @@ HOST_FIELDS: list[tuple[str, str]] = [
     ("hosts.b.env.WEIRD", "{}"), ("hosts.b.env.*", "1"), ("hosts.b.ucx_net_devices", "{}"),
     ("hosts.b.topology", "{}"), ("hosts.b.address", "{}"), ("hosts.*.address", "10.0.0.3"),
     ("hosts.b.run", "[{}]"), ("router.host", "{}"),
+    # a router on each host behind the moving address (keepalived's config: render/vip.py)
+    ("router.vip.address", "{}"), ("router.vip.interface", "{}"),
+    ("router.vip.keepalived", "/usr/sbin/{}"),
 ]
+#: a valid moving address, each of whose strings the properties above replace in turn
+VIP = {"address": "10.0.0.100", "interface": "eth0"}
 
 
 def _config(path: str, shape: str, hostile: str) -> dict:
@@ -111,6 +116,10 @@ def _hosts_config(path: str, shape: str, hostile: str) -> dict:
         return data
     if path == "router.host":  # what the engines on another host are told to dial
         data["router"] = {"host": hostile}
+        return data
+    if path.startswith("router.vip."):  # a router on each host, the address between them
+        data["hosts"]["b"]["run"].append("router")
+        data["router"] = {"vip": {**VIP, path.rsplit(".", 1)[1]: shape.format(hostile)}}
         return data
     leaf = path.rsplit(".", 1)[1]
     node = data["hosts"]["b"]
@@ -173,6 +182,14 @@ def check_systemd(plan: Plan, bundle: dict[str, str]) -> None:
         svc = sd.sections(bundle[plan.front.unit])["Service"]
         assert [sd.exec_argv(v) for v in svc["ExecStart"]] == [
             [plan.front.haproxy, "-Ws", "-f", plan.front.config_path]]
+    if plan.vip and plan.router:  # keepalived's unit and config, as this router host's
+        v = plan.vip
+        svc = sd.sections(bundle[v.unit])["Service"]
+        assert [sd.exec_argv(x)[:2] for x in svc["ExecStart"]] == [[v.keepalived, "--dont-fork"]]
+        words = bundle["vip.conf"].split()  # keepalived reads whitespace-separated words
+        for value in (v.address + "/32", v.interface):
+            assert value in words
+        assert words[words.index("interface") + 1] == v.interface
 
 
 def _check_service(plan: Plan, svc: dict[str, list[str]], env: list, argv: list[str],
@@ -390,7 +407,8 @@ OTHER_FIELDS = [
     "router.health_check.interval_secs", "router.health_check.timeout_secs",
     "router.health_check.failure_threshold", "router.health_check.success_threshold",
     "router.retry.attempts", "router.retry.initial_backoff_ms", "router.retry.max_backoff_ms",
-    "router.circuit_breaker", "router.replicas", "router.replica_port",
+    "router.circuit_breaker", "router.replicas", "router.replica_port", "router.vip.vrrp_id",
+    "router.vip.advert_ms",
     *(f"router.front.{f}" for f in FrontConfig.model_fields if f != "haproxy"),
     *(f"lifecycle.{f}" for f in LifecycleConfig.model_fields),
     *(f"metrics.{f}" for f in MetricsConfig.model_fields),

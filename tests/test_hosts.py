@@ -159,7 +159,8 @@ def test_an_engine_listed_on_two_hosts_spans_them() -> None:
     ({"gpu-a": {"address": "10.0.0.2", "run": ["decode"]}},
      "prefill runs on no host; add `prefill`"),
     ({"gpu-a": {"address": "10.0.0.2", "run": ["prefill", "router"]}},
-     "the router is on 2 hosts (lb, gpu-a); run it on one"),
+     "router.vip.address: the router is on 2 hosts (lb, gpu-a) and clients need one "
+     "address: set router.vip.address"),
     ({"gpu-a": {"address": "10.0.0.2", "run": ["prefill"], "ucx_net_devices": "eth1",
                 "env": {"SGLANG_HOST_IP": "1.2.3.4"}}},
      "SGLANG_HOST_IP is set by pdsvc from hosts.NAME.address"),

@@ -55,6 +55,23 @@ def test_two_routers_and_their_front_verify_and_score(tmp_path: Path) -> None:
     assert all(score <= 4.0 for score in scores.values()), scores
 
 
+def test_a_router_host_of_a_moving_address_verifies_and_scores(tmp_path: Path) -> None:
+    """Routers on two hosts (router.vip): a router host's bundle, keepalived's unit with its
+    two capabilities among them."""
+    require(missing())
+    whole = load_plan(REPO / "etc/examples/two-routers.yaml", None,
+                      REPO / "etc/seed-host.topology.json")
+    plan = whole.for_host("lb-b")
+    assert plan.vip is not None
+    bundle = tmp_path / "bundle"
+    write_bundle(render_systemd(plan, "pdsvc render (test)"), bundle)
+    scratch_root(tmp_path / "root", plan, bundle)
+    assert verify(tmp_path / "root", plan) == ""
+    scores = {unit: security(tmp_path / "root", unit) for unit in plan.units}
+    print(scores)
+    assert all(score <= 4.0 for score in scores.values()), scores
+
+
 def test_verify_catches_a_missing_binary(tmp_path: Path) -> None:
     """The check can fail: without the configured python in the root, verify complains."""
     require(missing())

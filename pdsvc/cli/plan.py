@@ -45,9 +45,17 @@ def plan_cmd(config_path: Path, sysfs_root: Path | None, topology_file: Path | N
         rows.append(((f"{r.machine} {plan.host(r.machine).address}",) if hosted else ())
                     + (r.unit, "router", "-", "-", "-",
                        f"http {r.port} on {r.host}, metrics {r.prometheus_port}"))
+    beside = []  # on each router host: the front, and keepalived with routers on several
     if plan.front:
-        rows.append((plan.front.unit, "front", "-", "-", "-",
-                     f"http {plan.front.port} on {plan.front.host} (HAProxy)"))
+        beside.append((plan.front.unit, "front", "-", "-", "-",
+                       f"http {plan.front.port} on {plan.front.host} (HAProxy)"))
+    if plan.vip:
+        beside.append((plan.vip.unit, "address", "-", "-", "-",
+                       f"{plan.vip.address} on {plan.vip.interface} (keepalived, VRRP "
+                       f"{plan.vip.vrrp_id})"))
+    for m in dict.fromkeys(r.machine for r in plan.routers):
+        where = (f"{m} {plan.host(m).address}",) if hosted else ()
+        rows += [(*where, *row) for row in beside]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -125,11 +125,13 @@ def _placement_problems(
                 f"{inst.key} runs on no host; add `{inst.key}` (or `{inst.role}`) to a host's run"
             )))
     routers = placed.get("router", ())
-    if len(routers) != 1:
-        problems.append((("hosts",), (
-            "the router runs on no host; add `router` to one host's run" if not routers else
-            f"the router is on {len(routers)} hosts ({', '.join(routers)}); run it on one"
-        )))
+    if not routers:
+        problems.append((("hosts",), "the router runs on no host; add `router` to one host's run"))
+    elif len(routers) > 1 and config.router.vip.address is None:
+        problems.append((("router", "vip", "address"), (
+            f"the router is on {len(routers)} hosts ({', '.join(routers)}) and clients need one "
+            "address: set router.vip.address (keepalived moves it between them) and "
+            "router.vip.interface, or run the router on one host")))
     return problems
 
 
@@ -188,6 +190,9 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
     # the router's first: the port clients know; an engine's that clashes with it is named
     ports = [_section_port(config, "router", key) for key in ("port", "prometheus_port")]
     r = config.router
+    if r.vip.address is not None and r.replicas == 1:  # a router per host: the same ports
+        ports += [(("router", "replica_port"), r.replica_port, ""),
+                  _section_port(config.router, "front", "prometheus_port", ("router",))]
     if r.replicas > 1:  # each router's own port and metrics port, after the first's metrics
         ports += [(("router", "replica_port"), r.replica_port + i,
                    f"router {i}'s port is router.replica_port + {i}" if i else "")
@@ -234,11 +239,30 @@ def _port_problems(config: Config) -> list[tuple[tuple, str]]:
 
 
 def _replica_problems(config: Config) -> list[tuple[tuple, str]]:
-    """Several routers run behind HAProxy on one host (so far; the bundles other than
-    systemd's refuse them: render/kit.systemd_only_front)."""
-    if config.router.replicas > 1 and config.hosts:
-        return [(("router", "replicas"), "several routers behind a front run on one host "
-                 "only so far (this config has hosts); set router.replicas: 1")]
+    """Several routers: behind HAProxy on one host (router.replicas), or one per router host
+    behind a moving address (router.vip) with `hosts`; the bundles other than systemd's refuse
+    both (render/kit.systemd_only_front)."""
+    r, vip = config.router, config.router.vip
+    routers = config.placement().get("router", ())
+    if r.replicas > 1 and config.hosts:
+        return [(("router", "replicas"), "with hosts, run one router per host: `router` in the "
+                 "run of two or more hosts and router.vip.address; set router.replicas: 1")]
+    if vip.address is None:
+        return []
+    if len(routers) < 2:
+        return [(("router", "vip", "address"), "a moving address needs routers on two or more "
+                 "hosts (`router` in the run of each, under hosts); unset it for one")]
+    if vip.interface is None:
+        return [(("router", "vip", "interface"), "the NIC keepalived puts router.vip.address "
+                 "on, the same name on every router host (`ip -br link`), e.g. eth0")]
+    if r.host not in ("0.0.0.0", "::"):
+        return [(("router", "host"), f"{r.host}: with router.vip the front on each router host "
+                 "listens on every address (0.0.0.0), so it serves the moving one once it is "
+                 "there; set router.host: 0.0.0.0")]
+    taken = [h for h, hc in (config.hosts or {}).items() if hc.address == vip.address]
+    if taken:
+        return [(("router", "vip", "address"), f"{vip.address} is hosts.{taken[0]}.address; "
+                 "the moving address must be one no host has")]
     return []
 
 

@@ -191,6 +191,43 @@ class FrontConfig(Strict):
         "router's state and requests), on router.prometheus_host; scraped as pdsvc-front.")
 
 
+class VipConfig(Strict):
+    """The address clients use when routers run on two or more hosts (`hosts.NAME.run:
+    [router]` on each): keepalived(8), Debian's package, holds it on one router host and moves
+    it by VRRP (RFC 5798, unicast between the router hosts) when that host is lost."""
+
+    address: Text | None = Field(
+        None, description="The moving IPv4 address (clients send to address:router.port). "
+        "Unset: routers on one host only. Must be free on the router hosts' network.")
+    interface: Annotated[str, StringConstraints(
+        pattern=r"^[A-Za-z0-9_.@-]{1,15}$")] | None = Field(
+        None, description="The NIC that holds the address on every router host (`ip -br "
+        "link`: eth0, enp1s0 …); needed with address.")
+    vrrp_id: Annotated[int, StrictType(), Field(ge=1, le=255)] = Field(
+        51, description="VRRP's virtual_router_id: unique among the VRRP groups of that "
+        "network.")
+    advert_ms: Annotated[int, StrictType(), Field(ge=50, le=10000, multiple_of=10)] = Field(
+        500, description="VRRPv3 advertisement interval. A backup takes the address over "
+        "after 3 missed ones (~1.6 s at 500 ms).")
+    keepalived: AbsPath = Field("/usr/sbin/keepalived", description="The keepalived binary "
+                                "(Debian: `apt install keepalived`; its own keepalived.service "
+                                "can stay off).")
+
+    @field_validator("address")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            ip = ipaddress.IPv4Address(v)
+        except ValueError:
+            raise ValueError(f"must be an IPv4 address, got {v!r} (keepalived adds it to "
+                             "router.vip.interface)") from None
+        if ip.is_unspecified or ip.is_loopback:
+            raise ValueError(f"must be an address the clients reach, not {v}")
+        return check_unicast(ip)
+
+
 class RouterConfig(Strict):
     package: routers.PackageName = Field(
         routers.DEFAULT,
@@ -215,10 +252,13 @@ class RouterConfig(Strict):
         1, description="Router processes. 1: the router listens on host:port itself. 2 or "
         "more: router I listens on 127.0.0.1:replica_port+I (metrics on prometheus_port+I), "
         "every engine registers with each, and HAProxy (router.front) listens on host:port "
-        "in front of them: a router's restart, crash or upgrade fails no request.")
+        "in front of them: a router's restart, crash or upgrade fails no request. With "
+        "`hosts`: 1, and `router` in the run of two or more hosts (router.vip).")
     replica_port: Port = Field(
-        8100, description="With replicas ≥ 2: the first router's own port (loopback).")
+        8100, description="With replicas ≥ 2: the first router's own port (loopback). With "
+        "routers on several hosts: each one's port, on its host's address.")
     front: FrontConfig = FrontConfig()
+    vip: VipConfig = VipConfig()
     health_check: HealthCheckConfig = HealthCheckConfig()
     retry: RetryConfig = RetryConfig()
     circuit_breaker: bool = Field(

@@ -17,6 +17,7 @@ from pdsvc.plan.pinning import resolve_pinning
 from pdsvc.plan.types import (  # noqa: F401  (re-exported: the plan's types are importable from here)
     FRONT_CONFIG,
     UNPLACED,
+    VIP_CONFIG,
     EnginePlan,
     FrontPlan,
     HostPlan,
@@ -30,6 +31,7 @@ from pdsvc.plan.types import (  # noqa: F401  (re-exported: the plan's types are
     Role,
     RouterPlan,
     SupervisordPlan,
+    VipPlan,
     plan_from_dict,
 )
 from pdsvc.sglang import CUDA_CACHE_MAXSIZE, DIST_INIT_SPAN, JIT_CACHE_ENV  # noqa: F401
@@ -59,9 +61,12 @@ def build_plan(
     site = _Site(config, topology, host_topologies or {}, only_host)
     paths = _paths(config)
     engines = _engines(site, paths, warnings)
-    router_machine = config.placement().get("router", ("",))[0]
-    routers = _routers(config, engines, machine=router_machine)
-    hosts = _host_plans(site, engines, routers, warnings)
+    router_machines = config.placement().get("router", ("",))
+    router_machine = router_machines[0]
+    routers = _routers(config, engines, machines=router_machines, site=site)
+    front = _front(config, paths, routers)
+    vip = _vip(config, paths, site, routers)
+    hosts = _host_plans(site, engines, routers, (front, vip), warnings)
     sv_run_dir = config.supervisord.run_dir.rstrip("/")
     return _members(config.cascade_hosts(), Plan(
         name=name,
@@ -80,7 +85,8 @@ def build_plan(
         paths=paths,
         engines=engines,
         routers=routers,
-        front=_front(config, paths, routers),
+        front=front,
+        vip=vip,
         lifecycle=LifecyclePlan(**config.lifecycle.model_dump()),
         protect_home=_protect_home(config),
         read_write_paths=tuple(
@@ -228,7 +234,7 @@ def _prefill_units(
 
 def _host_plans(
     site: _Site, engines: tuple[EnginePlan, ...], routers: tuple[RouterPlan, ...],
-    warnings: list[str],
+    beside: tuple[FrontPlan | VipPlan | None, ...], warnings: list[str],
 ) -> tuple[HostPlan, ...]:
     """Each inventory host: its address, layout and units; a warning for a NIXL host whose
     UCX may pick the wrong NIC."""
@@ -238,6 +244,8 @@ def _host_plans(
         topo, sha = site.host_topologies.get(hname, (site.topology, ""))
         units = [e.unit for e in engines if e.machine == hname]
         units += [r.unit for r in routers if r.machine == hname]
+        if any(r.machine == hname for r in routers):  # each router host runs the front (and
+            units += [b.unit for b in beside if b is not None]  # keepalived) beside its router
         hosts.append(HostPlan(hname, hc.address, topo.source if topo else UNPLACED, sha,
                               tuple(dict.fromkeys(units))))
         if config.transfer.backend == "nixl" and hc.ucx_net_devices is None and any(
@@ -260,7 +268,8 @@ def _members(cascade_hosts: tuple[str, ...], plan: Plan) -> Plan:
              for d in serving if d.role == "decode"]
     following = {d.url for d in serving
                  if d.role == "decode" and (d.restarts_with or d.peer_health)}
-    # several routers run on one host (config checks), each reached on loopback
+    # several routers: each reached at its own URL (loopback on one host, its host's address
+    # across hosts)
     reach = tuple(r.url for r in plan.routers) if plan.front else (plan.reachable_router().url,)
     fleet = _cascade_addresses(plan, cascade_hosts)  # {} on one host
 
@@ -451,10 +460,16 @@ def flag_args(args: dict) -> list[str]:
 
 
 def _routers(config: Config, engines: tuple[EnginePlan, ...], *,
-             machine: str) -> tuple[RouterPlan, ...]:
-    """The router, or with router.replicas ≥ 2 each router behind the front: NAME-router-I on
-    127.0.0.1:replica_port+I, its metrics on prometheus_port+I."""
+             machines: tuple[str, ...], site: _Site) -> tuple[RouterPlan, ...]:
+    """The router, or several behind the front: with router.replicas ≥ 2 NAME-router-I on
+    127.0.0.1:replica_port+I, its metrics on prometheus_port+I; with routers on several hosts
+    (router.vip) NAME-router-I on the I-th router host's address:replica_port."""
     rc, name = config.router, f"{config.name}-router"
+    machine = machines[0]
+    if len(machines) > 1:
+        return tuple(_router(config, engines, name=f"{name}-{i}", machine=m,
+                             host=site.address(m), port=rc.replica_port,
+                             prometheus_port=rc.prometheus_port) for i, m in enumerate(machines))
     if rc.replicas == 1:
         return (_router(config, engines, name=name, machine=machine, host=rc.host,
                         port=rc.port, prometheus_port=rc.prometheus_port),)
@@ -478,6 +493,20 @@ def _front(config: Config, paths: Paths,
         check_interval_ms=fc.check_interval_ms, retries=fc.retries, buffer_kib=fc.buffer_kib,
         timeout_secs=fc.timeout_secs, drain_secs=fc.drain_secs,
         prometheus_host=rc.prometheus_host, prometheus_port=fc.prometheus_port)
+
+
+def _vip(config: Config, paths: Paths, site: _Site,
+         routers: tuple[RouterPlan, ...]) -> VipPlan | None:
+    """keepalived on each router host when routers run on several (router.vip.address)."""
+    vc = config.router.vip
+    if vc.address is None or len(routers) < 2:
+        return None
+    assert vc.interface is not None  # config checks: needed with the address
+    return VipPlan(
+        name=f"{config.name}-vip", keepalived=vc.keepalived, address=vc.address,
+        interface=vc.interface, vrrp_id=vc.vrrp_id, advert_ms=vc.advert_ms,
+        config_path=f"{paths.env_dir}/{VIP_CONFIG}",
+        members=tuple((r.machine, site.address(r.machine)) for r in routers))
 
 
 def _local_base(host: str, port: int) -> str:

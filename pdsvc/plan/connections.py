@@ -18,7 +18,9 @@ from typing import Literal
 from pdsvc.plan.types import EnginePlan, Plan
 
 Purpose = Literal["membership", "serving", "canary", "bootstrap", "peer watch", "cascade",
-                  "dist-init", "rank ready"]
+                  "dist-init", "rank ready", "front", "vrrp"]
+#: VRRP (RFC 5798) is IP protocol 112, no port: its rows' target is ADDRESS:VRRP_PORT
+VRRP_PORT = "vrrp"
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Connection:
     """One connection between two hosts of the plan: who opens it, to where, and why."""
 
     source: str  # the inventory host that opens it
-    target: str  # ADDRESS:PORT it dials
+    target: str  # ADDRESS:PORT it dials (ADDRESS:vrrp: IP protocol 112, keepalived's)
     purpose: Purpose
     why: str  # one line for the reader
 
@@ -57,11 +59,13 @@ def connections(plan: Plan) -> list[Connection]:
                 said.append(why)
 
     for e in plan.engines:
-        for url in e.router_urls:  # the runtime registers the engine; the router dials it
+        for url in e.router_urls:  # the runtime registers the engine; each router dials it
             add(e.machine, host_port(url), "membership",
                 f"{e.name} registers with the router (POST/GET/DELETE /workers)")
-            add(r.machine, host_port(e.url), "serving",
-                f"router -> {e.name} HTTP (requests, /health)")
+        for router in plan.routers if e.router_urls else ():
+            add(router.machine, host_port(e.url), "serving",
+                f"{'router' if len(plan.routers) == 1 else router.name} -> {e.name} HTTP "
+                "(requests, /health)")
         for prefill, port, decode in e.pairs:
             _canary(e, prefill, port, decode, add)
         for url in e.peer_health:
@@ -76,12 +80,14 @@ def connections(plan: Plan) -> list[Connection]:
                 f"{e.name} rank {e.node_rank} -> rank 0 dist-init (and NCCL, ephemeral)")
             add(e.machine, host_port(e.health_url), "rank ready",
                 f"{e.name} rank {e.node_rank} is ready when rank 0's {e.health_url} is")
+    if plan.vip is not None:
+        _moving_address(plan, add)
     order = {h.name: i for i, h in enumerate(plan.hosts)}
 
     def key(c: Connection) -> tuple[int, int, int, str]:
         addr, _, port = c.target.rpartition(":")
-        return (order.get(by_address.get(addr, ""), len(order)), int(port), order[c.source],
-                c.purpose)
+        return (order.get(by_address.get(addr, ""), len(order)),
+                int(port) if port.isdigit() else 0, order[c.source], c.purpose)
 
     out = [Connection(*k, "; ".join(v)) for k, v in whys.items()]
     return sorted(out, key=key)
@@ -106,3 +112,18 @@ def _canary(e: EnginePlan, prefill: str, port: int, decode: str, add: Add) -> No
         add(e.machine, f"{urllib.parse.urlsplit(prefill).hostname}:{port}", "bootstrap",
             f"{e.name} -> {prefill} KV bootstrap (then NIXL/ZMQ rank ports, ephemeral, "
             "both ways)")
+
+
+def _moving_address(plan: Plan, add: Add) -> None:
+    """Routers on several hosts: each router host's front sends requests and health checks to
+    every router, and the router hosts' keepalived speak VRRP to each other (unicast)."""
+    assert plan.vip is not None and plan.front is not None
+    for host, _ in plan.vip.members:
+        for r in plan.routers:
+            add(host, f"{r.host}:{r.port}", "front",
+                f"{host}'s front (HAProxy) -> {r.name} (requests, GET /liveness checks)")
+        for other, address in plan.vip.members:
+            if other != host:
+                add(host, f"{address}:{VRRP_PORT}", "vrrp",
+                    f"{host}'s keepalived -> {other}: VRRP adverts (IP protocol 112, not TCP) "
+                    f"for {plan.vip.address}")

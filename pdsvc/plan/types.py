@@ -146,6 +146,29 @@ class FrontPlan:
         return f"{self.name}.service"
 
 
+#: keepalived's config as a file of a router host's bundle (installed at VipPlan.config_path).
+VIP_CONFIG = "vip.conf"
+
+
+@dataclass(frozen=True)
+class VipPlan:
+    """keepalived on each router host (routers on several hosts, router.vip): the address
+    clients use, held by one router host and moved by VRRP when it is lost (render/vip.py)."""
+
+    name: str  # NAME-vip
+    keepalived: str
+    address: str
+    interface: str
+    vrrp_id: int
+    advert_ms: int
+    config_path: str  # its keepalived.conf, installed beside the env files
+    members: tuple[tuple[str, str], ...]  # (router host, its address), in the order of hosts
+
+    @property
+    def unit(self) -> str:
+        return f"{self.name}.service"
+
+
 @dataclass(frozen=True)
 class HostPlan:
     """One machine of a deployment over several hosts, and what of the plan runs there."""
@@ -269,6 +292,7 @@ class Plan:
     # router's control-plane key is made ("" on one host)
     router_machine: str = ""
     front: FrontPlan | None = None  # HAProxy, with several routers
+    vip: VipPlan | None = None  # keepalived, with routers on several hosts
 
     @property
     def router(self) -> RouterPlan | None:
@@ -278,7 +302,9 @@ class Plan:
 
     @property
     def client_url(self) -> str:
-        """Where clients send requests: the front's address, else the router's."""
+        """Where clients send requests: the moving address, the front's, else the router's."""
+        if self.vip is not None and self.front is not None:
+            return f"http://{self.vip.address}:{self.front.port}"
         if self.front is not None:
             return self.front.url
         return self.reachable_router().url
@@ -286,7 +312,8 @@ class Plan:
     @property
     def units(self) -> tuple[str, ...]:
         """Every unit once (an engine spanning hosts has one unit name on each of them)."""
-        routers = (*(r.unit for r in self.routers), *((self.front.unit,) if self.front else ()))
+        routers = (*(r.unit for r in self.routers),
+                   *(x.unit for x in (self.front, self.vip) if x is not None))
         return tuple(dict.fromkeys((*(e.unit for e in self.engines), *routers)))
 
     @property
@@ -314,11 +341,14 @@ class Plan:
                        generate_url=f"{base}/generate", liveness_url=f"{base}/liveness")
 
     def for_host(self, name: str) -> Plan:
-        """What runs on one host: its engines, the router if it is there, that host alone."""
+        """What runs on one host: its engines, its router (and the front and the moving
+        address with it) if it is there, that host alone."""
         h = self.host(name)
         routers = tuple(r for r in self.routers if r.machine == name)
         return replace(self, engines=tuple(e for e in self.engines if e.machine == name),
-                       routers=routers, hosts=(h,), topology_source=h.topology_source)
+                       routers=routers, hosts=(h,), topology_source=h.topology_source,
+                       front=self.front if routers else None,
+                       vip=self.vip if routers else None)
 
     @property
     def key_use(self) -> Literal["make", "copy", "none"]:
@@ -326,15 +356,18 @@ class Plan:
         router runs here; one key per deployment, made on its host only), ``copy`` it from the
         router's host (an engine here registers with it), or ``none`` (no unit here reads it:
         only ranks > 0 of engines spanning hosts)."""
-        if self.router is not None:
-            return "make"
-        return "copy" if any(e.router_urls for e in self.engines) else "none"
+        if self.router is not None and self.router.machine == self.router_machine:
+            return "make"  # the first router's host (routers on several hosts: the others copy)
+        return "copy" if self.router or any(e.router_urls for e in self.engines) else "none"
 
     def key_origin(self) -> tuple[str, str]:
-        """(host name, address) of the router's host, where a ``copy`` host gets the key:
-        the address its engines register at."""
-        url = next(e.router_urls[0] for e in self.engines if e.router_urls)
-        return self.router_machine, urllib.parse.urlsplit(url).hostname or ""
+        """(host name, address) of the (first) router's host, where a ``copy`` host gets the
+        key: the address its engines register at, or the front's first server's."""
+        urls = [e.router_urls[0] for e in self.engines if e.router_urls]
+        if urls:
+            return self.router_machine, urllib.parse.urlsplit(urls[0]).hostname or ""
+        assert self.front is not None  # a router host that copies: routers on several hosts
+        return self.router_machine, self.front.servers[0][1].rpartition(":")[0]
 
     @property
     def watchdog_secs(self) -> int:

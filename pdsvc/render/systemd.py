@@ -23,7 +23,7 @@ from pdsvc.plan.runtime_argv import (
     router_command,
     router_runtime_flags,
 )
-from pdsvc.plan.types import FRONT_CONFIG
+from pdsvc.plan.types import FRONT_CONFIG, VIP_CONFIG
 from pdsvc.render.front import front_config
 from pdsvc.render.kit import (
     POLL_INTERVAL,
@@ -36,6 +36,7 @@ from pdsvc.render.kit import (
     runtime_modules,
 )
 from pdsvc.render.monitoring import MONITORING_CUSTOMISE, monitoring_files
+from pdsvc.render.vip import vip_config
 
 #: The target's gate, a POSIX sh script run as root (it only asks systemd). Each unit is asked
 #: alone: `systemctl is-active A B` exits 0 when *any* one is active (systemctl(1)). Each unit
@@ -59,7 +60,7 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
            "runtime_modules": runtime_modules(), "host_paths": host_paths(plan),
            "gpu_groups": GPU_GROUPS, "manifest": f"{MANIFEST_DIR}/{plan.name}.manifest",
            "sysusers": f"{SYSUSERS}/{plan.name}.conf", "tmpfiles": f"{TMPFILES}/{plan.name}.conf",
-           "front_file": FRONT_CONFIG}
+           "front_file": FRONT_CONFIG, "vip_file": VIP_CONFIG}
     files = [File(plan.target, env.get_template("systemd/target.j2").render(**ctx)),
              File(plan.gate, env.get_template("systemd/gate.service.j2").render(
                  gate_command=gate_command(plan), **ctx))]
@@ -84,6 +85,11 @@ def render_systemd(plan: Plan, command: str, *, monitoring: bool = True) -> list
         files.append(File(plan.front.unit, env.get_template(
             "systemd/front.service.j2").render(**ctx)))
         files.append(File(FRONT_CONFIG, front_config(plan.front, header_lines(plan, command))))
+    if plan.vip and plan.router:  # a router host's bundle (Plan.for_host): keepalived as
+        files.append(File(plan.vip.unit, env.get_template(  # its router's host runs it
+            "systemd/vip.service.j2").render(**ctx)))
+        files.append(File(VIP_CONFIG, vip_config(plan.vip, plan.router.machine,
+                                                 header_lines(plan, command))))
     files += runtime_files(plan)
     files += installer_files(plan)
     files += account_files(plan, env, ctx)

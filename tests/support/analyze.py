@@ -34,6 +34,7 @@ def scratch_root(root: Path, plan: Plan, bundle: Path) -> Path:
     for unit in (plan.target, plan.gate, *plan.units):
         shutil.copy(bundle / unit, unit_dir / unit)
     front = [plan.front.haproxy, "/bin/kill"] if plan.front else []
+    front += [plan.vip.keepalived] if plan.vip else []
     for exe in {plan.python, plan.router.python, "/usr/bin/systemctl", "/bin/sh", *front}:
         dest = root / exe.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
