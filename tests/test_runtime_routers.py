@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pair_fakes import FakeRouter
 
-from pdsvc.ship.runtime.membership import Routers, Worker, leave_after_end
+from pdsvc.ship.runtime.membership import Routers, Worker, call_timeout, leave_after_end
+from pdsvc.ship.runtime.timings import ROUTER_CALL_MIN_S, ROUTER_CALL_TIMEOUT_S, ROUTER_DARK_S
 
 URL, SIBLING = "http://10.0.0.2:30000", "http://10.0.0.3:30000"
 A, B = "http://127.0.0.1:8100", "http://127.0.0.1:8101"
@@ -99,3 +100,64 @@ def test_it_leaves_every_router_on_a_stop_and_after_its_runtime_died(smg: bool,
     assert leave_after_end([A, B], URL, str(key), out.append, env={}, call=routers) == 0
     assert routers.listed(A) == routers.listed(B) == []
     assert [line.rsplit(" ", 1)[1] for line in out] == [A, B]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_router_whose_host_is_lost_costs_one_timeout_per_dark_period() -> None:
+    """Its host gone (calls time out): one call finds it out, then it is dark for
+    ROUTER_DARK_S (no call, no wait) while the other router goes on; then it is tried again,
+    and joined once it answers."""
+    routers, lines, clock = TwoRouters(False), [], Clock()
+    m = Routers([A, B], Worker(URL, "prefill", 8998), "k", lines.append, call=routers,
+                clock=clock, timeout=0.5)
+    assert m.join() and m.joined
+    routers.by[A].lost = True
+    for _ in range(20):  # the main loop looks every 0.25 s while it is not joined
+        m.check(engine_healthy=True)
+        clock.now += 0.25
+    assert routers.by[A].waited == 0.5 * 1  # 5 s: one timeout, then dark
+    assert not m.joined and routers.listed(B) == [URL]
+    assert len([ln for ln in lines if "unreachable" in ln and A in ln]) <= 2  # not per look
+    clock.now += ROUTER_DARK_S
+    m.check(engine_healthy=True)
+    assert routers.by[A].waited == 0.5 * 2  # tried again after the dark period
+    routers.by[A].lost = False
+    clock.now += ROUTER_DARK_S
+    m.check(engine_healthy=True)
+    assert m.joined and routers.listed(A) == [URL]
+
+
+def test_a_refused_router_is_not_dark() -> None:
+    """A router that restarts refuses at once (no wait): it is asked again at the next look,
+    so the engine is in it the moment it listens."""
+    routers, lines, clock = TwoRouters(False), [], Clock()
+    m = Routers([A, B], Worker(URL, "prefill", 8998), "k", lines.append, call=routers,
+                clock=clock)
+    assert m.join()
+    routers.by[A].up = False
+    routers.by[A].workers.clear()
+    m.check(engine_healthy=True)
+    routers.by[A].up = True
+    clock.now += 0.25
+    m.check(engine_healthy=True)
+    assert routers.listed(A) == [URL] and m.joined
+
+
+@pytest.mark.parametrize("watchdog, routers, want", [
+    (None, 2, ROUTER_CALL_TIMEOUT_S),  # no watchdog: the full timeout
+    (60.0, 2, ROUTER_CALL_TIMEOUT_S),  # the shipped lifecycle: 60 - 10 - 30 = 20 s spare
+    (3.0, 2, 0.5),  # the e2e labs: 3 - 1 - 1 = 1 s spare, over two routers
+    (3.0, 1, 1.0),
+    (2.5, 4, ROUTER_CALL_MIN_S),  # never below the floor
+])
+def test_a_call_never_outlasts_what_the_watchdog_leaves(watchdog: float | None, routers: int,
+                                                        want: float) -> None:
+    interval, probe = (10.0, 30.0) if watchdog == 60.0 else (1.0, 1.0)
+    assert call_timeout(watchdog, interval, probe, routers) == want

@@ -64,11 +64,14 @@ def check_router_key(plan: Plan, call: Callable[..., HttpReply] = http_call) -> 
 
 
 def router_url(plan: Plan) -> str:
-    """The router as this host's units reach it: where its engines register, else (the router
+    """The router as this host's units reach it: where its engines register, else the first
+    router (a router host that copies the key: routers on several hosts), else (the router
     alone here) its own URL."""
     for e in plan.engines:
         if e.router_urls:
             return e.router_urls[0]
+    if plan.key_use == "copy" and plan.front is not None:
+        return f"http://{plan.front.servers[0][1]}"
     assert plan.router is not None
     return plan.router.url
 

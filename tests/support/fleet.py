@@ -47,6 +47,9 @@ class Fleet:
         lab = NetLab(list(run))
         fleet = cls(lab=lab, name=name, work=work)
         try:
+            if "router.vip" in overrides:  # the moving address: a free one of the lab's
+                overrides["router.vip"] = {"address": lab.spare_address(),
+                                           "interface": lab.device, **overrides["router.vip"]}
             inventory = {h: {"address": lab.address(h), "run": r,
                              "ucx_net_devices": lab.device} for h, r in run.items()}
             cfg = e2e_config(name, venv, "/srv/e2e/model", hosts=inventory, **overrides)
@@ -65,8 +68,12 @@ class Fleet:
             for p in (work, work / "model"):
                 p.chmod(0o755)
             for host in run:
+                # keepalived adds the moving address in the router hosts' namespaces (the lab's)
+                caps = (["--capability=CAP_NET_ADMIN"]
+                        if "router.vip" in overrides and "router" in run[host] else [])
                 c = SystemdContainer(bind_ro=[str(REPO), str(venv), (str(work), "/srv/e2e")],
-                                     netns=lab.netns(host), max_lifetime=1500)
+                                     netns=lab.netns(host), max_lifetime=1500,
+                                     extra_args=caps)
                 fleet.hosts[host] = c
                 c.start()
             # docs/hosts.md step 3: the router's host first; its install.sh makes the key
@@ -83,8 +90,7 @@ class Fleet:
         """docs/hosts.md step 4 on one host: `scp root@ROUTER:/etc/NAME/router.key router.key &&
         install.sh --bundle HOST --key-from router.key && rm router.key` where the host's
         install.list has a `secret … copy` line; a plain install where it has none."""
-        listing = (self.work / "units" / host / "install.list").read_text()
-        if f"\nsecret\t/etc/{self.name}/router.key\tcopy\t" not in listing:
+        if not self.copies_key(host):
             return self.install(host)
         c = self.hosts[host]
         key = self.hosts[self.router_host].read_file(f"/etc/{self.name}/router.key")
@@ -92,6 +98,11 @@ class Fleet:
         done = self.install(host, "--key-from", "/root/router.key")
         c.run(["rm", "/root/router.key"])
         return done
+
+    def copies_key(self, host: str) -> bool:
+        """HOST's install.list has the router's key as a `secret … copy` line."""
+        listing = (self.work / "units" / host / "install.list").read_text()
+        return f"\nsecret\t/etc/{self.name}/router.key\tcopy\t" in listing
 
     def install(self, host: str, *args: str) -> subprocess.CompletedProcess[str]:
         return self.hosts[host].run(
@@ -109,9 +120,8 @@ class Fleet:
         for host, c in self.hosts.items():
             if host != self.router_host:
                 rows = self.router_key_rows(host)
-                wants_key = any(e["router_urls"] for e in self.plan["engines"]
-                                if e["machine"] == host)
-                assert [r["status"] for r in rows] == (["ok"] if wants_key else []), (host, rows)
+                assert [r["status"] for r in rows] == (["ok"] if self.copies_key(host) else []), (
+                    host, rows)
                 c.run(["systemctl", "start", "--no-block", self.target])
         router.run(["systemctl", "start", self.target], timeout=timeout)
         seconds = time.monotonic() - t0

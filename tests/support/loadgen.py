@@ -14,9 +14,10 @@ each in a thread of its own, and keeps a `Result` per request:
 * ``connection``: no HTTP answer at all (refused, reset before the status line);
 * ``timeout``: no answer, or a stream that stalled, for ``timeout`` seconds.
 
-Bounded: addresses on loopback only; at most ``max_in_flight`` requests at once (a request
-that would exceed it is not sent and is counted in ``skipped``); every request gives up after
-``timeout``; the load stops by itself after ``max_seconds``. ``netns``: a network namespace
+Bounded: addresses on loopback only, or any inside ``netns`` (a lab's); at most
+``max_in_flight`` requests at once (a request that would exceed it is not sent and is counted
+in ``skipped``); every request gives up after ``timeout``; the load stops by itself after
+``max_seconds``. ``netns``: a network namespace
 under /run/netns (the nspawn stacks' own) that every load thread enters (setns(2) acts on the
 calling thread only, so the caller's own thread stays where it is; root needed).
 """
@@ -232,8 +233,8 @@ class Load:
 
     def __post_init__(self) -> None:
         host = urlsplit(self.url).hostname
-        if host not in LOOPBACK:
-            raise ValueError(f"load generator: loopback only (in a namespace), not {host!r}")
+        if host not in LOOPBACK and not self.netns:  # a lab's address: from inside the lab
+            raise ValueError(f"load generator: loopback or a namespace's own, not {host!r}")
         self._slots = threading.BoundedSemaphore(self.max_in_flight)
 
     def __enter__(self) -> Load:

@@ -213,6 +213,19 @@ class NetLab:
         self._check(host)
         return self._addr[host]
 
+    def spare_address(self) -> str:
+        """An address of the lab's subnet that no host has (the last one before broadcast):
+        for a moving address (keepalived's) that one host of the lab adds to its device."""
+        return str(ipaddress.IPv4Network(self.subnet)[-2])
+
+    def cut(self, host: str, up: bool = False) -> None:
+        """Take the host off the lab's network, or put it back (``up``): its port on the hub's
+        bridge goes down, as a host lost by power or a switch port would be; the host itself
+        sees its own device up and goes on as it was (a keepalived there stays master)."""
+        self._check(host)
+        port = f"v{self.hosts.index(host)}-{self.tag}"
+        _run(["ip", "-n", self.hub, "link", "set", port, "up" if up else "down"])
+
     def netns(self, host: str) -> str:
         """The host's network namespace name (under /run/netns; for ``SystemdContainer``)."""
         self._check(host)

@@ -7,7 +7,7 @@ import json
 
 from pdsvc.ship.runtime.canary import Pair, Round
 from pdsvc.ship.runtime.membership import Worker
-from pdsvc.ship.runtime.probe import HttpReply
+from pdsvc.ship.runtime.probe import HttpReply, NoAnswer
 
 
 class FakeRouter:
@@ -17,6 +17,8 @@ class FakeRouter:
         self.smg, self.key = smg, key
         self.workers: list[dict] = []
         self.up = True
+        self.lost = False  # its host gone: every call times out (after its whole timeout)
+        self.waited = 0.0  # the seconds callers spent waiting on it
         self.calls: list[tuple[str, str]] = []
         self.posted: list[dict] = []  # each POST /workers body
 
@@ -24,8 +26,13 @@ class FakeRouter:
                  headers: dict | None = None, method: str | None = None) -> HttpReply:
         method = method or ("GET" if body is None else "POST")
         self.calls.append((method, url))
+        if self.lost:
+            self.waited += timeout
+            return HttpReply(None, b"", f"timed out after {timeout:g} s",
+                             no_answer=NoAnswer("timeout", "", timeout))
         if not self.up:
-            return HttpReply(None, b"", "connection refused")
+            return HttpReply(None, b"", "connection refused",
+                             no_answer=NoAnswer("refused", "", timeout))
         if (headers or {}).get("Authorization") != f"Bearer {self.key}":
             return HttpReply(401, b"", "HTTP 401")
         if method == "GET":

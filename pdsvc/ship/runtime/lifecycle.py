@@ -22,8 +22,8 @@ from .fleet import share
 from .gpu import wait_gpus_idle
 from .hold import Hold
 from .jitlock import JitLock, engine_fingerprint
-from .membership import Routers, Worker, read_key
-from .notify import Log, Notifier, watchdog_hint
+from .membership import Routers, Worker, call_timeout, read_key
+from .notify import Log, Notifier, watchdog_hint, watchdog_secs
 from .options import Options
 from .phases import End, Outcome, liveness_loop, wait_for_urls, wait_until_healthy
 from .policy import RestartPolicy, gave_up_engines
@@ -249,7 +249,10 @@ class Unit:
             return Exit.USAGE
         assert a.role is not None  # parse_args: --router needs --role
         worker = Worker(a.advertise or base_url(a.health_url), a.role, a.bootstrap_port)
-        membership = Routers(a.router, worker, key, self.log, held=self.hold.out)
+        watchdog = a.watchdog_secs or watchdog_secs()  # supervisord's bound, or systemd's
+        membership = Routers(a.router, worker, key, self.log, held=self.hold.out,
+                             timeout=call_timeout(watchdog, a.liveness_interval,
+                                                  a.liveness_timeout, len(a.router)))
         if self.cascade is not None:  # heals and cures of the other hosts (fleet.py)
             share(a, key, self.cascade, self.log)
         self.membership = membership

@@ -26,7 +26,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .probe import HttpReply, http_call
-from .timings import ROUTER_CALL_TIMEOUT_S, STUCK_UNHEALTHY_S
+from .timings import (
+    ROUTER_CALL_MIN_S,
+    ROUTER_CALL_TIMEOUT_S,
+    ROUTER_DARK_S,
+    STUCK_UNHEALTHY_S,
+)
 
 
 class Worker(NamedTuple):
@@ -51,15 +56,33 @@ class Worker(NamedTuple):
         return json.dumps(doc).encode("utf-8")
 
 
+def call_timeout(watchdog_s: float | None, interval: float, probe_timeout: float,
+                 routers: int) -> float:
+    """A router call's timeout: ROUTER_CALL_TIMEOUT_S, or less where the unit's watchdog
+    (``watchdog_s``; None: none) leaves less. The main loop runs the liveness probe (every
+    ``interval``, at most ``probe_timeout``) and the membership duties in turn; when every
+    router stops answering at once (their host lost), one call to each times out before they
+    are dark (ROUTER_DARK_S), and that must not starve the probe that feeds the watchdog."""
+    if watchdog_s is None:
+        return ROUTER_CALL_TIMEOUT_S
+    spare = (watchdog_s - interval - probe_timeout) / max(1, routers)
+    return max(ROUTER_CALL_MIN_S, min(ROUTER_CALL_TIMEOUT_S, spare))
+
+
 class Membership:
-    """This engine's entry in one router. Every method returns quickly and never raises."""
+    """This engine's entry in one router. Every method returns within ``timeout`` (one call;
+    none while the router is dark) and never raises."""
 
     def __init__(self, router: str, worker: Worker, key: str | None,
                  log: Callable[[str], None],
                  call: Callable[..., HttpReply] = http_call,
                  clock: Callable[[], float] = time.monotonic,
-                 held: Callable[[], str | None] = lambda: None) -> None:
+                 held: Callable[[], str | None] = lambda: None,
+                 timeout: float = ROUTER_CALL_TIMEOUT_S) -> None:
         self.router = router.rstrip("/")
+        self.timeout = timeout
+        #: monotonic: until then the router is not called (it did not answer the last call)
+        self.dark_until = 0.0
         self.worker = worker
         self.headers = {"Content-Type": "application/json"}
         if key:
@@ -83,9 +106,24 @@ class Membership:
             self._said = text
             self.log(text)
 
+    def _call(self, url: str, body: bytes | None = None, method: str | None = None
+              ) -> HttpReply:
+        """One call to the router, unless it is dark. A call that timed out makes it dark for
+        ROUTER_DARK_S; a refused one does not (its host answers at once: a router that
+        restarts is joined again the moment it listens)."""
+        now = self.clock()
+        if now < self.dark_until:
+            # one wording for the whole dark period: a log line says it once (_say)
+            return HttpReply(None, b"", f"timed out; called again every {ROUTER_DARK_S:g} s")
+        extra: dict[str, Any] = {"method": method} if method else {}
+        reply = self.call(url, self.timeout, body, self.headers, **extra)
+        if reply.no_answer is not None and reply.no_answer.kind == "timeout":
+            self.dark_until = self.clock() + ROUTER_DARK_S
+        return reply
+
     def _entry(self) -> tuple[dict[str, Any] | None, str | None]:
         """(this worker's entry in GET /workers or None, an error text or None)."""
-        reply = self.call(f"{self.router}/workers", ROUTER_CALL_TIMEOUT_S, headers=self.headers)
+        reply = self._call(f"{self.router}/workers")
         doc = reply.json() if reply.status == 200 else None
         if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
             why = reply.detail if reply.status != 200 else "GET /workers: not a worker list"
@@ -110,8 +148,7 @@ class Membership:
         return None if error is not None else any(u.rstrip("/") in self.listed for u in urls)
 
     def _post(self) -> bool:
-        reply = self.call(f"{self.router}/workers", ROUTER_CALL_TIMEOUT_S,
-                          self.worker.payload(), self.headers)
+        reply = self._call(f"{self.router}/workers", self.worker.payload())
         if reply.status in (200, 201, 202, 409):
             return True
         self._say(f"router {self.router}: cannot register {self.worker.url}: {reply.detail}")
@@ -119,8 +156,7 @@ class Membership:
 
     def _delete(self, entry: dict[str, Any]) -> None:
         worker_id = urllib.parse.quote(str(entry.get("id", "")), safe="")
-        self.call(f"{self.router}/workers/{worker_id}", ROUTER_CALL_TIMEOUT_S, headers=self.headers,
-                  method="DELETE")
+        self._call(f"{self.router}/workers/{worker_id}", method="DELETE")
 
     def join(self) -> bool:
         """Post this worker (once healthy). True when the router took it; False when it

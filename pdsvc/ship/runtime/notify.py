@@ -75,15 +75,20 @@ class Notifier:
         self(f"STATUS={text}")
 
 
+def watchdog_secs(env: Mapping[str, str] | None = None) -> float | None:
+    """The unit's WatchdogSec= (WATCHDOG_USEC, sd_watchdog_enabled(3)), or None without one."""
+    usec = (os.environ if env is None else env).get("WATCHDOG_USEC", "")
+    return int(usec) / 1e6 if usec.isdigit() else None
+
+
 def watchdog_hint(interval: float, timeout: float, log: Log) -> None:
     """Warn when the liveness cadence (--liveness-interval ``interval`` + --liveness-timeout
     ``timeout``) cannot keep the unit's watchdog (WATCHDOG_USEC, sd_watchdog_enabled(3)) fed."""
-    usec = os.environ.get("WATCHDOG_USEC", "")
-    if not usec.isdigit():
+    watchdog = watchdog_secs()
+    if watchdog is None:
         if os.environ.get("NOTIFY_SOCKET"):
             log("WatchdogSec= is not set for this unit: failed liveness probes are only logged")
         return
-    watchdog = int(usec) / 1e6
     if interval + timeout >= watchdog:
         log(f"warning: --liveness-interval {interval:g} s + --liveness-timeout {timeout:g} s "
             f">= WatchdogSec={watchdog:g} s: a single slow probe gets the unit killed")

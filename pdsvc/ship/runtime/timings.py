@@ -39,8 +39,16 @@ NVIDIA_SMI_TIMEOUT_S = 30.0
 PEER_CONFIRM_S = 0.25
 
 # ---------------------------------------------------------------- membership (membership.py)
-#: one control-plane call's timeout: the router answers these from memory
+#: one control-plane call's timeout: the router answers these from memory (less where the
+#: unit's watchdog leaves less: membership.call_timeout)
 ROUTER_CALL_TIMEOUT_S = 3.0
+#: ... never less than this
+ROUTER_CALL_MIN_S = 0.5
+#: a router that did not answer a call (its host lost, a partition) is called again only this
+#: much later: until then every look at it is "did not answer", and costs nothing. One timeout
+#: per router and per this long is all a dark router takes from the runtime's main loop (the
+#: liveness probes, which feed the watchdog, run in it too)
+ROUTER_DARK_S = 5.0
 #: how soon to look again while this engine is not (yet) in the router: it restarted, or smg
 #: still lists our previous entry as draining (seconds after a DELETE), and every second after
 #: that one ends is a second the stack does not serve
