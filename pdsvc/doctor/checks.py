@@ -28,6 +28,7 @@ from .routerkey import check_router_key
 from .rows import Row, guarded
 from .systemd import check_systemd
 from .venv import check_flags, check_python
+from .vip import check_vip
 
 
 def _always(f: Facts) -> bool:
@@ -51,6 +52,11 @@ def _gpu_host(f: Facts) -> bool:
 def _fronted(f: Facts) -> bool:
     """Several routers behind HAProxy run here."""
     return f.plan is not None and f.plan.front is not None
+
+
+def _vip_host(f: Facts) -> bool:
+    """A router host of routers on several hosts (router.vip): keepalived runs here."""
+    return f.plan is not None and f.plan.vip is not None and f.plan.router is not None
 
 
 def _key_reader(f: Facts) -> bool:
@@ -79,6 +85,7 @@ CHECKS: tuple[Check, ...] = (
     Check("ports", lambda f: check_ports(f.planned, f.host.proc_root), _planned),
     Check("router key", lambda f: check_router_key(f.planned), _key_reader),
     Check("front", lambda f: check_front(f.planned), _fronted),
+    Check("address", lambda f: check_vip(f.planned), _vip_host),
     Check("python", lambda f: check_python(f.planned, f.installed), _planned),
     Check("flags", lambda f: check_flags(f.planned, f.installed), _planned),
     Check("jit cache", lambda f: check_jit_cache(f.planned), _engines),
