@@ -16,7 +16,10 @@ import sdsyntax as sd
 import yaml
 from conftest import REPO
 
+from pdsvc.apply.rollout import plan_rollout
 from pdsvc.cli.commands import main
+from pdsvc.cli.kit import load_plan
+from pdsvc.cli.render import per_host
 from pdsvc.config.load import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import build_plan
@@ -158,3 +161,38 @@ def test_keepalived_reads_each_router_host_s_config(tmp_path: Path) -> None:
                                   capture_output=True, text=True, timeout=30)
             said = (done.stdout + done.stderr).strip()
             assert (done.returncode == 0 and said == "") is clean, (name, done.returncode, said)
+
+
+def multi_bundle(tmp_path: Path, cfg: dict, name: str) -> dict[str, str]:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    plan = load_plan(path, None, SEED)
+    return {f.path: f.content for f in per_host(plan, "pdsvc render",
+                                                lambda p: render_systemd(p, "pdsvc render"))}
+
+
+def test_apply_of_an_address_change_restarts_keepalived_on_each_router_host(
+        tmp_path: Path) -> None:
+    """router.vip.advert_ms changed: only the two vip.conf files differ; apply restarts the
+    keepalived of each router host, one step each, after everything else, serving on."""
+    old = multi_bundle(tmp_path, example(), "old.yaml")
+    new = multi_bundle(tmp_path, example(vip={**example()["router"]["vip"], "advert_ms": 300}),
+                       "new.yaml")
+    assert {p for p in new if new[p] != old.get(p) and "/monitoring/" not in p
+            and "install.list" not in p and not p.endswith("manifest")} >= {
+        "lb-a/vip.conf", "lb-b/vip.conf"}
+    r = plan_rollout(old, new)
+    steps = [(str(s.action), s.units, s.serving_stops) for s in r.steps]
+    assert steps == [("restart", ("lb-a/dsv4-vip.service",), False),
+                     ("restart", ("lb-b/dsv4-vip.service",), False)], steps
+    assert all(c.reasons[0].detail == "vip.conf changed" for c in r.changes)
+
+
+def test_apply_of_a_router_change_across_router_hosts_rolls_one_router_at_a_time(
+        tmp_path: Path) -> None:
+    old = multi_bundle(tmp_path, example(), "old.yaml")
+    new = multi_bundle(tmp_path, example(policy="round_robin"), "new.yaml")
+    r = plan_rollout(old, new)
+    steps = [(str(s.action), s.units, s.serving_stops) for s in r.steps]
+    assert steps == [("restart router", ("lb-a/dsv4-router-0.service",), False),
+                     ("restart router", ("lb-b/dsv4-router-1.service",), False)], steps

@@ -26,12 +26,12 @@ from enum import Enum
 
 from pdsvc.apply.hosts import bundle_units
 from pdsvc.apply.units import Unit, flag_values
-from pdsvc.plan.types import FRONT_CONFIG
+from pdsvc.plan.types import FRONT_CONFIG, VIP_CONFIG
 from pdsvc.sglang import PAIR_ENV, PAIR_FLAGS
 
 #: The shipped runtime's files in a bundle; a change there restarts every unit that runs it.
 RUNTIME_PREFIX = "runtime/"
-ROLE_ORDER = {"prefill": 0, "decode": 1, "router": 2, "front": 3}
+ROLE_ORDER = {"prefill": 0, "decode": 1, "router": 2, "front": 3, "vip": 4}
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Reason:
 @dataclass(frozen=True)
 class Change:
     unit: str
-    role: str  # prefill | decode | router | front | "" (the target, the gate)
+    role: str  # prefill | decode | router | front | vip | "" (the target, the gate)
     action: str  # restart | start | remove | reload
     reasons: tuple[Reason, ...]
     pair_breaking: tuple[str, ...] = ()  # the pair settings that change (PAIR_FLAGS/ENV)
@@ -203,19 +203,29 @@ def _changes(old_units: dict[str, Unit], new_units: dict[str, Unit],
     return changes
 
 
-def _front_config(old: dict[str, str], new: dict[str, str], new_units: dict[str, Unit],
+#: the config files of the bundle that a unit reads, and the kind of unit that reads each
+CONFIG_FILES = {FRONT_CONFIG: "front", VIP_CONFIG: "vip"}
+
+
+def _config_files(old: dict[str, str], new: dict[str, str], new_units: dict[str, Unit],
                   changes: list[Change]) -> list[Change]:
-    """The front's HAProxy config is a file of the bundle, not a unit: a change of it alone is
-    a change of the front (a reload), named as such."""
+    """The front's HAProxy config and keepalived's are files of the bundle (HOST/FILE across
+    hosts), not units: a change of one alone is a change of the unit on that host that reads
+    it (the front reloads, keepalived restarts), named as such."""
     def settings(text: str) -> list[str]:  # its header (the config's sha256) is no change
         return [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
-    if FRONT_CONFIG not in old or FRONT_CONFIG not in new or \
-            settings(old[FRONT_CONFIG]) == settings(new[FRONT_CONFIG]):
-        return []
     changed = {c.unit for c in changes}
-    return [Change(name, u.role, "restart", (Reason("config", f"{FRONT_CONFIG} changed"),))
-            for name, u in new_units.items() if u.kind == "front" and name not in changed]
+    out: list[Change] = []
+    for path in sorted(new.keys() & old.keys()):
+        host, _, base = path.rpartition("/")
+        kind = CONFIG_FILES.get(base)
+        if kind is None or settings(old[path]) == settings(new[path]):
+            continue
+        out += [Change(name, u.role, "restart", (Reason("config", f"{base} changed"),))
+                for name, u in new_units.items()
+                if u.kind == kind and name.rpartition("/")[0] == host and name not in changed]
+    return out
 
 
 def _coupled(name: str, units: dict[str, Unit]) -> set[str]:
@@ -420,6 +430,17 @@ def _router(plan: _Planner, changes: list[Change]) -> None:
             + ", so serving stops from the install until the new routers serve")
 
 
+def _vip(plan: _Planner, changes: list[Change]) -> None:
+    """keepalived last, one router host at a time: a restart gives the address up (the other
+    router host takes it within three adverts, and clients' connections are sent again there)
+    and reads its config anew (it came in as a credential at its start)."""
+    for c in changes:
+        if c.role == "vip" and c.action in ("restart", "start"):
+            kind = StepKind.RESTART if c.action == "restart" else StepKind.START
+            plan.add(kind, [c.unit], _why(c) + "; the moving address goes to another router "
+                     "host meanwhile (~3 adverts); requests sent then are late, not lost")
+
+
 def _routers_replaced(changes: list[Change]) -> bool:
     """A router unit goes and another comes (router.replicas changed): no router serves
     from the install, which removes the old one, until the new ones are up."""
@@ -435,7 +456,7 @@ def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
     runtime = {p for p in old.keys() | new.keys() if p.startswith(RUNTIME_PREFIX)}
     runtime_changed = sum(old.get(p) != new.get(p) for p in runtime)
     changes = _changes(old_units, new_units, runtime_changed)
-    changes += _front_config(old, new, new_units, changes)
+    changes += _config_files(old, new, new_units, changes)
     restart = [c for c in changes if c.action == "restart" and c.role in ("prefill", "decode")]
     plan = _Planner(new_units, _Capacity({n: u for n, u in new_units.items() if n in old_units}))
     group = _pair_incompatible(plan, restart)
@@ -443,6 +464,7 @@ def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
     _new_engines(plan, changes)
     _front(plan, changes)
     _router(plan, changes)
+    _vip(plan, changes)
     return Rollout(tuple(changes), tuple(plan.steps), tuple(plan.notes))
 
 

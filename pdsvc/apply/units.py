@@ -81,12 +81,15 @@ class Unit:
     @property
     def kind(self) -> str:
         """engine | router (the runtime's subcommand) | front (HAProxy in front of several
-        routers: the one unit that runs haproxy) | other (the target, the gate)."""
+        routers: the one unit that runs haproxy) | vip (keepalived: the address of routers on
+        several hosts) | other (the target, the gate)."""
         for word in self.runtime_argv:
             if word in ("engine", "router"):
                 return word
         if self.argv and os.path.basename(self.argv[0]) == "haproxy":
             return "front"
+        if self.argv and os.path.basename(self.argv[0]) == "keepalived":
+            return "vip"
         return "other"
 
     @property
@@ -114,7 +117,8 @@ class Unit:
 
     @property
     def role(self) -> str:
-        return self.option("--role") or (self.kind if self.kind in ("router", "front") else "")
+        return self.option("--role") or (
+            self.kind if self.kind in ("router", "front", "vip") else "")
 
     @property
     def url(self) -> str:
