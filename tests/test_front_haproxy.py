@@ -37,8 +37,9 @@ def free_port() -> int:
 
 @dataclass
 class Router:
-    """A stand-in router: answers GET /liveness and POST /generate with its name; ``mode``
-    makes it close without a response (``drop``) or wait (``slow``) first."""
+    """A stand-in router: answers GET /readiness and POST /generate with its name; ``mode``
+    makes it close without a response (``drop``), wait (``slow``) first, or answer 503 to
+    both as a router without workers does (``unready``)."""
 
     name: str
     port: int = field(default_factory=free_port)
@@ -61,7 +62,16 @@ class Router:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def reply_503(self) -> None:  # sglang-router 0.3.2's words
+                body = b'{"status":"not ready","reason":"insufficient healthy workers"}'
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_GET(self) -> None:  # noqa: N802
+                if router.mode == "unready":
+                    return self.reply_503()
                 self.reply(b"ok")
 
             def do_POST(self) -> None:  # noqa: N802
@@ -70,6 +80,8 @@ class Router:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if router.mode == "unready":
+                    return self.reply_503()
                 if router.mode == "slow":
                     time.sleep(1.5)
                 router.served += 1
@@ -162,6 +174,24 @@ def test_a_router_gone_or_closing_without_a_response_costs_no_request(lab: Lab) 
     r1.start()
     r1.mode = "drop"  # accepts, then closes without a byte: an empty response, retried
     assert [lab.post() for _ in range(8)] == [(200, "r0")] * 8
+
+
+def test_a_router_without_workers_costs_no_request_and_leaves_rotation(lab: Lab) -> None:
+    """Its /readiness and every request answer 503 (cut off from the engines): each request
+    it gets is sent again to the other router at once, and two checks take it out."""
+    r0, r1 = lab.routers
+    r1.mode = "unready"
+    assert [lab.post() for _ in range(8)] == [(200, "r0")] * 8
+    deadline = time.monotonic() + 5
+    while not lab.status("r1").startswith("DOWN"):
+        assert time.monotonic() < deadline, lab.status("r1")
+        time.sleep(0.05)
+    r1.mode = "ok"  # ready again: back in rotation by its own check
+    deadline = time.monotonic() + 5
+    while not lab.status("r1").startswith("UP"):
+        assert time.monotonic() < deadline, lab.status("r1")
+        time.sleep(0.05)
+    assert (200, "r1") in [lab.post() for _ in range(4)]
 
 
 def test_drain_waits_for_the_request_in_flight_and_sends_none_new(lab: Lab) -> None:

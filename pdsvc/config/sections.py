@@ -170,9 +170,10 @@ class FrontConfig(Strict):
     haproxy: AbsPath = Field("/usr/sbin/haproxy", description="The haproxy binary (Debian: "
                              "`apt install haproxy`; its own haproxy.service can stay off).")
     check_interval_ms: Annotated[int, StrictType(), Field(ge=100, le=60000)] = Field(
-        500, description="Health check of each router (GET /liveness) every this long; 2 "
-        "failed in a row take it out, 1 good one puts it back. A refused connection is "
-        "retried on the other router at once, whatever the check says.")
+        500, description="Health check of each router (GET /readiness: 503 while it lists no "
+        "healthy prefill and decode) every this long; 2 failed in a row take it out, 1 good "
+        "one puts it back. A refused connection or a 503 is retried on the other router at "
+        "once, whatever the check says.")
     retries: Annotated[int, StrictType(), Field(ge=1, le=10)] = Field(
         3, description="Tries on another router for a request whose router refused, reset "
         "or closed it without a response (`retry-on conn-failure empty-response`, "

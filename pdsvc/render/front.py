@@ -4,12 +4,17 @@ HAProxy (Debian's package, haproxy 2.6) listens on router.host:router.port and s
 request to a router that answers; every directive is HAProxy's own (configuration.txt of
 haproxy 2.6):
 
-* ``option httpchk GET /liveness`` + ``check inter … fall 2 rise 1``: a router whose process
-  is gone leaves rotation within two checks;
-* ``retry-on conn-failure empty-response`` with ``retries`` and ``option redispatch 1``: a
-  request that a router refused, reset or closed without a byte of response is sent again, to
-  another router. ``option http-buffer-request`` keeps the whole request (up to tune.bufsize)
-  so that a POST can be sent again; a response that has begun (a stream) is never retried;
+* ``option httpchk GET /readiness`` + ``check inter … fall 2 rise 1``: a router whose process
+  is gone, or that lists no healthy prefill and decode (both routers answer /readiness 503
+  then, without a key; smg also while it drains on SIGTERM), leaves rotation within two
+  checks. /liveness would keep in rotation a router cut off from the engines (its host back
+  from a partition, before the engines registered with it again): every request it took
+  would be a 503;
+* ``retry-on conn-failure empty-response 503`` with ``retries`` and ``option redispatch 1``: a
+  request that a router refused, reset, closed without a byte of response, or answered 503
+  (no worker for it) is sent again, to another router. ``option http-buffer-request`` keeps
+  the whole request (up to tune.bufsize) so that a POST can be sent again; a response that
+  has begun (a stream) is never retried;
 * ``stats socket … level admin``: the runtime API through which a router unit drains itself
   out of rotation before it stops and puts itself back once ready (runtime/front.py);
 * ``balance roundrobin``: the routers share the load. Each router keeps its own cache-aware
@@ -55,7 +60,7 @@ def front_config(f: FrontPlan, header: list[str]) -> str:
              f"    timeout server {f.timeout_secs}s",
              "    timeout queue 30s",
              f"    retries {f.retries}",
-             "    retry-on conn-failure empty-response",
+             "    retry-on conn-failure empty-response 503",
              "    option redispatch 1",
              "",
              f"frontend {f.name}",
@@ -70,7 +75,7 @@ def front_config(f: FrontPlan, header: list[str]) -> str:
              "",
              f"backend {f.backend}",
              "    balance roundrobin",
-             "    option httpchk GET /liveness",
+             "    option httpchk GET /readiness",
              f"    default-server check inter {f.check_interval_ms}ms fall 2 rise 1",
              *(f"    server {name} {address}" for name, address in f.servers),
              ""]
