@@ -17,7 +17,7 @@ from conftest import REPO
 
 from pdsvc.bench import report
 from pdsvc.bench.gates import canary_gate, kv_gate, parse_counters, token_gate
-from pdsvc.bench.runner import RunResult
+from pdsvc.bench.runner import RunResult, Slo
 from pdsvc.bench.search import bisect_rate
 from pdsvc.bench.target import Load, bench_argv, target_from_plan
 from pdsvc.cli.kit import load_plan
@@ -107,6 +107,41 @@ def test_the_plot_is_a_png_of_ttft_and_itl_against_the_rate(tmp_path: Path) -> N
     path = report.plot(runs, tmp_path / "plot" / "latency-vs-rate.png")
     assert path == str(tmp_path / "plot" / "latency-vs-rate.png")
     assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_draws_the_slo_bounds_and_the_rate_found() -> None:
+    """`pdsvc bench --slo`: each axis has its bound (TTFT on the first, ITL on the second) as a
+    horizontal line, both the rate found as a vertical one; without an SLO, neither."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = []
+    for rate in (2.0, 4.0, 8.0):
+        r = RunResult(Load(rate, 8, 4, 10), [])
+        r.metrics = {f"{q}_{w}_ms": rate for q in ("median", "p90", "p99") for w in ("ttft", "itl")}
+        runs.append(r)
+
+    def flat(ax, axis: str) -> list[float]:  # the y (or x) of each straight line drawn
+        out = []
+        for line in ax.get_lines():
+            xs, ys = list(line.get_xdata()), list(line.get_ydata())
+            same = ys if axis == "y" else xs
+            if len(same) == 2 and same[0] == same[1]:
+                out.append(float(same[0]))
+        return out
+
+    fig = report.figure(plt, runs, Slo(2000.0, 50.0), 5.25)
+    ttft, itl = fig.axes
+    assert flat(ttft, "y") == [2000.0] and flat(itl, "y") == [50.0]
+    assert flat(ttft, "x") == flat(itl, "x") == [5.25]
+    assert "SLO: TTFT ≤ 2000 ms (99%)" in [t.get_text() for t in ttft.get_legend().get_texts()]
+    plt.close(fig)
+    fig = report.figure(plt, runs, None, None)
+    assert flat(fig.axes[0], "y") == flat(fig.axes[0], "x") == []
+    plt.close(fig)
 
 
 # ------------------------------------------------------------------ the real bench_serving

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .runner import RunResult
+from .runner import RunResult, Slo
 
 BENCH_SCHEMA = "pdsvc-bench/1"
 
@@ -53,8 +53,11 @@ def spread_lines(runs: list[RunResult]) -> list[str]:
             f"{v['max']:.1f}, {len(runs)} runs)" for k, v in s.items()]
 
 
-def plot(runs: list[RunResult], path: Path) -> str | None:
-    """TTFT and ITL p50/p99 against the rate; None when matplotlib is not installed."""
+def plot(runs: list[RunResult], path: Path, slo: Slo | None = None,
+         found: float | None = None) -> str | None:
+    """TTFT and ITL p50/p90/p99 against the rate, with the SLO's bounds (``slo``) and the
+    highest rate the search found to meet it (``found``) drawn; None when matplotlib is not
+    installed."""
     try:
         import matplotlib
 
@@ -62,6 +65,17 @@ def plot(runs: list[RunResult], path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    fig = figure(plt, runs, slo, found)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
+def figure(plt: Any, runs: list[RunResult], slo: Slo | None, found: float | None) -> Any:
+    """The plot's figure (matplotlib.pyplot ``plt``): one axis for TTFT, one for ITL; an SLO
+    bound is a dashed horizontal line on its axis (a request meets the SLO under both), the
+    rate found a dotted vertical line on both."""
     pts = sorted((r for r in runs if r.metrics.get("median_ttft_ms") is not None),
                  key=lambda r: r.load.rate)
     rates = [r.load.rate for r in pts]
@@ -70,15 +84,19 @@ def plot(runs: list[RunResult], path: Path) -> str | None:
         for q, style in (("median", "o-"), ("p90", "s--"), ("p99", "^-")):
             ax.plot(rates, [r.metrics.get(f"{q}_{what}_ms") for r in pts], style,
                     label=f"{q} {what.upper()}")
+        if slo is not None:
+            bound = slo.ttft_ms if what == "ttft" else slo.itl_ms
+            ax.axhline(bound, color="red", linestyle="--",
+                       label=f"SLO: {what.upper()} ≤ {bound:g} ms ({slo.share:.0%})")
+        if found is not None:
+            ax.axvline(found, color="green", linestyle=":",
+                       label=f"highest rate meeting it: {found:.2f} req/s")
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(f"{what.upper()} (ms)")
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return str(path)
+    return fig
 
 
 def document(target: dict[str, Any], runs: list[RunResult], *, mode: str,

@@ -187,7 +187,8 @@ def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None
         for load in loads:
             runner.one(load)
     runs = runner.runs
-    plot_path = report.plot(runs, output_dir / "latency-vs-rate.png") if runs else None
+    plot_path = (report.plot(runs, output_dir / "latency-vs-rate.png", slo, best)
+                 if runs else None)
     code, reason = _verdict(runs, slo, best, rate_range)
     if as_json:
         slo_doc = None if slo is None else {**asdict(slo), "rate": best, "range": [lo, hi]}
