@@ -80,6 +80,13 @@ def _cases() -> list[tuple[list[str], int, str]]:
          "pdsvc: error: not loading http://127.0.0.1:8000: "),
         (["bench", *c, "--topology", SEED, "-o", "out", "--url", "http://127.0.0.1:9"], 3,
          "pdsvc bench: warning: this loads http://127.0.0.1:9"),
+        # tune --dry-run: 0 listed · 2 bad space, config or usage · 3 the plan does not fit
+        (["tune", *c, "--topology", SEED, "--dry-run"], 0, "search: one-at-a-time (search: auto"),
+        (["tune", *c, "--topology", SEED], 2,
+         "pdsvc: error: only --dry-run is built so far"),
+        (["tune", *c, "--topology", SEED, "--dry-run", "--space", "/nonexistent.yaml"], 2,
+         "pdsvc: error: --space /nonexistent.yaml: cannot read it"),
+        (["tune", *c, "--topology", EMPTY, "--dry-run"], 3, "pdsvc: error: "),
         # the program itself
         ([], 0, "Usage: pdsvc [OPTIONS]"),  # click 8.5 writes [COMMAND], 8.4 COMMAND
         (["--version"], 0, "pdsvc, version "),
@@ -118,5 +125,6 @@ def test_the_documented_exit_code_table_is_the_one_tested() -> None:
     table = table[:table.index("\n\n")]
     rows = {re.match(r"\| `?([a-z, ]+)", line).group(1).strip(): line
             for line in table.splitlines()[2:]}
-    assert set(rows) == {"render", "validate, plan", "topology", "status", "doctor", "bench"}
+    assert set(rows) == {"render", "validate, plan", "topology", "status", "doctor", "bench",
+                         "tune"}
     assert "a finding" in rows["status"] and "| – (" in rows["status"]

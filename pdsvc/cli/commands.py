@@ -31,7 +31,7 @@ class _Commands(click.Group):
         ("apply", "apply", "apply"), ("bench", "bench", "bench"), ("doctor", "doctor", "doctor"),
         ("plan", "plan", "plan_cmd"), ("render", "render", "render"),
         ("status", "status", "status"), ("topology", "topology", "topology"),
-        ("validate", "validate", "validate"))}
+        ("tune", "tune", "tune"), ("validate", "validate", "validate"))}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})

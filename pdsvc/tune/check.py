@@ -1,0 +1,102 @@
+"""Each candidate of a search space, checked before anything restarts, and what the search
+would cost.
+
+* **Refused**: its config is one the schema or the pairing check refuses (parse_config's one
+  line), or whose plan does not fit the host (build_plan's): skipped with that reason, no
+  restart.
+* **Outage**: switching the deployment from the baseline to it stops serving (the rollout
+  `pdsvc apply` would run has a step that leaves no pair: a pair-incompatible change on
+  1P1D, say): skipped unless --allow-outage.
+* Else it is measured: the seconds that costs are estimated from the restarts its rollout
+  makes (each an engine load, space.engine_load_secs, plus SETTLE_S) and the SLO search's
+  runs (as `pdsvc bench --slo` bisects: ``bisect_runs``), each ``num_prompts`` at the middle
+  rate of the range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import yaml
+
+from pdsvc.apply.rollout import plan_rollout
+from pdsvc.config.load import parse_config
+from pdsvc.errors import ConfigError, TopologyError
+from pdsvc.plan.build import Plan, build_plan
+from pdsvc.topology import Topology
+
+from .space import Candidate, Space, apply_changes
+
+#: what an applied candidate takes beyond its engines' load: proving pairs, registering
+SETTLE_S = 10.0
+#: bench_serving's own start and the gates' reads, per run
+RUN_OVERHEAD_S = 15.0
+#: the baseline and the best are measured this many times (the spread is part of the answer)
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Checked:
+    candidate: Candidate
+    verdict: Literal["baseline", "measure", "refused", "outage"]
+    why: str  # the refusal, or the step that stops serving; "" otherwise
+    restarts: tuple[str, ...]  # the units its rollout restarts (or starts)
+    seconds: float  # its estimated cost if measured (0: refused)
+
+
+def bisect_runs(space: Space) -> int:
+    """How many runs `pdsvc bench --slo` makes over the space's rate range: the two ends,
+    then halving the range (geometrically) until it is within the precision."""
+    span = math.log(space.rate_high / space.rate_low)
+    return 2 + max(0, math.ceil(math.log2(span / math.log1p(space.precision))))
+
+
+def run_seconds(space: Space) -> float:
+    """One SLO search: its runs, each num_prompts at the range's middle rate (geometric)."""
+    middle = math.sqrt(space.rate_low * space.rate_high)
+    return bisect_runs(space) * (space.num_prompts / middle + RUN_OVERHEAD_S)
+
+
+def check(space: Space, candidates: list[Candidate], config_text: str, source: str,
+          topology: Topology | None, bundle_of: Callable[[Plan], dict[str, str]]
+          ) -> list[Checked]:
+    """Every candidate's verdict (module docstring), the baseline first."""
+    base_data = yaml.safe_load(config_text) or {}
+    base_plan = build_plan(parse_config(config_text, source), topology, config_source=source,
+                           config_text=config_text)
+    base_bundle = bundle_of(base_plan)
+    out = [Checked(candidates[0], "baseline", "", (), REPEATS * run_seconds(space))]
+    for c in candidates[1:]:
+        text = yaml.safe_dump(apply_changes(base_data, c.changes, space.levers),
+                              sort_keys=False)
+        try:
+            plan = build_plan(parse_config(text, f"{source} with {c.describe()}"), topology,
+                              config_source=source, config_text=text)
+        except (ConfigError, TopologyError) as e:
+            out.append(Checked(c, "refused", str(e).split(": ", 1)[-1], (), 0.0))
+            continue
+        rollout = plan_rollout(base_bundle, bundle_of(plan))
+        units = tuple(u for s in rollout.steps for u in s.units)
+        stops = [s for s in rollout.steps if s.serving_stops]
+        cost = len(units) * (space.engine_load_secs + SETTLE_S) + run_seconds(space)
+        if stops:  # measured only with --allow-outage: its cost is the same
+            out.append(Checked(c, "outage", f"serving stops while {', '.join(stops[0].units)} "
+                               f"{stops[0].action}s (no pair left): {stops[0].why}", units,
+                               cost))
+            continue
+        out.append(Checked(c, "measure", "", units, cost))
+    return out
+
+
+def total_seconds(space: Space, checked: list[Checked]) -> float:
+    """The estimate for the candidates in ``checked`` (those to measure): each measured once,
+    the baseline and the best REPEATS times, and the way back to the best (or the baseline)
+    at the end."""
+    measured = [c for c in checked if c.verdict != "refused"]
+    best_again = (REPEATS - 1) * run_seconds(space) if len(measured) > 1 else 0.0
+    back = max((len(c.restarts) for c in measured), default=0) * (space.engine_load_secs
+                                                                 + SETTLE_S)
+    return sum(c.seconds for c in measured) + best_again + back

@@ -1,0 +1,170 @@
+"""`pdsvc tune`'s search space and its candidates, checked before anything restarts (issue
+33; --dry-run so far): the space file's errors name the key; the candidates (grid, one lever
+at a time, auto); a config the schema or the pairing check refuses is skipped with the reason;
+a switch that stops serving (1P1D) is named, one that does not (2P2D) is measured; the
+estimate; the CLI's table, JSON and bounds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from pdsvc.cli.commands import main
+from pdsvc.cli.tune import bundle_of
+from pdsvc.errors import ConfigError
+from pdsvc.topology import load_topology_file
+from pdsvc.tune.check import bisect_runs, check, run_seconds, total_seconds
+from pdsvc.tune.space import apply_changes, candidates, current, parse_space
+
+TOPO = REPO / "etc/seed-host.topology.json"
+SEED = yaml.safe_load((REPO / "etc/pdsvc.yaml").read_text())
+SPACE = """\
+slo: {ttft_ms: 2000, itl_ms: 50}
+levers:
+  decode.args.cuda-graph-max-bs-decode: [16, 32, 64]
+  decode.env.NCCL_PROTO: [null, LL128]
+"""
+
+
+def space(text: str = SPACE, **top) -> object:
+    doc = yaml.safe_load(text)
+    doc.update(top)
+    return parse_space(yaml.safe_dump(doc), "tune.yaml")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("levers: {decode.args.x: [1]}\n", "tune.yaml: slo.ttft_ms: is required"),
+    ("slo: {ttft_ms: 1, itl_ms: 1}\n", "tune.yaml: levers: must map config paths"),
+    ("slo: {ttft_ms: 1, itl_ms: 1}\nlevers: {gpu.x: [1]}\n",
+     "levers.gpu.x: not a config path; start with one of prefill, decode"),
+    ("slo: {ttft_ms: 1, itl_ms: 1}\nlevers: {decode.args.x: 3}\n",
+     "levers.decode.args.x: must be a list of the values to try"),
+    ("slo: {ttft_ms: 1, itl_ms: 1}\nlevers: {decode.args.x: [1, 1]}\n", "lists a value twice"),
+    ("slo: {ttft_ms: 1, itl_ms: 1, share: 2}\nlevers: {decode.args.x: [1]}\n",
+     "slo.share: a share of requests, ≤ 1"),
+    ("slo: {ttft_ms: 1, itl_ms: 1}\nrates: {low: 4, high: 2}\nlevers: {decode.args.x: [1]}\n",
+     "rates.high: must be above rates.low (4)"),
+    ("slo: {ttft_ms: 1, itl_ms: 1}\nsearch: random\nlevers: {decode.args.x: [1]}\n",
+     "search: one of auto, grid, one-at-a-time"),
+    ("slo: {ttft_ms: 1, itl_ms: 1}\nlever: {}\n", "lever: unknown key"),
+    ("slo: [1\n", "tune.yaml:2: not YAML"),
+])
+def test_a_bad_space_is_one_line_naming_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_space(text, "tune.yaml")
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_one_lever_at_a_time_from_the_baseline_skips_the_baseline_value() -> None:
+    s = space(search="one-at-a-time")
+    found = candidates(s, SEED)
+    assert [c.describe() for c in found] == [
+        "the current config", "decode.args.cuda-graph-max-bs-decode=16",
+        "decode.args.cuda-graph-max-bs-decode=64", "decode.env.NCCL_PROTO=LL128"]
+
+
+def test_auto_is_the_grid_when_it_is_small_else_one_at_a_time() -> None:
+    assert space().strategy == "grid" and space().grid_size == 6
+    found = candidates(space(), SEED)
+    assert len(found) == 6  # 3 x 2 combinations, one of them the baseline itself
+    assert found[0].changes == () and len({c.changes for c in found}) == 6
+    small = space(max_grid=5)
+    assert small.strategy == "one-at-a-time" and "(> max_grid 5)" in small.strategy_why
+
+
+def test_a_change_reaches_every_item_of_a_list_role_or_the_one_named() -> None:
+    cfg = {"decode": [{"gpus": [4], "env": {"A": "1"}}, {"gpus": [5]}]}
+    s = parse_space("slo: {ttft_ms: 1, itl_ms: 1}\nlevers:\n  decode.env.A: [null, '2']\n"
+                    "  decode[1].args.cuda-graph-max-bs-decode: [8]\n", "t.yaml")
+    every, one = s.levers
+    assert current(cfg, every) == "1" and current(cfg, one) is None
+    out = apply_changes(cfg, (("decode.env.A", "2"), (one.path, 8)), s.levers)
+    assert [d.get("env") for d in out["decode"]] == [{"A": "2"}, {"A": "2"}]
+    assert [d.get("args") for d in out["decode"]] == [None, {"cuda-graph-max-bs-decode": 8}]
+    gone = apply_changes(cfg, (("decode.env.A", None),), s.levers)
+    assert gone["decode"][0]["env"] == {} and cfg["decode"][0]["env"] == {"A": "1"}
+
+
+def checked_for(config: dict, text: str):
+    s = parse_space(text, "t.yaml")
+    cfg_text = yaml.safe_dump(config, sort_keys=False)
+    return s, check(s, candidates(s, config), cfg_text, "c.yaml", load_topology_file(TOPO),
+                    bundle_of)
+
+
+def test_a_refused_config_is_skipped_with_the_schema_s_words() -> None:
+    """A flag pdsvc owns, and a pair setting only one role changes (the pairing check)."""
+    _, out = checked_for(SEED, "slo: {ttft_ms: 1, itl_ms: 1}\nsearch: one-at-a-time\n"
+                         "levers:\n  decode.args.port: [31000]\n  decode.args.page-size: [64]\n")
+    verdicts = [(c.verdict, c.why) for c in out[1:]]
+    assert [v for v, _ in verdicts] == ["refused", "refused"], verdicts
+    assert verdicts[0][1].startswith("decode.args: --port is set by pdsvc from <role>.port")
+    assert verdicts[1][1].startswith("decode.args.page-size: is '64' but prefill.args.page-size")
+    assert all("\n" not in why for _, why in verdicts)
+
+
+def test_1p1d_switches_stop_serving_and_2p2d_ones_do_not() -> None:
+    text = "slo: {ttft_ms: 1, itl_ms: 1}\nlevers: {decode.args.cuda-graph-max-bs-decode: [64]}\n"
+    _, one = checked_for(SEED, text)
+    assert one[1].verdict == "outage" and "serving stops while dsv4-decode.service" in one[1].why
+    two = yaml.safe_load((REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text())
+    s, both = checked_for(two, text)
+    assert both[1].verdict == "measure" and len(both[1].restarts) == 2  # both decodes, in turn
+    assert both[1].seconds == pytest.approx(2 * (s.engine_load_secs + 10) + run_seconds(s))
+
+
+def test_the_estimate_counts_the_runs_a_bisection_makes() -> None:
+    s = parse_space("slo: {ttft_ms: 1, itl_ms: 1}\nrates: {low: 1, high: 16, precision: 0.1}\n"
+                    "workload: {num_prompts: 40}\nlevers: {decode.args.x: [1]}\n", "t.yaml")
+    # log(16) / log(1.1) = 29.1 spans of 10 %: 5 halvings, and the two ends
+    assert bisect_runs(s) == 7
+    assert run_seconds(s) == pytest.approx(7 * (40 / 4 + 15))
+    assert total_seconds(s, []) == 0
+
+
+def run_cli(runner, *args: str, space_text: str = SPACE, tmp_path: Path):
+    path = tmp_path / "tune.yaml"
+    path.write_text(space_text)
+    return runner.invoke(main, ["tune", "--topology", str(TOPO), "--space", str(path), *args])
+
+
+def test_the_dry_run_lists_every_candidate_and_the_estimate(runner, tmp_path: Path) -> None:
+    r = run_cli(runner, "--dry-run", "-c", str(REPO / "tests/cases/seed-2p2d-explicit.yaml"),
+                tmp_path=tmp_path)
+    assert r.exit_code == 0, r.output + r.stderr
+    assert r.output.startswith("search: grid (search: auto, and the grid has 6 candidates")
+    assert "decode.args.cuda-graph-max-bs-decode=64, decode.env.NCCL_PROTO=LL128" in r.output
+    assert "6 of 6 candidates to measure (0 refused, 0 stop serving); estimated" in r.output
+
+
+def test_json_and_the_bounds(runner, tmp_path: Path) -> None:
+    cfg = str(REPO / "tests/cases/seed-2p2d-explicit.yaml")
+    r = run_cli(runner, "--dry-run", "--json", "-c", cfg, "--max-candidates", "2",
+                tmp_path=tmp_path)
+    doc = json.loads(r.output)
+    assert doc["schema"] == "pdsvc-tune-plan/1" and doc["search"] == "grid"
+    # the baseline and two: the seed-2p2d case sets no cuda-graph-max-bs-decode, so all six
+    # combinations differ from it
+    assert [c["measured"] for c in doc["candidates"]] == [True] * 3 + [False] * 4
+    whole = json.loads(run_cli(runner, "--dry-run", "--json", "-c", cfg,
+                               tmp_path=tmp_path).output)
+    assert doc["estimated_seconds"] < whole["estimated_seconds"]
+    tight = json.loads(run_cli(runner, "--dry-run", "--json", "-c", cfg, "--max-time", "1",
+                               tmp_path=tmp_path).output)
+    assert [c["measured"] for c in tight["candidates"]] == [True] + [False] * 6
+
+
+def test_without_dry_run_it_says_what_is_built_and_exits_2(runner, tmp_path: Path) -> None:
+    r = run_cli(runner, tmp_path=tmp_path)
+    assert r.exit_code == 2 and "only --dry-run is built so far" in r.stderr
+
+
+def test_the_seed_space_file_parses_and_its_candidates_are_all_checked() -> None:
+    s = parse_space((REPO / "etc/tune.yaml").read_text(), "etc/tune.yaml")
+    found = candidates(s, SEED)
+    assert s.strategy == "one-at-a-time" and len(found) == 1 + sum(
+        len([v for v in lv.values if v != current(SEED, lv)]) for lv in s.levers)
