@@ -19,6 +19,21 @@ is that capacity:
   ``FAKE_SGLANG_ITL_MS`` (10), slower by 1 + the scheduler's queued work in seconds (a decode
   step yields to the queued prefills: 1 s of queue doubles the ITL), so ITL grows past the
   knee too and barely moves below it;
+* **capacity and latency from the engine's own flags and environment** (for `pdsvc tune`,
+  whose candidates change them; ``configure`` reads them from the argv and env the engine was
+  started with). This is the stand-in's designed rule, not SGLang's:
+
+  - ``FAKE_SGLANG_SLOT_RATE`` (requests/s per slot): the knee is this × the engine's slots,
+    the smallest of ``--max-running-requests``, ``--cuda-graph-max-bs-decode`` and
+    ``--cuda-graph-max-bs`` it was given (``FAKE_SGLANG_SLOTS``, 8, when none); it replaces
+    ``FAKE_SGLANG_KNEE_RATE``;
+  - ``FAKE_SGLANG_ITL_SLOTS=S``: each token's time grows with the slots, × (1 + slots / S):
+    more captured batch, more per step, so an ITL bound caps the slots worth having;
+  - ``FAKE_SGLANG_ITL_BY_NCCL_PROTO="LL128=0.8,Simple=1.3"``: the ITL × the factor of the
+    engine's own ``NCCL_PROTO`` (1 when it is not listed or not set).
+
+  So a space's best config is designed: the most slots whose ITL still meets the SLO, with
+  the fastest protocol; the knee there is its goodput;
 * ``FAKE_SGLANG_EMPTY_EVERY=N``: every Nth generation comes back HTTP 200 with no token
   (srt-slurm #429, sglang #9585);
 * ``FAKE_SGLANG_TRANSFER_FAIL_EVERY=N``: every Nth generation's KV transfer "fails": it is
@@ -46,17 +61,47 @@ def _num(name: str, default: float | None) -> float | None:
     return float(raw) if raw else default
 
 
+def slots(argv: dict[str, int | None]) -> int:
+    """The engine's slots: the smallest of the capacity flags it was given, else
+    FAKE_SGLANG_SLOTS (8)."""
+    given = [v for v in argv.values() if v]
+    return min(given) if given else int(_num("FAKE_SGLANG_SLOTS", 8) or 8)
+
+
+def proto_factor(env_proto: str | None) -> float:
+    """FAKE_SGLANG_ITL_BY_NCCL_PROTO's factor for this NCCL_PROTO (1 when unlisted)."""
+    table = os.environ.get("FAKE_SGLANG_ITL_BY_NCCL_PROTO", "")
+    for item in filter(None, (x.strip() for x in table.split(","))):
+        name, _, factor = item.partition("=")
+        if env_proto and name.strip() == env_proto:
+            return float(factor)
+    return 1.0
+
+
 class LatencyModel:
     def __init__(self) -> None:
         self.knee = _num("FAKE_SGLANG_KNEE_RATE", None)
         self.ttft = (_num("FAKE_SGLANG_TTFT_MS", 50.0) or 0.0) / 1000
         self.itl = (_num("FAKE_SGLANG_ITL_MS", 10.0) or 0.0) / 1000
+        self.slots = 0  # set by configure (0: the flags play no part)
         self.empty_every = int(_num("FAKE_SGLANG_EMPTY_EVERY", 0) or 0)
         self.fail_every = int(_num("FAKE_SGLANG_TRANSFER_FAIL_EVERY", 0) or 0)
         self.counters = {TRANSFER_FAILED: 0, BOOTSTRAP_FAILED: 0}
         self._lock = threading.Lock()
         self._free_at = 0.0  # monotonic time the scheduler is done with every queued request
         self._ids = itertools.count(1)
+
+    def configure(self, capacity_flags: dict[str, int | None]) -> None:
+        """The engine's own flags (``--max-running-requests`` …: their values or None) and
+        environment set its knee and ITL (module docstring), when FAKE_SGLANG_SLOT_RATE is set."""
+        rate = _num("FAKE_SGLANG_SLOT_RATE", None)
+        if not rate:
+            return
+        self.slots = slots(capacity_flags)
+        self.knee = rate * self.slots
+        per = _num("FAKE_SGLANG_ITL_SLOTS", None)
+        self.itl *= (1 + self.slots / per if per else 1.0) * proto_factor(
+            os.environ.get("NCCL_PROTO"))
 
     @property
     def enabled(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import fake_latency
+
 from .config import KnobError, Knobs
 from .engine import Engine
 from .lifecycle import Lifecycle
@@ -33,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
+    # capacity (fake_latency: FAKE_SGLANG_SLOT_RATE) and a start refused (Knobs)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    p.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
+    p.add_argument("--moe-runner-backend", default="auto")
     p.add_argument("--enable-metrics", action="store_true")
     # what a decode checks of a prefill when it first reaches its bootstrap server (bootstrap.py)
     p.add_argument("--page-size", type=int, default=1)
@@ -47,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     except KnobError as e:
         emit(f"ValueError: {e}")
         return 2
+    if args.moe_runner_backend in knobs.refuse_moe_backends:  # before anything is served
+        emit(f"ValueError: --moe-runner-backend {args.moe_runner_backend} cannot run this "
+             "model (the stand-in's FAKE_SGLANG_REFUSE_MOE_BACKENDS)")
+        return 1
+    fake_latency.MODEL.configure({
+        "--max-running-requests": args.max_running_requests,
+        "--cuda-graph-max-bs-decode": args.cuda_graph_max_bs_decode,
+        "--cuda-graph-max-bs": args.cuda_graph_max_bs})
     engine = Engine(args, ignored, knobs)
     try:
         return Lifecycle(engine).run()

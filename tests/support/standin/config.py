@@ -23,6 +23,10 @@ LATENCY_KNOBS = (
     "FAKE_SGLANG_ITL_MS",
     "FAKE_SGLANG_EMPTY_EVERY",
     "FAKE_SGLANG_TRANSFER_FAIL_EVERY",
+    "FAKE_SGLANG_SLOT_RATE",
+    "FAKE_SGLANG_SLOTS",
+    "FAKE_SGLANG_ITL_SLOTS",
+    "FAKE_SGLANG_ITL_BY_NCCL_PROTO",
 )
 ORPHAN_MAX_SECS = 900.0
 
@@ -77,6 +81,10 @@ class Knobs:
     pair_failure: str = "abort200"  # FAKE_SGLANG_PAIR_FAILURE
     pair_wait_secs: float = 2.0  # FAKE_SGLANG_PAIR_WAIT_SECS
     bootstrap_timeout: float = 2.0  # FAKE_SGLANG_BOOTSTRAP_TIMEOUT
+    # ---- a start refused (cli.py): SGLang refuses some MoE runner and quantization
+    # combinations while it reads its arguments, before any GPU work (a ValueError, exit 1);
+    # the stand-in refuses these --moe-runner-backend values the same way
+    refuse_moe_backends: tuple[str, ...] = ()  # FAKE_SGLANG_REFUSE_MOE_BACKENDS (comma list)
     # ---- records
     state_dir: str | None = None  # FAKE_SGLANG_STATE_DIR
     request_log: str | None = None  # FAKE_SGLANG_LOG
@@ -107,6 +115,8 @@ class Knobs:
         except ValueError as e:
             raise KnobError(f"FAKE_SGLANG_STALE_PAIR/FAKE_SGLANG_PAIR_FAILURE: {e}") from None
         return cls(
+            refuse_moe_backends=tuple(x.strip() for x in (
+                env.get("FAKE_SGLANG_REFUSE_MOE_BACKENDS") or "").split(",") if x.strip()),
             load_secs=num("FAKE_SGLANG_LOAD_SECS", 0.5) or 0.0,
             compile_cold_secs=num("FAKE_SGLANG_COMPILE_COLD_SECS", 2.0) or 0.0,
             compile_warm_secs=num("FAKE_SGLANG_COMPILE_WARM_SECS", 0.1) or 0.0,
