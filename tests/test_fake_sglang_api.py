@@ -128,6 +128,9 @@ def test_metrics_404_without_enable_metrics(engines):
 def test_prefill_bootstrap_server_answers_while_loading(engines):
     pre = engines("prefill", env={"FAKE_SGLANG_LOAD_SECS": "3"}, args=["--tp", "4"])
     wait_until(lambda: status_or_none(pre.bport) == 200, 3.0, "the bootstrap /health")
+    # its own port opens in a thread of its own, a moment apart on a loaded machine (CI
+    # once asked before it listened); once it answers, it says loading for the 3 s
+    wait_until(lambda: status_or_none(pre.port) is not None, 2.0, "the engine's port")
     assert status_or_none(pre.port) == 503  # the engine itself is still loading
     status, raw = request(pre.bport, "GET", "/route?engine_rank=-1&target_dp_group=-1")
     assert status == 200 and json.loads(raw)["prefill_attn_tp_size"] == 4
