@@ -147,7 +147,8 @@ def test_json_has_the_same_facts(dep: Deployment) -> None:
     doc = json.loads(result.output)
     assert set(doc) == {"format", "name", "backend", "serving", "verdict", "problems", "url",
                         "units", "workers", "workers_error", "workers_probe", "runs", "pairs",
-                        "more_routers", "front", "front_error"}
+                        "more_routers", "front", "front_error", "address"}
+    assert doc["address"] is None  # no moving address: routers on one host
     assert [(r["unit"], r["phase"]) for r in doc["runs"]] == [  # no runtime state here
         ("dsv4-prefill.service", "unknown"), ("dsv4-decode.service", "unknown"),
         ("dsv4-router.service", "unknown")]

@@ -196,3 +196,21 @@ def test_apply_of_a_router_change_across_router_hosts_rolls_one_router_at_a_time
     steps = [(str(s.action), s.units, s.serving_stops) for s in r.steps]
     assert steps == [("restart router", ("lb-a/dsv4-router-0.service",), False),
                      ("restart router", ("lb-b/dsv4-router-1.service",), False)], steps
+
+
+def test_status_says_whether_this_router_host_has_the_address() -> None:
+    """`pdsvc status` on a router host: the address's line and JSON; the check is bind(2)'s
+    (an address of this host binds, another does not)."""
+    from pdsvc.status.collect import holds
+    from pdsvc.status.format import format_text, report_dict
+    from pdsvc.status.model import Probe, Report
+
+    assert holds("127.0.0.1") and not holds("192.0.2.7")  # TEST-NET-1: never on a host
+    probe = Probe("http://10.0.0.1:8100/workers", 200, 1.0, None)
+    for here, said in ((True, "on this host (its front serves the clients)"),
+                       (False, "not on this host (another router host has it")):
+        r = Report("dsv4", "systemd", (), (), probe, None, "http://10.0.0.100:8000/v1/chat/"
+                   "completions", True, (), address=("10.0.0.100", here))
+        assert f"the moving address 10.0.0.100: {said}" in format_text(r)
+        assert report_dict(r)["address"] == {"address": "10.0.0.100", "here": here}
+

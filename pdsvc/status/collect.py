@@ -9,6 +9,7 @@ cannot be reached: each such fact becomes a row that says why.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -109,6 +110,7 @@ def collect(
     units = [("target", plan.target), *((e.role, e.unit) for e in plan.engines)]
     units += [("router", r.unit) for r in plan.routers]
     units += [("front", plan.front.unit)] if plan.front else []
+    units += [("vip", plan.vip.unit)] if plan.vip else []
     # each router's readiness (another host's: the one), then each one's worker list
     readies = [r.readiness_url for r in plan.routers] or [router.readiness_url]
     lists = [f"{r.url}/workers" for r in plan.routers[1:]]
@@ -124,7 +126,8 @@ def collect(
         UnitView("target", state_of[0], None),
         *(UnitView(e.role, s, p) for e, s, p in engines),
         *(UnitView("router", s, p) for s, p in routed if plan.routers),
-        *((UnitView("front", state_of[-1], None),) if plan.front else ()),
+        *(UnitView(role, state, None) for (role, _), state in zip(units, state_of, strict=True)
+          if role in ("front", "vip")),
     )
     workers, workers_error = read_workers(workers_probe)
     more = tuple(RouterList(p, *read_workers(p)) for p in more_probes)
@@ -141,12 +144,27 @@ def collect(
         f"{router.url}/v1/chat/completions"
     if plan.front:  # clients send to the front (on this host: several routers run on one)
         url = client_url(plan.front.host, plan.front.port, hostname)
+    if whole.vip is not None:  # ... or to the moving address, on whichever router host has it
+        url = f"{whole.client_url}/v1/chat/completions"
     return Report(
         name=plan.name, backend=backend.name, units=views, workers=workers,
         workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,
         problems=(*problems, *findings), runs=tuple(runs), pairs=tuple(pairs), more=more,
         front=front, front_error=front_error,
+        address=None if plan.vip is None else (plan.vip.address, holds(plan.vip.address)),
     )
+
+
+def holds(address: str) -> bool:
+    """Whether this host has ``address`` now (keepalived's moving address): a socket can be
+    bound to an address of its own only (bind(2): EADDRNOTAVAIL; unless
+    net.ipv4.ip_nonlocal_bind is set, which HAProxy setups sometimes do: then always True)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
 
 
 def front_view(plan: Plan) -> tuple[tuple[FrontServer, ...] | None, str | None]:

@@ -64,6 +64,11 @@ def format_text(report: Report) -> str:
             [f.name, f.status, f"{f.sessions} in flight"] for f in report.front])]
     elif report.front_error:
         lines += ["", f"the front's routers: unknown: {report.front_error}"]
+    if report.address is not None:
+        address, here = report.address
+        lines += ["", f"the moving address {address}: " + (
+            "on this host (its front serves the clients)" if here else
+            "not on this host (another router host has it while its keepalived and front run)")]
     pairs = runstate.format_pairs(list(report.pairs))
     lines += ["", *pairs] if pairs else []
     lines += ["", f"send requests to: {report.url}", "", report.verdict]
@@ -94,5 +99,8 @@ def report_dict(report: Report) -> dict[str, Any]:
                          for m in report.more],
         "front": None if report.front is None else [asdict(f) for f in report.front],
         "front_error": report.front_error,
+        # a router host of a moving address (router.vip): whether this host has it now
+        "address": None if report.address is None else {
+            "address": report.address[0], "here": report.address[1]},
         **runstate.to_dict(list(report.runs), list(report.pairs)),
     }

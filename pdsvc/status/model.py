@@ -124,6 +124,8 @@ class Report:
     more: tuple[RouterList, ...] = ()  # the other routers' lists, behind the front
     front: tuple[FrontServer, ...] | None = None  # the front's view of each router, if read
     front_error: str | None = None  # why it was not (no front: both None)
+    #: a router host of a moving address (router.vip): (the address, whether this host has it)
+    address: tuple[str, bool] | None = None
 
     @property
     def verdict(self) -> str:
