@@ -139,13 +139,7 @@ def collect(
     problems += runstate.problems(runs, pairs, plan.lifecycle.canary_heal_attempts)
     front, front_error = front_view(plan)
     problems += front_problems(plan, front, front_error)
-    # the router of another host: where this host reaches it, not at this host's name
-    url = client_url(router.host, router.port, hostname) if plan.router else \
-        f"{router.url}/v1/chat/completions"
-    if plan.front:  # clients send to the front (on this host: several routers run on one)
-        url = client_url(plan.front.host, plan.front.port, hostname)
-    if whole.vip is not None:  # ... or to the moving address, on whichever router host has it
-        url = f"{whole.client_url}/v1/chat/completions"
+    url = _send_to(plan, whole, router, hostname)
     return Report(
         name=plan.name, backend=backend.name, units=views, workers=workers,
         workers_probe=workers_probe, workers_error=workers_error, url=url, serving=serving,
@@ -153,6 +147,17 @@ def collect(
         front=front, front_error=front_error,
         address=None if plan.vip is None else (plan.vip.address, holds(plan.vip.address)),
     )
+
+
+def _send_to(plan: Plan, whole: Plan, router: RouterPlan, hostname: str) -> str:
+    """Where clients send requests, as this host names it."""
+    if whole.vip is not None:  # the moving address, on whichever router host has it
+        return f"{whole.client_url}/v1/chat/completions"
+    if plan.front:  # the front (on this host: several routers run on one)
+        return client_url(plan.front.host, plan.front.port, hostname)
+    # the router of another host: where this host reaches it, not at this host's name
+    return client_url(router.host, router.port, hostname) if plan.router else \
+        f"{router.url}/v1/chat/completions"
 
 
 def holds(address: str) -> bool:
