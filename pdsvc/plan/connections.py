@@ -121,7 +121,7 @@ def _moving_address(plan: Plan, add: Add) -> None:
     for host, _ in plan.vip.members:
         for r in plan.routers:
             add(host, f"{r.host}:{r.port}", "front",
-                f"{host}'s front (HAProxy) -> {r.name} (requests, GET /liveness checks)")
+                f"{host}'s front (HAProxy) -> {r.name} (requests, GET /readiness checks)")
         for other, address in plan.vip.members:
             if other != host:
                 add(host, f"{address}:{VRRP_PORT}", "vrrp",
