@@ -30,7 +30,7 @@ def check_router_key(plan: Plan, call: Callable[..., HttpReply] = http_call) -> 
     by the engine hosts' install.sh --key-from), or the router cannot be asked (not running
     yet, or this user may not read the key)."""
     path = plan.paths.router_key
-    url = router_url(plan)
+    url = plan.key_router_url()
     fix = copy_fix(plan)
     try:
         key = read_key(path, {})
@@ -61,19 +61,6 @@ def check_router_key(plan: Plan, call: Callable[..., HttpReply] = http_call) -> 
     return [warn(CHECK, f"the router at {url} answered GET /workers with {reply.detail}",
                  "see the router's log (journalctl -u " + shlex.quote(f"{plan.name}-router")
                  + ")")]
-
-
-def router_url(plan: Plan) -> str:
-    """The router as this host's units reach it: where its engines register, else the first
-    router (a router host that copies the key: routers on several hosts), else (the router
-    alone here) its own URL."""
-    for e in plan.engines:
-        if e.router_urls:
-            return e.router_urls[0]
-    if plan.key_use == "copy" and plan.front is not None:
-        return f"http://{plan.front.servers[0][1]}"
-    assert plan.router is not None
-    return plan.router.url
 
 
 def make_fix(plan: Plan) -> str:

@@ -360,14 +360,22 @@ class Plan:
             return "make"  # the first router's host (routers on several hosts: the others copy)
         return "copy" if self.router or any(e.router_urls for e in self.engines) else "none"
 
+    def key_router_url(self) -> str:
+        """The router whose key this host's units use, as they reach it: where its engines
+        register first, else the first router (a router host that copies the key: routers on
+        several hosts), else (the router alone here) its own URL."""
+        for e in self.engines:
+            if e.router_urls:
+                return e.router_urls[0]
+        if self.key_use == "copy" and self.front is not None:
+            return f"http://{self.front.servers[0][1]}"
+        assert self.router is not None
+        return self.router.url
+
     def key_origin(self) -> tuple[str, str]:
         """(host name, address) of the (first) router's host, where a ``copy`` host gets the
-        key: the address its engines register at, or the front's first server's."""
-        urls = [e.router_urls[0] for e in self.engines if e.router_urls]
-        if urls:
-            return self.router_machine, urllib.parse.urlsplit(urls[0]).hostname or ""
-        assert self.front is not None  # a router host that copies: routers on several hosts
-        return self.router_machine, self.front.servers[0][1].rpartition(":")[0]
+        key (``key_router_url``'s address)."""
+        return self.router_machine, urllib.parse.urlsplit(self.key_router_url()).hostname or ""
 
     @property
     def watchdog_secs(self) -> int:
