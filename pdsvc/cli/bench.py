@@ -8,15 +8,13 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from pdsvc.bench import report
-from pdsvc.bench.gates import read_pairs
-from pdsvc.bench.runner import RunResult, Slo, run_once
-from pdsvc.bench.search import bisect_rate
-from pdsvc.bench.target import Load, Target, bench_argv, current_env, target_from_plan
+from pdsvc.bench.runner import RunResult, Slo
+from pdsvc.bench.session import Session, state_dir_of
+from pdsvc.bench.target import Load, Target, bench_argv, target_from_plan
 from pdsvc.cli.kit import (
     config_option,
     handle_errors,
@@ -26,9 +24,6 @@ from pdsvc.cli.kit import (
     topology_option,
 )
 from pdsvc.status.collect import http_get
-
-if TYPE_CHECKING:
-    from pdsvc.plan.build import Plan
 
 BENCH_EPILOG = """\b
 Examples:
@@ -172,17 +167,11 @@ def bench(config_path: Path, sysfs_root: Path | None, topology_file: Path | None
     if url is None:
         _refuse_foreign(target, config_path)
     _warn(target, slo, num_prompts)
-    runner = _Runner(target, output_dir, slo, max_error_rate, plan,
-                     _state_dir(plan, target, state_dir))
+    runner = Session(target, output_dir, slo, max_error_rate, plan,
+                     state_dir_of(plan, target, state_dir), say)
     best: float | None = None
     if slo:
-        def meets(r: float) -> bool | None:
-            res = runner.one(Load(r, input_len, output_len, num_prompts))
-            if res.error or any(g.name != "errors" for g in res.failed_gates()):
-                return None  # invalid: stop (errors alone only mean the SLO is missed)
-            return bool(res.valid and (res.slo_share or 0) >= slo.share)
-
-        best, _ = bisect_rate(lo, hi, precision, meets)
+        best = runner.search(lo, hi, precision, Load(lo, input_len, output_len, num_prompts))
     else:
         for load in loads:
             runner.one(load)
@@ -227,47 +216,6 @@ def _warn(target: Target, slo: Slo | None, num_prompts: int) -> None:
             "SLO); use a few hundred to find the capacity")
     say(f"pdsvc bench: warning: this loads {target.url}, the production traffic path "
         "(router → prefill → decode): live requests there will queue behind the benchmark")
-
-
-def _state_dir(plan: Plan, target: Target, state_dir: Path | None) -> Path | None:
-    """Where the runtimes' pair canaries write: --state-dir, else the plan's (when the target
-    is the plan's own)."""
-    if state_dir is None and target.owned:
-        from pdsvc.status.runstate import state_dir as plan_state_dir
-
-        return plan_state_dir(plan, "supervisord" if plan.format == "supervisord" else "systemd")
-    return state_dir
-
-
-class _Runner:
-    """Runs one load after another, numbering their files, and says how each went."""
-
-    def __init__(self, target: Target, output_dir: Path, slo: Slo | None,
-                 max_error_rate: float, plan: Plan, state_dir: Path | None) -> None:
-        self.target, self.output_dir, self.slo = target, output_dir, slo
-        self.max_error_rate, self.plan, self.state_dir = max_error_rate, plan, state_dir
-        self.runs: list[RunResult] = []
-
-    def one(self, load: Load) -> RunResult:
-        """Run ``load``, keep its result, and report it on stderr."""
-        i = len(self.runs) + 1
-        say(f"run {i}: {load.rate:g} req/s, {load.num_prompts} requests of "
-            f"{load.input_len}+{load.output_len} tokens …")
-        plan = self.plan if self.target.owned else None
-        res = run_once(self.target, load, self.output_dir / f"run-{i:02d}.jsonl",
-                       env=current_env(), slo=self.slo, max_error_rate=self.max_error_rate,
-                       pairs=lambda: read_pairs(plan, self.state_dir),
-                       log=say, log_file=self.output_dir / f"run-{i:02d}.log")
-        self.runs.append(res)
-        m = res.metrics
-        said = (f"  {res.ok}/{res.total} ok, p99 TTFT {m.get('p99_ttft_ms') or 0:.0f} ms, "
-                f"p99 ITL {m.get('p99_itl_ms') or 0:.1f} ms"
-                + (f", SLO met by {res.slo_share:.1%}" if res.slo_share is not None else ""))
-        say(said if not res.error else f"  {res.error}")
-        for g in res.gates:
-            if g.result != "pass":
-                say(f"  gate {g.name}: {g.result}: {g.detail}")
-        return res
 
 
 def _verdict(runs: list[RunResult], slo: Slo | None, best: float | None,

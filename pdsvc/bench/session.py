@@ -1,0 +1,85 @@
+"""Runs against one deployment, one after another: each run's files numbered in one
+directory, how each went said as it ends, and the SLO search over them (`pdsvc bench --slo`
+and each candidate of `pdsvc tune` search the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .gates import read_pairs
+from .runner import RunResult, Slo, run_once
+from .search import bisect_rate
+from .target import Load, Target, current_env
+
+if TYPE_CHECKING:
+    from pdsvc.plan.build import Plan
+
+
+def meets_slo(res: RunResult, slo: Slo) -> bool | None:
+    """Whether a run meets the SLO; None when the run is invalid (the search stops there):
+    a failed gate other than ``errors`` (failed requests only mean the SLO is missed), or
+    bench_serving itself failed."""
+    if res.error or any(g.name != "errors" for g in res.failed_gates()):
+        return None
+    return bool(res.valid and (res.slo_share or 0) >= slo.share)
+
+
+def state_dir_of(plan: Plan, target: Target, state_dir: Path | None) -> Path | None:
+    """Where the runtimes' pair canaries write: ``state_dir`` when given, else the plan's
+    (when the target is the plan's own)."""
+    if state_dir is None and target.owned:
+        from pdsvc.status.runstate import state_dir as plan_state_dir
+
+        return plan_state_dir(plan, "supervisord" if plan.format == "supervisord" else "systemd")
+    return state_dir
+
+
+class Session:
+    """Runs one load after another, numbering their files, and says how each went."""
+
+    def __init__(self, target: Target, output_dir: Path, slo: Slo | None,
+                 max_error_rate: float, plan: Plan, state_dir: Path | None,
+                 say: Callable[[str], None]) -> None:
+        self.target, self.output_dir, self.slo = target, output_dir, slo
+        self.max_error_rate, self.plan, self.state_dir = max_error_rate, plan, state_dir
+        self.say = say
+        self.runs: list[RunResult] = []
+
+    def one(self, load: Load) -> RunResult:
+        """Run ``load``, keep its result, and report it."""
+        i = len(self.runs) + 1
+        say = self.say
+        say(f"run {i}: {load.rate:g} req/s, {load.num_prompts} requests of "
+            f"{load.input_len}+{load.output_len} tokens …")
+        plan = self.plan if self.target.owned else None
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        res = run_once(self.target, load, self.output_dir / f"run-{i:02d}.jsonl",
+                       env=current_env(), slo=self.slo, max_error_rate=self.max_error_rate,
+                       pairs=lambda: read_pairs(plan, self.state_dir),
+                       log=say, log_file=self.output_dir / f"run-{i:02d}.log")
+        self.runs.append(res)
+        m = res.metrics
+        said = (f"  {res.ok}/{res.total} ok, p99 TTFT {m.get('p99_ttft_ms') or 0:.0f} ms, "
+                f"p99 ITL {m.get('p99_itl_ms') or 0:.1f} ms"
+                + (f", SLO met by {res.slo_share:.1%}" if res.slo_share is not None else ""))
+        say(said if not res.error else f"  {res.error}")
+        for g in res.gates:
+            if g.result != "pass":
+                say(f"  gate {g.name}: {g.result}: {g.detail}")
+        return res
+
+    def search(self, lo: float, hi: float, precision: float, shape: Load) -> float | None:
+        """The highest rate in lo..hi meeting the session's SLO (bisect_rate), each run
+        ``shape``'s lengths and prompts at the rate tried; None when none does or a run was
+        invalid (its gate is in self.runs)."""
+        slo = self.slo
+        assert slo is not None
+
+        def meets(rate: float) -> bool | None:
+            return meets_slo(self.one(Load(rate, shape.input_len, shape.output_len,
+                                           shape.num_prompts)), slo)
+
+        best, _ = bisect_rate(lo, hi, precision, meets)
+        return best
