@@ -1,5 +1,5 @@
 """`pdsvc tune`'s search space and its candidates, checked before anything restarts (issue
-33; --dry-run so far): the space file's errors name the key; the candidates (grid, one lever
+33): the space file's errors name the key; the candidates (grid, one lever
 at a time, auto); a config the schema or the pairing check refuses is skipped with the reason;
 a switch that stops serving (1P1D) is named, one that does not (2P2D) is measured; the
 estimate; the CLI's table, JSON and bounds."""
@@ -14,7 +14,7 @@ import yaml
 from conftest import REPO
 
 from pdsvc.cli.commands import main
-from pdsvc.cli.tune import bundle_of
+from pdsvc.cli.tune import files_for
 from pdsvc.errors import ConfigError
 from pdsvc.topology import load_topology_file
 from pdsvc.tune.check import bisect_runs, check, run_seconds, total_seconds
@@ -93,7 +93,7 @@ def checked_for(config: dict, text: str):
     s = parse_space(text, "t.yaml")
     cfg_text = yaml.safe_dump(config, sort_keys=False)
     return s, check(s, candidates(s, config), cfg_text, "c.yaml", load_topology_file(TOPO),
-                    bundle_of)
+                    lambda p: {f.path: f.content for f in files_for(p, "pdsvc tune")})
 
 
 def test_a_refused_config_is_skipped_with_the_schema_s_words() -> None:
@@ -158,9 +158,16 @@ def test_json_and_the_bounds(runner, tmp_path: Path) -> None:
     assert [c["measured"] for c in tight["candidates"]] == [True] + [False] * 6
 
 
-def test_without_dry_run_it_says_what_is_built_and_exits_2(runner, tmp_path: Path) -> None:
-    r = run_cli(runner, tmp_path=tmp_path)
-    assert r.exit_code == 2 and "only --dry-run is built so far" in r.stderr
+def test_without_a_running_deployment_it_measures_nothing_and_exits_3(
+        runner, tmp_path: Path) -> None:
+    """The seed 2P2D case's router (port 8080 of this machine) is not running: nothing is
+    switched, nothing is written."""
+    r = run_cli(runner, "-c", str(REPO / "tests/cases/seed-2p2d-explicit.yaml"), "--results",
+                str(tmp_path / "results"), tmp_path=tmp_path)
+    assert r.exit_code == 3, r.output + r.stderr
+    assert "not tuning: http://127.0.0.1:8080/v1/models" in r.stderr
+    assert "running? (systemctl start dsv4-pd.target)" in r.stderr
+    assert not (tmp_path / "results").exists()
 
 
 def test_the_seed_space_file_parses_and_its_candidates_are_all_checked() -> None:

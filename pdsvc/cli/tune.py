@@ -1,53 +1,72 @@
-"""`pdsvc tune`: the click command (thin: the space file and the config → candidates, checked
-→ a table or JSON). So far --dry-run only: measuring the candidates is the next step."""
+"""`pdsvc tune`: the click command (thin: the space file and the config → candidates, checked;
+--dry-run prints them; else the search (pdsvc/tune/search.py) on the running deployment
+(pdsvc/tune/live.py), its results kept (store.py), its answer printed (report.py))."""
 
 from __future__ import annotations
 
 import json
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
-import yaml
 
+from pdsvc.apply.bounds import DRAIN_SECS, STEP_SECS
 from pdsvc.cli.kit import (
+    DEFAULT_OUTPUT,
     EPILOG,
+    canonical_command,
     config_option,
     handle_errors,
     host_topology,
     json_option,
+    load_plan,
     read_config_text,
     sysfs_option,
     topology_option,
 )
-from pdsvc.cli.render import per_host
+from pdsvc.cli.render import install_script, per_host
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
-from pdsvc.tune.check import Checked, bisect_runs, check, total_seconds
+from pdsvc.tune import report
+from pdsvc.tune.check import Checked, Checker, bisect_runs, total_seconds
+from pdsvc.tune.live import Live
+from pdsvc.tune.search import Answer, Limits, Tuner
 from pdsvc.tune.space import Space, candidates, parse_space
+from pdsvc.tune.store import Outcome, Store, results_key, write_atomic
 
-TUNE_SCHEMA = "pdsvc-tune-plan/1"
+TUNE_PLAN_SCHEMA = "pdsvc-tune-plan/1"
 TUNE_EPILOG = """\b
 Examples:
   pdsvc tune --dry-run                          the seed's space: etc/tune.yaml beside the config
   pdsvc tune --dry-run --space my-space.yaml    another one
   pdsvc tune --dry-run --max-time 7200          the candidates that fit in two hours
+  sudo pdsvc tune                               measure them on the running deployment
+  sudo pdsvc tune --keep-current                measure, and end on the current config
 
 \b
 A candidate is refused (skipped, with the reason, nothing restarts) when the schema or the
 pairing check refuses its config or its plan does not fit the host; one whose switch stops
 serving (a pair-incompatible change on 1P1D) is skipped unless --allow-outage.
+
+\b
+Each candidate: written to RESULTS/KEY/configs/, switched to with the flow of pdsvc apply
+(engine by engine, serving throughout), its pairs proven, then the SLO search of pdsvc
+bench --slo. One that fails to start (or whose runs are invalid) is recorded with the
+engine's own last error line, and the deployment goes back to the last good config first.
+Ctrl-C, SIGTERM or a lost session (SIGHUP) end the running measurement and go back to the
+last good config; what was measured is kept: the same command again measures only what is
+missing (KEY: the space, the config and the host).
+
+\b
+Exit codes: 0 an answer (also "no candidate beats the current config") · 1 the baseline
+            cannot be measured, or going back failed · 2 bad space, config or usage ·
+            3 the router does not serve this config's deployment · 130 interrupted (back
+            on the last good config)
 """ + EPILOG
-
-
-def bundle_of(plan: Plan) -> dict[str, str]:
-    """The bundle `pdsvc apply` would install for a plan (its rollout is compared)."""
-    if plan.format == "supervisord":
-        from pdsvc.render.supervisord import render_supervisord
-        files = per_host(plan, "pdsvc tune", lambda p: render_supervisord(p, "pdsvc tune"))
-    else:
-        from pdsvc.render.systemd import render_systemd
-        files = per_host(plan, "pdsvc tune", lambda p: render_systemd(p, "pdsvc tune"))
-    return {f.path: f.content for f in files}
 
 
 def _duration(seconds: float) -> str:
@@ -63,28 +82,43 @@ def _duration(seconds: float) -> str:
 @click.option("--space", "space_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="The search space (levers, SLO, workload). Default: tune.yaml "
               "beside the config (etc/tune.yaml for the seed).")
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_OUTPUT, show_default=True,
+              help="The bundle directory of the running deployment (as pdsvc apply's).")
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("pdsvc-tune"), show_default=True,
+              help="Where the measurements are kept (RESULTS/KEY/), and the answer.")
 @click.option("--dry-run", is_flag=True, help="List the candidates, each checked, and the "
               "estimated time; nothing restarts.")
 @click.option("--allow-outage", is_flag=True, help="Measure candidates whose switch stops "
               "serving too.")
+@click.option("--keep-current", is_flag=True, help="End on the current config, whatever "
+              "wins (the best is still written as a file).")
 @click.option("--max-candidates", type=click.IntRange(min=1), default=None,
               help="Measure at most this many candidates besides the baseline (in order).")
 @click.option("--max-time", "max_time", type=click.FloatRange(min=0, min_open=True),
               default=None, help="Measure only the candidates that fit in this many seconds "
-              "(the estimate), in order.")
+              "(the estimate; measuring: from the start of this run).")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=DRAIN_SECS,
+              show_default=True, metavar="SECS", help="As pdsvc apply's.")
+@click.option("--step-timeout", type=click.FloatRange(min=1), default=STEP_SECS,
+              show_default=True, metavar="SECS", help="As pdsvc apply's: how long a restarted "
+              "engine may take to serve; past it the candidate has failed.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the units' runtimes keep their state (default: the plan's).")
 @json_option
 @handle_errors
 def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
-         space_path: Path | None, dry_run: bool, allow_outage: bool,
-         max_candidates: int | None, max_time: float | None, as_json: bool) -> None:
-    """Find the config that serves the most at your SLO on this host: the candidates of a
-    search space (levers of the config and the values to try), each checked against the
-    schema and the pairing check before anything restarts, the baseline and the best measured
-    three times. So far --dry-run: the candidates, their verdicts and the time it would take.
+         space_path: Path | None, output: Path, results: Path, dry_run: bool,
+         allow_outage: bool, keep_current: bool, max_candidates: int | None,
+         max_time: float | None, drain_timeout: float, step_timeout: float,
+         state_dir: Path | None, as_json: bool) -> None:
+    """Find the config that serves the most at your SLO on this host, measured on the
+    running deployment while it serves: the candidates of a search space (levers of the
+    config and the values to try), each checked against the schema and the pairing check
+    before anything restarts, switched to engine by engine, measured by the SLO search; the
+    baseline and the best three times, the best winning only beyond the spread.
     """
-    if not dry_run:
-        raise click.UsageError("only --dry-run is built so far: it lists and checks the "
-                               "candidates and estimates the time (measuring them is next)")
     path = space_path or config_path.parent / "tune.yaml"
     try:
         space_text = path.read_text(encoding="utf-8")
@@ -93,15 +127,126 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
                           "etc/tune.yaml") from None
     space = parse_space(space_text, str(path))
     text = read_config_text(config_path)
-    base = yaml.safe_load(text) or {}
-    found = candidates(space, base)
-    checked = check(space, found, text, str(config_path),
-                    host_topology(sysfs_root, topology_file), bundle_of)
-    kept = _bounded(checked, space, allow_outage, max_candidates, max_time)
-    if as_json:
-        click.echo(json.dumps(_document(space, checked, kept), indent=1))
+    topology = host_topology(sysfs_root, topology_file)
+    command = canonical_command(config_path, sysfs_root, topology_file)
+    checker = Checker(space, text, str(config_path), topology,
+                      lambda p: {f.path: f.content for f in files_for(p, command)})
+    checked = [checker.check(c) for c in candidates(space, checker.base_data)]
+    if dry_run:
+        kept = _bounded(checked, space, allow_outage, max_candidates, max_time)
+        if as_json:
+            click.echo(json.dumps(_document(space, checked, kept), indent=1))
+            return
+        _print(space, checked, kept, allow_outage)
         return
-    _print(space, checked, kept, allow_outage)
+    base_plan = load_plan(config_path, sysfs_root, topology_file)
+    _refuse(base_plan, config_path)
+    host = f"{socket.gethostname()} {topology.to_json()}"
+    store = Store(results / results_key(space_text, text, host),
+                  {"space": str(path), "config": str(config_path),
+                   "host": socket.gethostname()})
+    live = Live(space, output, lambda c: load_plan(c, sysfs_root, topology_file),
+                lambda p: files_for(p, command), install_script(), sysfs_root, topology_file,
+                drain_timeout, step_timeout, state_dir)
+    limits = Limits(allow_outage, max_candidates, max_time, keep_current)
+    click.echo(f"pdsvc tune: results in {store.directory} ({len(store.outcomes)} measured "
+               "before)", err=True)
+    with _signals_interrupt():
+        answer = Tuner(space, checker, live, store, _say, limits).run(checked)
+    _answer(space, answer, store, checker, as_json, path, config_path)
+
+
+def files_for(plan: Plan, command: str) -> list[Any]:
+    """The bundle `pdsvc render` writes for the plan, every candidate's with the same
+    command in its header (so that only what the candidate changes differs)."""
+    if plan.format == "supervisord":
+        from pdsvc.render.supervisord import render_supervisord
+        return per_host(plan, command, lambda p: render_supervisord(p, command))
+    from pdsvc.render.systemd import render_systemd
+    return per_host(plan, command, lambda p: render_systemd(p, command))
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _refuse(plan: Plan, config_path: Path) -> None:
+    """What tune cannot measure: a bundle pdsvc apply does not roll, several hosts, a router
+    that does not serve this deployment."""
+    from pdsvc.bench.target import target_from_plan
+    from pdsvc.cli.bench import EXIT_CANNOT, owns
+
+    if plan.format not in ("systemd", "supervisord"):
+        raise ConfigError(f"{config_path}: format is {plan.format}; pdsvc tune switches "
+                          "systemd and supervisord deployments (as pdsvc apply)")
+    if plan.hosts:
+        raise ConfigError(f"{config_path}: a deployment over several hosts; pdsvc tune "
+                          "switches one host's deployment",
+                          hint="tune a one-host copy of it, then apply the answer per host")
+    why = owns(target_from_plan(plan))
+    if why is not None:
+        start = (f"systemctl start {plan.name}-pd.target" if plan.format == "systemd" else
+                 "its supervisord")
+        _say(f"pdsvc: error: not tuning: {why}; is the deployment of {config_path} running? "
+             f"({start})")
+        raise SystemExit(EXIT_CANNOT)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a lost SSH session) end the search as Ctrl-C does: the running
+    measurement dropped, the deployment back on the last good config. While it goes back,
+    a second signal is said to wait, not obeyed."""
+    def interrupt(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, _wait)
+        signal.signal(signal.SIGTERM, _wait)
+        signal.signal(signal.SIGHUP, _wait)
+        raise KeyboardInterrupt
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s in old:
+        signal.signal(s, interrupt)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _wait(signum: int, frame: object) -> None:
+    _say("pdsvc tune: going back to the last good config; wait (it ends on its own)")
+
+
+def _answer(space: Space, answer: Answer, store: Store, checker: Checker, as_json: bool,
+            space_path: Path, config_path: Path) -> None:
+    """The table or JSON on stdout, the plot and the best config written."""
+    measured: dict[str, list[Outcome]] = {}
+    for o in store.outcomes:
+        measured.setdefault(o.name, []).append(o)
+    for outs in measured.values():
+        outs.sort(key=lambda o: o.repeat)
+    best_path = store.directory / "best.yaml"
+    write_atomic(best_path, report.best_config_text(
+        checker.config_text, answer, space, space_path=space_path, config_path=config_path,
+        host=socket.gethostname(), best_text=checker.text_of(answer.best)))
+    plot_path = report.plot(space, answer, measured, store.directory / "tune.png")
+    if as_json:
+        click.echo(json.dumps(report.document(space, answer, measured, results=store.directory,
+                                              best_config=best_path, plot_path=plot_path),
+                              indent=1))
+        return
+    for line in report.table(answer, measured):
+        click.echo(line)
+    click.echo(f"search: {answer.how}")
+    click.echo(f"answer: {answer.verdict}")
+    running = answer.running.name if answer.running else "?"
+    click.echo(f"running now: {running}; best config: {best_path}")
+    click.echo(f"plot: {plot_path}" if plot_path else
+               "plot: not drawn (pip install 'pdsvc[plot]' for matplotlib)")
+    if answer.wins and answer.running == answer.best:
+        click.echo(f"to keep it as your config: cp {best_path} {config_path}")
+    elif answer.wins:
+        click.echo(f"to run it: pdsvc apply -c {best_path}")
 
 
 def _bounded(checked: list[Checked], space: Space, allow_outage: bool, max_candidates: int | None,
@@ -122,7 +267,7 @@ def _bounded(checked: list[Checked], space: Space, allow_outage: bool, max_candi
 
 def _document(space: Space, checked: list[Checked], kept: list[Checked]) -> dict:
     names = {c.candidate.name for c in kept}
-    return {"schema": TUNE_SCHEMA, "search": space.strategy, "why": space.strategy_why,
+    return {"schema": TUNE_PLAN_SCHEMA, "search": space.strategy, "why": space.strategy_why,
             "slo": {"ttft_ms": space.ttft_ms, "itl_ms": space.itl_ms, "share": space.share},
             "runs_per_search": bisect_runs(space),
             "candidates": [{"name": c.candidate.name,

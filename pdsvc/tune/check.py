@@ -60,35 +60,54 @@ def run_seconds(space: Space) -> float:
     return bisect_runs(space) * (space.num_prompts / middle + RUN_OVERHEAD_S)
 
 
-def check(space: Space, candidates: list[Candidate], config_text: str, source: str,
-          topology: Topology | None, bundle_of: Callable[[Plan], dict[str, str]]
-          ) -> list[Checked]:
-    """Every candidate's verdict (module docstring), the baseline first."""
-    base_data = yaml.safe_load(config_text) or {}
-    base_plan = build_plan(parse_config(config_text, source), topology, config_source=source,
-                           config_text=config_text)
-    base_bundle = bundle_of(base_plan)
-    out = [Checked(candidates[0], "baseline", "", (), REPEATS * run_seconds(space))]
-    for c in candidates[1:]:
-        text = yaml.safe_dump(apply_changes(base_data, c.changes, space.levers),
+class Checker:
+    """Checks candidates against the baseline config (its plan and bundle built once)."""
+
+    def __init__(self, space: Space, config_text: str, source: str, topology: Topology | None,
+                 bundle_of: Callable[[Plan], dict[str, str]]) -> None:
+        self.space, self.source, self.topology, self.bundle_of = space, source, topology, \
+            bundle_of
+        self.config_text = config_text
+        self.base_data = yaml.safe_load(config_text) or {}
+        base_plan = build_plan(parse_config(config_text, source), topology,
+                               config_source=source, config_text=config_text)
+        self.base_bundle = bundle_of(base_plan)
+
+    def text_of(self, c: Candidate) -> str:
+        """The candidate's config as YAML text: the baseline's own text, or it with the
+        candidate's changes made."""
+        if not c.changes:
+            return self.config_text
+        return yaml.safe_dump(apply_changes(self.base_data, c.changes, self.space.levers),
                               sort_keys=False)
+
+    def check(self, c: Candidate) -> Checked:
+        """The candidate's verdict (module docstring)."""
+        space = self.space
+        if not c.changes:
+            return Checked(c, "baseline", "", (), REPEATS * run_seconds(space))
+        text = self.text_of(c)
         try:
-            plan = build_plan(parse_config(text, f"{source} with {c.describe()}"), topology,
-                              config_source=source, config_text=text)
+            plan = build_plan(parse_config(text, f"{self.source} with {c.describe()}"),
+                              self.topology, config_source=self.source, config_text=text)
         except (ConfigError, TopologyError) as e:
-            out.append(Checked(c, "refused", str(e).split(": ", 1)[-1], (), 0.0))
-            continue
-        rollout = plan_rollout(base_bundle, bundle_of(plan))
+            return Checked(c, "refused", str(e).split(": ", 1)[-1], (), 0.0)
+        rollout = plan_rollout(self.base_bundle, self.bundle_of(plan))
         units = tuple(u for s in rollout.steps for u in s.units)
         stops = [s for s in rollout.steps if s.serving_stops]
         cost = len(units) * (space.engine_load_secs + SETTLE_S) + run_seconds(space)
         if stops:  # measured only with --allow-outage: its cost is the same
-            out.append(Checked(c, "outage", f"serving stops while {', '.join(stops[0].units)} "
-                               f"{stops[0].action}s (no pair left): {stops[0].why}", units,
-                               cost))
-            continue
-        out.append(Checked(c, "measure", "", units, cost))
-    return out
+            return Checked(c, "outage", f"serving stops while {', '.join(stops[0].units)} "
+                           f"{stops[0].action}s (no pair left): {stops[0].why}", units, cost)
+        return Checked(c, "measure", "", units, cost)
+
+
+def check(space: Space, candidates: list[Candidate], config_text: str, source: str,
+          topology: Topology | None, bundle_of: Callable[[Plan], dict[str, str]]
+          ) -> list[Checked]:
+    """Every candidate's verdict (module docstring), the baseline first."""
+    checker = Checker(space, config_text, source, topology, bundle_of)
+    return [checker.check(c) for c in candidates]
 
 
 def total_seconds(space: Space, checked: list[Checked]) -> float:

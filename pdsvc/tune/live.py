@@ -1,0 +1,172 @@
+"""The running deployment as `pdsvc tune` drives it: switched to a candidate by the flow of
+`pdsvc apply` (engine by engine, back on failure; its progress is tune's), measured by the
+SLO search of `pdsvc bench --slo` once every pair is proven.
+
+A switch that fails says why in the engine's own words: the restart file its runtime wrote
+when the run ended (``NAME.restart.json``'s reason: "decode exited with status 1: ValueError:
+…", the child's last error line, as the journal has it), else apply's line for the step that
+failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdsvc.apply.bundles import as_bundle, read_bundle
+from pdsvc.apply.flow import FAILED, Options, Source, apply_rollout
+from pdsvc.apply.order import plan as plan_apply
+from pdsvc.bench.gates import read_pairs
+from pdsvc.bench.runner import RunResult, Slo
+from pdsvc.bench.session import Session, meets_slo, state_dir_of
+from pdsvc.bench.target import Load, target_from_plan
+from pdsvc.plan.build import Plan
+from pdsvc.render.kit import File
+from pdsvc.status.runstate import unit_runs
+
+from .search import Say, Switched
+from .space import Space
+from .store import Outcome, Point
+
+#: the phases of a run that ended badly (runtime/endings.py's Phase values)
+BAD_PHASES = ("failed-start", "gave-up", "crashed")
+#: how often the pairs' canary state is read while waiting for every pair to be proven
+PAIR_POLL_S = 1.0
+
+
+class _Frontend:
+    """apply's Frontend for tune: the plan kept quiet, progress passed on, never a question
+    (tune decides about outages before it switches), the failed step's line remembered."""
+
+    def __init__(self, say: Say, installer: Path | None) -> None:
+        self._say, self._installer = say, installer
+        self.failed = ""
+
+    def echo(self, text: str) -> None:  # the plan: tune says what it switches to
+        pass
+
+    def say(self, text: str) -> None:
+        line = text.removeprefix("pdsvc apply: ")
+        if " failed" in line and not self.failed:
+            self.failed = line
+        if line.startswith(("step ", "installing", "nothing to do", "  ")) or " failed" in line:
+            self._say(line)
+
+    def confirm(self, question: str) -> bool | None:
+        return True
+
+    def shown(self, path: Path) -> str:
+        return str(path)
+
+    def installer(self) -> Path | None:
+        return self._installer
+
+
+@dataclass
+class Live:
+    """The deployment whose bundle is in ``output`` (what `pdsvc apply` compares with)."""
+
+    space: Space
+    output: Path
+    plan_of: Callable[[Path], Plan]  # a config file's plan (on this host)
+    files_of: Callable[[Plan], list[File]]  # its bundle, as `pdsvc render` writes it
+    installer: Path | None
+    sysfs_root: Path | None = None
+    topology: Path | None = None
+    drain_secs: float = 30.0
+    step_secs: float = 900.0
+    state_dir: Path | None = None
+    max_error_rate: float = 0.01
+
+    def runs(self, config: Path) -> bool:
+        new = as_bundle(self.files_of(self.plan_of(config)))
+        return plan_apply(read_bundle(self.output), new).nothing_to_do
+
+    def switch(self, name: str, config: Path, say: Say, *, allow_outage: bool) -> Switched:
+        plan = self.plan_of(config)
+        files = self.files_of(plan)
+        rollout = plan_apply(read_bundle(self.output), as_bundle(files))
+        if rollout.outage and not allow_outage:
+            s = rollout.outage[0]
+            return Switched(False, 0.0, f"serving would stop while {', '.join(s.units)} "
+                            f"{s.action}s: {s.why} (--allow-outage measures it)", outage=True)
+        fe = _Frontend(say, self.installer)
+        options = Options(self.output, sysfs_root=self.sysfs_root, topology=self.topology,
+                          yes=True, drain_secs=self.drain_secs, step_secs=self.step_secs)
+        t0 = time.monotonic()
+        code = apply_rollout(options, Source(files, config, config), fe)
+        seconds = time.monotonic() - t0
+        if code == 0:
+            return Switched(True, seconds)
+        why = self.why_failed(plan) or fe.failed or f"pdsvc apply exited {code}"
+        return Switched(False, seconds, why if code == FAILED else f"{why} (exit {code})")
+
+    def why_failed(self, plan: Plan) -> str:
+        """The engines' own words for a run that ended badly (their restart files)."""
+        target = target_from_plan(plan)
+        directory = state_dir_of(plan, target, self.state_dir)
+        if directory is None:
+            return ""
+        bad = [f"{r.unit}: {r.reason}" for r in unit_runs(plan, directory)
+               if r.phase in BAD_PHASES and r.reason]
+        return "; ".join(bad)
+
+    def measure(self, name: str, config: Path, bench_dir: Path, say: Say) -> Outcome:
+        space = self.space
+        plan = self.plan_of(config)
+        target = target_from_plan(plan)
+        directory = state_dir_of(plan, target, self.state_dir)
+        unproven = self._pairs_proven(plan, directory, say)
+        if unproven:
+            return Outcome("", name, [], 0, "invalid", why=unproven)
+        slo = Slo(space.ttft_ms, space.itl_ms, space.share)
+        session = Session(target, bench_dir, slo, self.max_error_rate, plan, directory, say)
+        best = session.search(space.rate_low, space.rate_high, space.precision,
+                              Load(space.rate_low, space.input_len, space.output_len,
+                                   space.num_prompts))
+        return outcome_of(session.runs, best, slo, space)
+
+    def _pairs_proven(self, plan: Plan, directory: Path | None, say: Say) -> str:
+        """Wait until every pair's canary says ok (bounded by the step bound); what is
+        still unproven ("" once proven, or when no canary state is kept at all)."""
+        deadline = time.monotonic() + self.step_secs
+        said = False
+        while True:
+            pairs = read_pairs(plan, directory)
+            if all(p.state == "ok" for p in pairs) or all(p.state == "unknown"
+                                                          for p in pairs):
+                return ""
+            left = [f"{p.prefill} -> {p.decode}: {p.last_error or p.state}" for p in pairs
+                    if p.state != "ok"]
+            if time.monotonic() >= deadline:
+                return f"pairs not proven within {self.step_secs:g} s: {'; '.join(left)}"
+            if not said:
+                say(f"waiting for every pair's canary ({len(left)} not proven yet)")
+                said = True
+            time.sleep(PAIR_POLL_S)
+
+
+def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space) -> Outcome:
+    """One measurement from the SLO search's runs: the goodput and the latencies of the run
+    at that rate; invalid when a run's gate failed; no-rate when none met the SLO."""
+    points = [Point(r.load.rate, meets_slo(r, slo), r.metrics.get("p99_ttft_ms"),
+                    r.metrics.get("p99_itl_ms")) for r in runs]
+    bad = [r for r in runs if meets_slo(r, slo) is None]
+    if bad:
+        r = bad[0]
+        why = r.error or "; ".join(f"gate {g.name}: {g.detail}" for g in r.failed_gates()
+                                   if g.name != "errors")
+        return Outcome("", "", [], 0, "invalid", why=f"run at {r.load.rate:g} req/s: {why}",
+                       points=points)
+    if best is None:
+        return Outcome("", "", [], 0, "no-rate", why=f"no rate in {space.rate_low:g}.."
+                       f"{space.rate_high:g} req/s meets the SLO", points=points)
+    run = [r for r in runs if r.load.rate == best][-1]
+    m = run.metrics
+    return Outcome("", "", [], 0, "measured", rate=best,
+                   tokens_per_s=m.get("output_throughput"),
+                   ttft_p50_ms=m.get("median_ttft_ms"), ttft_p99_ms=m.get("p99_ttft_ms"),
+                   itl_p50_ms=m.get("median_itl_ms"), itl_p99_ms=m.get("p99_itl_ms"),
+                   gates={g.name: g.result for g in run.gates}, points=points)

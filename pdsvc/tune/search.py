@@ -1,0 +1,369 @@
+"""The search of `pdsvc tune`: the baseline measured, then each candidate switched to and
+measured, the best measured again, and the deployment left on the answer.
+
+* **grid**: every candidate of the space, in order.
+* **one-at-a-time**: a round tries each lever's other values from the current best (the
+  other levers as they are); the round's best becomes the current best when it gains more
+  than the search's precision (what `pdsvc bench --slo` can tell apart); rounds go on until
+  one gains nothing.
+* **A candidate that fails** (its switch fails: the engine gives up, crash-loops, its JIT
+  fails; or its runs are invalid: a gate failed) is recorded as failed with what says why,
+  and the deployment goes back to the last good config before the next.
+* **Noise**: the baseline is measured REPEATS times, and so is the best once found; the best
+  wins only when its worst measurement beats the baseline's best one (by more than the
+  spread of both). Else the answer is the current config, said plainly.
+* **Interrupted** (KeyboardInterrupt: Ctrl-C, and the command turns SIGTERM and SIGHUP into
+  one): the running measurement is dropped, the deployment goes back to the last good config,
+  and Interrupted is raised. Every finished measurement is in the store: a re-run measures
+  only what is missing.
+
+The deployment is anything with ``switch`` and ``measure`` (live.py's is the real one:
+`pdsvc apply` and the SLO search of `pdsvc bench`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from pdsvc.errors import PdsvcError
+
+from .check import REPEATS, Checked, Checker
+from .space import Candidate, Space, Value
+from .store import Outcome, Store, changes_key, write_atomic
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Switched:
+    ok: bool
+    seconds: float
+    why: str = ""  # not ok: what says why (the engine's last error line, the failed step)
+    outage: bool = False  # not switched: it would stop serving (and that was not allowed)
+
+
+class Deployment(Protocol):
+    def switch(self, name: str, config: Path, say: Say, *, allow_outage: bool) -> Switched:
+        """Make the running deployment run ``config`` (`pdsvc apply`)."""
+        ...
+
+    def runs(self, config: Path) -> bool:
+        """Whether the deployment runs ``config`` now (nothing to apply)."""
+        ...
+
+    def measure(self, name: str, config: Path, bench_dir: Path, say: Say) -> Outcome:
+        """Once its pairs are proven, the SLO search; key, name, changes, repeat are the
+        caller's to fill."""
+        ...
+
+
+class Interrupted(PdsvcError):
+    """Stopped by a signal; the deployment is back on the last good config."""
+
+    exit_code = 130
+
+
+class StuckError(PdsvcError):
+    """The way back to the last good config failed: the deployment runs something else."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    allow_outage: bool = False
+    max_candidates: int | None = None  # candidates besides the baseline
+    max_time: float | None = None  # seconds, from the start of this run
+    keep_current: bool = False  # end on the baseline whatever the answer
+
+
+@dataclass
+class Answer:
+    baseline: list[Outcome]
+    best: Candidate  # the baseline when nothing beats it
+    best_outcomes: list[Outcome]
+    wins: bool
+    verdict: str  # the answer in one sentence
+    how: str  # which search ran and why it stopped
+    rows: list[tuple[Candidate, Outcome | None, str]] = field(default_factory=list)
+    running: Candidate | None = None  # what the deployment runs at the end
+
+
+def rates(outcomes: list[Outcome]) -> list[float]:
+    """The goodputs of a candidate's measurements (0 where no rate met the SLO)."""
+    return [o.rate or 0.0 for o in outcomes if o.status in ("measured", "no-rate")]
+
+
+def mean_rate(outcomes: list[Outcome]) -> float:
+    rs = rates(outcomes)
+    return statistics.fmean(rs) if rs else 0.0
+
+
+class Tuner:
+    def __init__(self, space: Space, checker: Checker, deployment: Deployment, store: Store,
+                 say: Say, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.space, self.checker, self.deployment, self.store = space, checker, deployment, store
+        self.say, self.limits, self.clock = say, limits, clock
+        self.good = Candidate("baseline")  # the last config that served well
+        self.running: str | None = None  # the key the deployment runs; None: not known
+        self.rows: dict[str, tuple[Candidate, Outcome | None, str]] = {}
+        self.started = clock()
+        self.tried = 0  # candidates besides the baseline, measured or taken from the store
+        self.planned = 0  # of this round (or the grid): for "candidate i of n" and the ETA
+        self.names: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ the whole search
+    def run(self, first: list[Checked]) -> Answer:
+        try:
+            return self._run(first)
+        except KeyboardInterrupt:
+            self.say(f"tune: interrupted; going back to the last good config "
+                     f"({self.good.name})")
+            self._go_back()
+            raise Interrupted(f"interrupted; the deployment runs the last good config, "
+                              f"{self.good.name} ({self.good.describe()}); run the same "
+                              "command again to measure what is missing") from None
+
+    def _run(self, first: list[Checked]) -> Answer:
+        base = first[0].candidate
+        path = self.store.config_path(base.name)
+        write_atomic(path, self.checker.text_of(base))
+        if self.deployment.runs(path):
+            self.running = ""
+        else:
+            self.say("tune: the deployment does not run the config yet: applying it first")
+        for c in first:
+            self.names[changes_key(c.candidate.changes)] = c.candidate.name
+        self.planned = REPEATS
+        baseline = [self._measure(Checked(base, "baseline", "", (), 0.0), r)
+                    for r in range(REPEATS)]
+        if not rates(baseline):
+            raise StuckError(f"the baseline cannot be measured: {baseline[-1].why}",
+                             hint="pdsvc bench --slo shows each run and its gates")
+        self._row(base, baseline[0], "")
+        how = self._grid(first[1:]) if self.space.strategy == "grid" else self._rounds(first)
+        return self._finish(base, baseline, how)
+
+    def _grid(self, checked: list[Checked]) -> str:
+        wanted = [c for c in checked if self._wanted(c)]
+        self.planned = len(wanted)
+        for i, c in enumerate(wanted, 1):
+            if self._bounded(c, i):
+                return f"grid: stopped at {c.candidate.name} of {len(wanted)} ({self._bound})"
+            self._measure(c, 0, i)
+        return f"grid: every one of the {len(wanted)} candidates to measure"
+
+    def _rounds(self, first: list[Checked]) -> str:
+        current = first[0].candidate
+        current_rate = mean_rate(self.store.of(""))
+        for round_no in range(1, len(self.space.levers) + 2):
+            checked = first[1:] if round_no == 1 else [
+                self.checker.check(c) for c in self._neighbours(current)]
+            wanted = [c for c in checked if self._wanted(c)]
+            self.planned = len(wanted)
+            best, best_rate = current, current_rate
+            for i, c in enumerate(wanted, 1):
+                if self._bounded(c, i):
+                    return (f"one at a time: stopped in round {round_no} at "
+                            f"{c.candidate.name} ({self._bound})")
+                o = self._measure(c, 0, i)
+                if o.status == "measured" and (o.rate or 0) > best_rate:
+                    best, best_rate = c.candidate, o.rate or 0.0
+            if best_rate <= current_rate * (1 + self.space.precision):
+                return (f"one at a time: {round_no} round(s); round {round_no} gained "
+                        f"nothing beyond the precision ({self.space.precision:.0%}) over "
+                        f"{current.name}")
+            self.say(f"tune: round {round_no}: {best.name} ({best.describe()}) gains "
+                     f"{best_rate / max(current_rate, 1e-9) - 1:.0%}; the next round starts "
+                     "from it")
+            current, current_rate = best, best_rate
+        return "one at a time: stopped after as many rounds as levers"
+
+    def _neighbours(self, current: Candidate) -> list[Candidate]:
+        """Each lever's other values from ``current`` (the next round's candidates)."""
+        base = dict(self._baseline_values())
+        now = {**base, **dict(current.changes)}
+        out = []
+        for lv in self.space.levers:
+            for v in lv.values:
+                if v == now[lv.path]:
+                    continue
+                changed = {**now, lv.path: v}
+                changes = tuple((p.path, changed[p.path]) for p in self.space.levers
+                                if changed[p.path] != base[p.path])
+                out.append(Candidate(self._name(changes), changes))
+        return out
+
+    def _baseline_values(self) -> list[tuple[str, Value]]:
+        from .space import current
+        return [(lv.path, current(self.checker.base_data, lv)) for lv in self.space.levers]
+
+    def _name(self, changes: tuple[tuple[str, Value], ...]) -> str:
+        key = changes_key(changes)
+        if key not in self.names:
+            self.names[key] = f"c{len(self.names)}"
+        return self.names[key]
+
+    # ------------------------------------------------------------------ bounds
+    def _wanted(self, c: Checked) -> bool:
+        if c.verdict == "refused" or (c.verdict == "outage" and not self.limits.allow_outage):
+            self._row(c.candidate, None, f"{c.verdict}: {c.why}")
+            return False
+        return True
+
+    _bound = ""
+
+    def _bounded(self, c: Checked, i: int) -> bool:
+        """Whether --max-candidates or --max-time stops the search before ``c``."""
+        key = changes_key(c.candidate.changes)
+        if self.store.get(key) is not None:
+            return False  # measured before: costs nothing
+        lim = self.limits
+        if lim.max_candidates is not None and self.tried >= lim.max_candidates:
+            self._bound = f"--max-candidates {lim.max_candidates}"
+            return True
+        if lim.max_time is not None:
+            spent = self.clock() - self.started
+            if spent + self._cost(c) > lim.max_time:
+                self._bound = (f"--max-time {lim.max_time:g} s: {spent:.0f} s spent, the next "
+                               f"costs about {self._cost(c):.0f} s")
+                return True
+        return False
+
+    def _cost(self, c: Checked) -> float:
+        """What measuring ``c`` will cost: the mean of those measured in this run, else the
+        estimate."""
+        spent = [o.seconds for o in self.store.outcomes if o.seconds and o.key]
+        return statistics.fmean(spent) if spent else c.seconds
+
+    def _eta(self, i: int) -> str:
+        left = max(0, self.planned - i + 1)
+        spent = [o.seconds for o in self.store.outcomes if o.seconds]
+        if not spent or not left:
+            return ""
+        return f", about {statistics.fmean(spent) * left / 60:.0f} min left in this pass"
+
+    # ------------------------------------------------------------------ one measurement
+    def _measure(self, c: Checked, repeat: int, i: int | None = None) -> Outcome:
+        cand = c.candidate
+        key = changes_key(cand.changes)
+        if i is not None:
+            self.tried += 1
+        known = self.store.get(key, repeat)
+        where = f"{cand.name}" + (f" (repeat {repeat + 1} of {REPEATS})" if repeat or not
+                                  cand.changes else "")
+        step = f"[{i}/{self.planned}] " if i is not None else ""
+        if known is not None:
+            self.say(f"tune: {step}{where}: measured before: {self._said(known)}")
+            if repeat == 0:
+                self._row(cand, known, "")
+            return known
+        self.say(f"tune: {step}{where}: {cand.describe()}{self._eta(i or 1)}")
+        t0 = self.clock()
+        path = self.store.config_path(cand.name)
+        write_atomic(path, self.checker.text_of(cand))
+        applied = 0.0
+        if self.running != key:
+            sw = self._switch(cand, path, allow_outage=self.limits.allow_outage)
+            applied = sw.seconds
+            if not sw.ok:
+                o = Outcome(key, cand.name, list(cand.changes), repeat,
+                            "outage" if sw.outage else "failed", why=sw.why,
+                            apply_seconds=applied, seconds=self.clock() - t0)
+                self.store.add(o)
+                self.say(f"tune: {cand.name}: {o.status}: {sw.why}")
+                self._go_back()
+                self._row(cand, o, "")
+                return o
+        measured = self.deployment.measure(cand.name, path, self.store.bench_dir(cand.name,
+                                                                                 repeat),
+                                           self._progress(cand.name))
+        o = dataclasses.replace(measured, key=key, name=cand.name, changes=list(cand.changes),
+                                repeat=repeat, apply_seconds=applied,
+                                seconds=self.clock() - t0)
+        self.store.add(o)
+        self.say(f"tune: {cand.name}: {self._said(o)}")
+        if o.status == "invalid":
+            self._go_back()
+        else:
+            self.good = cand
+        if repeat == 0:
+            self._row(cand, o, "")
+        return o
+
+    def _switch(self, cand: Candidate, path: Path, *, allow_outage: bool) -> Switched:
+        key = changes_key(cand.changes)
+        self.running = None  # unknown until the switch says
+        sw = self.deployment.switch(cand.name, path, self._progress(cand.name),
+                                    allow_outage=allow_outage)
+        if sw.ok:
+            self.running = key
+        return sw
+
+    def _go_back(self) -> None:
+        """The deployment back on the last good config (an outage allowed: it must)."""
+        key = changes_key(self.good.changes)
+        if self.running == key:
+            return
+        self.say(f"tune: back to {self.good.name} ({self.good.describe()})")
+        sw = self._switch(self.good, self.store.config_path(self.good.name), allow_outage=True)
+        if not sw.ok:
+            raise StuckError(f"going back to {self.good.name} failed: {sw.why}",
+                             hint="see `pdsvc status`; `pdsvc apply --rollback` goes back one "
+                             "more step")
+
+    def _progress(self, name: str) -> Say:
+        return lambda line: self.say(f"tune: {name}: {line.strip()}")
+
+    @staticmethod
+    def _said(o: Outcome) -> str:
+        if o.status == "measured":
+            return (f"{o.rate:.3g} req/s at the SLO (p99 TTFT {o.ttft_p99_ms or 0:.0f} ms, "
+                    f"p99 ITL {o.itl_p99_ms or 0:.1f} ms), {o.seconds:.0f} s")
+        return f"{o.status}: {o.why}"
+
+    def _row(self, cand: Candidate, o: Outcome | None, why: str) -> None:
+        self.rows.setdefault(changes_key(cand.changes), (cand, o, why))
+
+    # ------------------------------------------------------------------ the answer
+    def _finish(self, base: Candidate, baseline: list[Outcome], how: str) -> Answer:
+        firsts = [(cand, o) for cand, o, _ in self.rows.values()
+                  if o is not None and o.status == "measured" and cand.changes]
+        top = max(firsts, key=lambda x: x[1].rate or 0.0, default=None)
+        wins, best, best_outcomes = False, base, baseline
+        if top is not None and (top[1].rate or 0) > max(rates(baseline)):
+            cand = top[0]
+            self.planned = REPEATS
+            checked = Checked(cand, "measure", "", (), 0.0)
+            best_outcomes = [self._measure(checked, r) for r in range(REPEATS)]
+            wins = bool(rates(best_outcomes)) and len(rates(best_outcomes)) == REPEATS and \
+                min(rates(best_outcomes)) > max(rates(baseline))
+            best = cand if wins else base
+            verdict = (f"{cand.name} ({cand.describe()}) serves {mean_rate(best_outcomes):.3g} "
+                       f"req/s at the SLO against the current config's "
+                       f"{mean_rate(baseline):.3g} (each of its {REPEATS} measurements beats "
+                       "each of the baseline's)" if wins else
+                       f"no candidate beats the current config: the best, {cand.name} "
+                       f"({cand.describe()}), measured {_span(best_outcomes)} req/s against "
+                       f"the baseline's {_span(baseline)}: within the spread")
+            if not wins:
+                best_outcomes = baseline
+        else:
+            verdict = ("no candidate beats the current config: none measured above the "
+                       f"baseline's {_span(baseline)} req/s")
+        end = base if self.limits.keep_current or not wins else best
+        if self.running != changes_key(end.changes):
+            self.say(f"tune: the deployment ends on {end.name} ({end.describe()})")
+            self.good = end
+            self._go_back()
+        return Answer(baseline, best, best_outcomes, wins, verdict, how,
+                      list(self.rows.values()), end)
+
+
+def _span(outcomes: list[Outcome]) -> str:
+    rs = rates(outcomes)
+    return f"{min(rs):.3g}..{max(rs):.3g}" if len(rs) > 1 else f"{rs[0]:.3g}" if rs else "none"
