@@ -35,7 +35,7 @@ from pdsvc.errors import PdsvcError
 
 from .check import REPEATS, Checked, Checker
 from .space import Candidate, Space, Value
-from .store import Outcome, Store, changes_key, write_atomic
+from .store import BASELINE_KEY, Outcome, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
 
@@ -133,7 +133,7 @@ class Tuner:
         path = self.store.config_path(base.name)
         write_atomic(path, self.checker.text_of(base))
         if self.deployment.runs(path):
-            self.running = ""
+            self.running = BASELINE_KEY
         else:
             self.say("tune: the deployment does not run the config yet: applying it first")
         for c in first:
@@ -159,7 +159,7 @@ class Tuner:
 
     def _rounds(self, first: list[Checked]) -> str:
         current = first[0].candidate
-        current_rate = mean_rate(self.store.of(""))
+        current_rate = mean_rate(self.store.of(BASELINE_KEY))
         for round_no in range(1, len(self.space.levers) + 2):
             checked = first[1:] if round_no == 1 else [
                 self.checker.check(c) for c in self._neighbours(current)]

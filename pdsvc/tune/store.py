@@ -47,7 +47,7 @@ class Outcome:
     """One measurement of one candidate (the baseline and the best are measured REPEATS
     times: ``repeat`` 0, 1, 2)."""
 
-    key: str  # the candidate's changes, canonical (changes_key); "" for the baseline
+    key: str  # the candidate's changes, canonical (changes_key; the baseline's: BASELINE_KEY)
     name: str
     changes: list[tuple[str, Value]]
     repeat: int
@@ -78,6 +78,10 @@ class Outcome:
 def changes_key(changes: tuple[tuple[str, Value], ...] | list[tuple[str, Value]]) -> str:
     """The changes as one canonical string (sorted by path): the candidate's identity."""
     return json.dumps(sorted([p, v] for p, v in changes), separators=(",", ":"))
+
+
+#: the baseline's key: no changes
+BASELINE_KEY = changes_key(())
 
 
 def results_key(space_text: str, config_text: str, host: str) -> str:

@@ -1,0 +1,204 @@
+"""The search of `pdsvc tune` (pdsvc/tune/search.py) against a deployment whose capacity is
+a designed function of its config (the fake below): the designed best is found by the grid
+and by one lever at a time; a candidate that fails to start is recorded with its reason and
+the next one starts from the last good config; the best wins only beyond the spread; an
+interrupted search goes back to the last good config and a re-run measures nothing twice;
+the bounds stop it. The real deployment (apply, bench_serving, systemd) is
+tests/test_e2e_tune.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from pdsvc.cli.tune import files_for
+from pdsvc.topology import load_topology_file
+from pdsvc.tune.check import REPEATS, Checker
+from pdsvc.tune.search import Interrupted, Limits, StuckError, Switched, Tuner
+from pdsvc.tune.space import candidates, parse_space
+from pdsvc.tune.store import Outcome, Store
+
+TOPO = REPO / "etc/seed-host.topology.json"
+CONFIG = (REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text()
+BS = "decode.args.cuda-graph-max-bs-decode"
+PROTO = "decode.env.NCCL_PROTO"
+BACKEND = "decode.args.moe-runner-backend"
+SPACE = f"""\
+slo: {{ttft_ms: 2000, itl_ms: 50}}
+rates: {{low: 1, high: 64, precision: 0.1}}
+search: SEARCH
+levers:
+  {BS}: [8, 16, 32, 64]
+  {PROTO}: [null, LL128, Simple]
+  {BACKEND}: [null, flashinfer_trtllm]
+"""
+
+
+class Fake:
+    """A deployment whose goodput is designed: slots × 0.5 req/s up to 32 slots (more break
+    the ITL bound: no rate meets the SLO), × 1.25 with NCCL_PROTO=LL128, × 0.8 with Simple;
+    the flashinfer_trtllm backend refuses to start. ``noise``: repeat r of a candidate
+    measures × (1 + noise × (1 - r)). ``interrupt_at``: the measure call (1-based) that
+    raises KeyboardInterrupt, as Ctrl-C would."""
+
+    def __init__(self, noise: float = 0.0, interrupt_at: int | None = None) -> None:
+        self.noise, self.interrupt_at = noise, interrupt_at
+        self.running = "baseline.yaml"  # the file whose config runs (the baseline's: the
+        # user's config, copied)
+        self.switches: list[str] = []
+        self.measures: list[str] = []
+        self.repeat: dict[str, int] = {}
+
+    def runs(self, config: Path) -> bool:
+        return config.name == self.running
+
+    def switch(self, name: str, config: Path, say, *, allow_outage: bool) -> Switched:
+        self.switches.append(name)
+        doc = yaml.safe_load(config.read_text())
+        backend = (doc["decode"][0].get("args") or {}).get("moe-runner-backend")
+        if backend == "flashinfer_trtllm":
+            self.running = "broken"
+            return Switched(False, 2.0, "dsv4-decode-0.service: decode exited with status 1: "
+                            "ValueError: flashinfer_trtllm does not support FP4 experts")
+        self.running = config.name
+        return Switched(True, 1.0)
+
+    def goodput(self, config: Path) -> float | None:
+        doc = yaml.safe_load(config.read_text())
+        d = doc["decode"][0]
+        slots = (d.get("args") or {}).get("cuda-graph-max-bs-decode", 16)
+        if slots > 32:
+            return None
+        factor = {"LL128": 1.25, "Simple": 0.8}.get((d.get("env") or {}).get("NCCL_PROTO"), 1)
+        return slots * 0.5 * factor
+
+    def measure(self, name: str, config: Path, bench_dir: Path, say) -> Outcome:
+        assert self.running == config.name, (self.running, config.name)  # measures what runs
+        self.measures.append(name)
+        if self.interrupt_at == len(self.measures):
+            raise KeyboardInterrupt
+        r = self.repeat.get(name, 0)
+        self.repeat[name] = r + 1
+        rate = self.goodput(config)
+        if rate is None:
+            return Outcome("", "", [], 0, "no-rate", why="no rate in 1..64 req/s meets the SLO")
+        return Outcome("", "", [], 0, "measured", rate=rate * (1 + self.noise * (1 - r)))
+
+
+def tuner(tmp_path: Path, fake: Fake, search: str = "grid", limits: Limits | None = None,
+          space_text: str | None = None) -> tuple[Tuner, list]:
+    space = parse_space((space_text or SPACE).replace("SEARCH", search), "tune.yaml")
+    checker = Checker(space, CONFIG, "config.yaml", load_topology_file(TOPO),
+                      lambda p: {f.path: f.content for f in files_for(p, "pdsvc tune")})
+    first = [checker.check(c) for c in candidates(space, checker.base_data)]
+    said: list[str] = []
+    store = Store(tmp_path / "results", {"space": "tune.yaml"})
+    return Tuner(space, checker, fake, store, said.append, limits or Limits()), first
+
+
+def test_the_grid_finds_the_designed_best_and_ends_on_it(tmp_path: Path) -> None:
+    fake = Fake()
+    t, first = tuner(tmp_path, fake)
+    answer = t.run(first)
+    assert answer.wins
+    assert dict(answer.best.changes) == {BS: 32, PROTO: "LL128"}
+    assert [o.rate for o in answer.best_outcomes] == [20.0] * REPEATS
+    assert fake.running == f"{answer.best.name}.yaml"  # the deployment runs the best
+    assert fake.measures.count("baseline") == REPEATS
+    assert fake.measures.count(answer.best.name) == REPEATS
+    # every other candidate measured once: 24 combinations (the config sets none of the
+    # levers), the failing backend's 12 never measured (their switch failed)
+    assert len(fake.measures) == REPEATS + 12 + (REPEATS - 1)
+    once = {n for n in fake.measures if n not in ("baseline", answer.best.name)}
+    assert all(fake.measures.count(n) == 1 for n in once)
+    assert "grid: every one of the" in answer.how
+
+
+def test_a_failed_candidate_is_recorded_and_the_next_starts_from_the_last_good(
+        tmp_path: Path) -> None:
+    fake = Fake()
+    t, first = tuner(tmp_path, fake, "one-at-a-time")
+    answer = t.run(first)
+    failed = [o for _, o, _ in answer.rows if o is not None and o.status == "failed"]
+    assert failed and all("ValueError: flashinfer_trtllm does not support FP4" in o.why
+                          for o in failed)
+    # after each failed switch, the next switch is back to the config that ran before it
+    served = [c.name for c, o, _ in answer.rows if o and o.status in ("measured", "no-rate")]
+    backs = 0
+    for i, name in enumerate(fake.switches[:-1]):
+        if any(o.name == name for o in failed):
+            before = fake.switches[i - 1] if i else "baseline"
+            assert fake.switches[i + 1] == before and before in served, fake.switches
+            backs += 1
+    assert backs == len(failed) == 3  # the backend from each round's current best
+    assert fake.running != "broken"
+    # coordinate descent: 32 slots (round 1), then LL128 from there (round 2)
+    assert dict(answer.best.changes) == {BS: 32, PROTO: "LL128"}
+    assert answer.how.startswith("one at a time: 3 round(s); round 3 gained nothing")
+
+
+def test_the_best_wins_only_beyond_the_spread(tmp_path: Path) -> None:
+    """A designed gain of 25 % (LL128: 10 req/s against the baseline's 8) with repeats
+    spread ± 30 % is not beyond the spread (the first measurement of each is the highest);
+    spread ± 5 %, it is."""
+    space = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {PROTO}: [LL128]\n"
+    fake = Fake(noise=0.3)
+    t, first = tuner(tmp_path, fake, space_text=space)
+    answer = t.run(first)
+    assert not answer.wins
+    assert answer.verdict.startswith("no candidate beats the current config: the best,")
+    assert "within the spread" in answer.verdict
+    assert fake.running == "baseline.yaml"  # back on the current config
+    fake = Fake(noise=0.05)
+    t, first = tuner(tmp_path / "again", fake, space_text=space)
+    answer = t.run(first)
+    assert answer.wins and dict(answer.best.changes) == {PROTO: "LL128"}
+
+
+def test_keep_current_ends_on_the_baseline(tmp_path: Path) -> None:
+    fake = Fake()
+    space = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {BS}: [32]\n"
+    t, first = tuner(tmp_path, fake, space_text=space, limits=Limits(keep_current=True))
+    answer = t.run(first)
+    assert answer.wins and answer.running is not None and not answer.running.changes
+    assert fake.running == "baseline.yaml"
+
+
+def test_interrupted_goes_back_and_a_rerun_measures_nothing_twice(tmp_path: Path) -> None:
+    fake = Fake(interrupt_at=REPEATS + 3)  # the third candidate, once two were measured
+    t, first = tuner(tmp_path, fake)
+    with pytest.raises(Interrupted) as e:
+        t.run(first)
+    assert e.value.exit_code == 130
+    done = list(fake.measures[:-1])
+    good = done[-1]
+    assert fake.running == f"{good}.yaml"  # the last good config runs
+    assert "run the same command again" in str(e.value)
+    again = Fake()
+    again.running = fake.running
+    t2, first2 = tuner(tmp_path, again)
+    answer = t2.run(first2)
+    # nothing measured before is measured again (the best's repeats aside)
+    assert not set(done) & set(again.measures) - {answer.best.name}
+    assert answer.wins and dict(answer.best.changes) == {BS: 32, PROTO: "LL128"}
+
+
+def test_the_bounds_stop_the_search(tmp_path: Path) -> None:
+    fake = Fake()
+    t, first = tuner(tmp_path, fake, limits=Limits(max_candidates=3))
+    answer = t.run(first)
+    assert "stopped at" in answer.how and "--max-candidates 3" in answer.how
+    assert len({n for n in fake.measures if n != "baseline"}) <= 3 + 1
+
+
+def test_a_baseline_that_cannot_be_measured_stops_everything(tmp_path: Path) -> None:
+    fake = Fake()
+    fake.measure = lambda *a: Outcome(  # type: ignore[method-assign]
+        "", "", [], 0, "invalid", why="run at 8 req/s: gate kv-transfer: 3 transfers failed")
+    t, first = tuner(tmp_path, fake)
+    with pytest.raises(StuckError, match="the baseline cannot be measured"):
+        t.run(first)
+    assert fake.switches == []
