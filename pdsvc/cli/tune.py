@@ -145,7 +145,7 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
     store = Store(results / results_key(space_text, text, host),
                   {"space": str(path), "config": str(config_path),
                    "host": socket.gethostname()})
-    live = Live(space, output, lambda c: load_plan(c, sysfs_root, topology_file),
+    live = Live(space, output, config_path, lambda c: load_plan(c, sysfs_root, topology_file),
                 lambda p: files_for(p, command), install_script(), sysfs_root, topology_file,
                 drain_timeout, step_timeout, state_dir)
     limits = Limits(allow_outage, max_candidates, max_time, keep_current)

@@ -70,6 +70,7 @@ class Live:
 
     space: Space
     output: Path
+    origin: Path  # the user's config: the bundle's record names it whatever candidate runs
     plan_of: Callable[[Path], Plan]  # a config file's plan (on this host)
     files_of: Callable[[Plan], list[File]]  # its bundle, as `pdsvc render` writes it
     installer: Path | None
@@ -96,7 +97,7 @@ class Live:
         options = Options(self.output, sysfs_root=self.sysfs_root, topology=self.topology,
                           yes=True, drain_secs=self.drain_secs, step_secs=self.step_secs)
         t0 = time.monotonic()
-        code = apply_rollout(options, Source(files, config, config), fe)
+        code = apply_rollout(options, Source(files, config, self.origin), fe)
         seconds = time.monotonic() - t0
         if code == 0:
             return Switched(True, seconds)
