@@ -138,6 +138,8 @@ def test_tune_interrupted_then_resumed_finds_the_designed_best_while_serving(
     assert doc["best"]["changes"] == {"decode.args.cuda-graph-max-bs-decode": BEST_SLOTS}
     base, best = doc["baseline"]["rates"], doc["best"]["rates"]
     assert len(base) == len(best) == 3 and min(best) > max(base), (base, best)
+    # designed: 8 and 32 req/s; 60 prompts a run resolve the larger only roughly (it is met
+    # up to the range's top, 64): enough to tell them apart, which is what is asserted
     print(f"goodput: baseline {base}, best {best} req/s (designed 8 and 32)")
     failed = [m for cand in doc["candidates"] for m in cand["measurements"]
               if m["status"] == "failed"]

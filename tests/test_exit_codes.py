@@ -80,10 +80,12 @@ def _cases() -> list[tuple[list[str], int, str]]:
          "pdsvc: error: not loading http://127.0.0.1:8000: "),
         (["bench", *c, "--topology", SEED, "-o", "out", "--url", "http://127.0.0.1:9"], 3,
          "pdsvc bench: warning: this loads http://127.0.0.1:9"),
-        # tune --dry-run: 0 listed · 2 bad space, config or usage · 3 the plan does not fit
+        # tune: 0 an answer (tests/test_e2e_tune.py) or listed · 1 the baseline cannot be
+        # measured (tests/test_tune_search.py) · 2 bad space, config or usage · 3 the plan does
+        # not fit, or the router does not serve this deployment
         (["tune", *c, "--topology", SEED, "--dry-run"], 0, "search: one-at-a-time (search: auto"),
-        (["tune", *c, "--topology", SEED], 2,
-         "pdsvc: error: only --dry-run is built so far"),
+        (["tune", *c, "--topology", SEED], 3,
+         "pdsvc: error: not tuning: http://127.0.0.1:8000/v1/models: "),
         (["tune", *c, "--topology", SEED, "--dry-run", "--space", "/nonexistent.yaml"], 2,
          "pdsvc: error: --space /nonexistent.yaml: cannot read it"),
         (["tune", *c, "--topology", EMPTY, "--dry-run"], 3, "pdsvc: error: "),

@@ -202,3 +202,45 @@ def test_a_baseline_that_cannot_be_measured_stops_everything(tmp_path: Path) -> 
     with pytest.raises(StuckError, match="the baseline cannot be measured"):
         t.run(first)
     assert fake.switches == []
+
+
+def test_the_answer_as_a_table_json_and_the_best_config(tmp_path: Path) -> None:
+    from pdsvc.tune import report
+
+    fake = Fake()
+    space = (f"slo: {{ttft_ms: 1, itl_ms: 1}}\nsearch: one-at-a-time\nlevers:\n  {BS}: [32, 64]"
+             f"\n  {BACKEND}: [flashinfer_trtllm]\n")
+    t, first = tuner(tmp_path, fake, space_text=space)
+    answer = t.run(first)
+    measured: dict[str, list[Outcome]] = {}
+    for o in t.store.outcomes:
+        measured.setdefault(o.name, []).append(o)
+    lines = report.table(answer, measured)
+    assert lines[0].split()[:3] == ["name", "changes", "goodput"]
+    best = next(x for x in lines if x.startswith(f"{answer.best.name} *"))
+    assert "16 (16..16)" in best and "valid" in best  # three measurements, no spread
+    assert any("no-rate: no rate in 1..64" in x for x in lines)
+    assert any("failed: dsv4-decode-0.service: decode exited with status 1" in x for x in lines)
+    doc = report.document(t.space, answer, measured, results=tmp_path, best_config=None,
+                          plot_path=None)
+    assert doc["format"] == "pdsvc-tune/1" and doc["wins"]
+    assert doc["best"] == {"name": answer.best.name, "changes": {BS: 32},
+                           "rates": [16.0] * REPEATS}
+    text = report.best_config_text(CONFIG, answer, t.space, space_path=Path("tune.yaml"),
+                                   config_path=Path("config.yaml"), host="gpu-1",
+                                   best_text=t.checker.text_of(answer.best))
+    assert text.startswith("# Written by pdsvc tune on gpu-1, ")
+    assert "# Baseline goodput: 8 (8..8) req/s (3 measurements)." in text
+    assert yaml.safe_load(text)["decode"][0]["args"]["cuda-graph-max-bs-decode"] == 32
+    # what was measured is on disk, whole, and read back as it was
+    again = Store(tmp_path / "results", {})
+    assert [o.to_dict() for o in again.outcomes] == [o.to_dict() for o in t.store.outcomes]
+
+
+def test_results_this_pdsvc_cannot_read_are_refused_not_overwritten(tmp_path: Path) -> None:
+    from pdsvc.errors import OutputError
+
+    (tmp_path / "results.json").write_text('{"format": "pdsvc-tune-results/9"}')
+    with pytest.raises(OutputError, match="not results this pdsvc reads"):
+        Store(tmp_path, {})
+    assert "results/9" in (tmp_path / "results.json").read_text()

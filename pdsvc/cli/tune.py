@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,8 @@ from pdsvc.tune.space import Space, candidates, parse_space
 from pdsvc.tune.store import Outcome, Store, results_key, write_atomic
 
 TUNE_PLAN_SCHEMA = "pdsvc-tune-plan/1"
+#: how long tune waits for an engine that does not answer /health yet (one restarting)
+OWNS_WAIT_S = 60.0
 TUNE_EPILOG = """\b
 Examples:
   pdsvc tune --dry-run                          the seed's space: etc/tune.yaml beside the config
@@ -183,7 +186,14 @@ def _refuse(plan: Plan, config_path: Path) -> None:
         raise ConfigError(f"{config_path}: a deployment over several hosts; pdsvc tune "
                           "switches one host's deployment",
                           hint="tune a one-host copy of it, then apply the answer per host")
-    why = owns(target_from_plan(plan))
+    target = target_from_plan(plan)
+    why = owns(target)
+    deadline = time.monotonic() + OWNS_WAIT_S
+    if why is not None and "engine" in why:  # the router answers: an engine may be restarting
+        _say(f"pdsvc tune: waiting up to {OWNS_WAIT_S:g} s: {why}")
+        while why is not None and time.monotonic() < deadline:
+            time.sleep(1)
+            why = owns(target)
     if why is not None:
         start = (f"systemctl start {plan.name}-pd.target" if plan.format == "systemd" else
                  "its supervisord")
