@@ -26,6 +26,7 @@ from pdsvc.plan.build import Plan
 from pdsvc.render.kit import File
 from pdsvc.status.runstate import unit_runs
 
+from .check import bisect_runs
 from .search import Say, Switched
 from .space import Space
 from .store import Outcome, Point
@@ -123,7 +124,13 @@ class Live:
         if unproven:
             return Outcome("", name, [], 0, "invalid", why=unproven)
         slo = Slo(space.ttft_ms, space.itl_ms, space.share)
-        session = Session(target, bench_dir, slo, self.max_error_rate, plan, directory, say)
+        most = bisect_runs(space)
+
+        def said(line: str) -> None:  # "run 4: 14.2 req/s …" -> "run 4 of at most 7: …"
+            head, sep, rest = line.partition(": ")
+            say(f"{head} of at most {most}{sep}{rest}" if head.startswith("run ") else line)
+
+        session = Session(target, bench_dir, slo, self.max_error_rate, plan, directory, said)
         best = session.search(space.rate_low, space.rate_high, space.precision,
                               Load(space.rate_low, space.input_len, space.output_len,
                                    space.num_prompts))
