@@ -195,7 +195,8 @@ class Tuner:
                 changed = {**now, lv.path: v}
                 changes = tuple((p.path, changed[p.path]) for p in self.space.levers
                                 if changed[p.path] != base[p.path])
-                out.append(Candidate(self._name(changes), changes))
+                if changes:  # the baseline is measured already
+                    out.append(Candidate(self._name(changes), changes))
         return out
 
     def _baseline_values(self) -> list[tuple[str, Value]]:
@@ -237,7 +238,7 @@ class Tuner:
     def _cost(self, c: Checked) -> float:
         """What measuring ``c`` will cost: the mean of those measured in this run, else the
         estimate."""
-        spent = [o.seconds for o in self.store.outcomes if o.seconds and o.key]
+        spent = [o.seconds for o in self.store.outcomes if o.seconds and o.key != BASELINE_KEY]
         return statistics.fmean(spent) if spent else c.seconds
 
     def _eta(self, i: int) -> str:
@@ -251,9 +252,9 @@ class Tuner:
     def _measure(self, c: Checked, repeat: int, i: int | None = None) -> Outcome:
         cand = c.candidate
         key = changes_key(cand.changes)
-        if i is not None:
-            self.tried += 1
         known = self.store.get(key, repeat)
+        if i is not None and known is None:
+            self.tried += 1  # measured in this run (--max-candidates counts these)
         where = f"{cand.name}" + (f" (repeat {repeat + 1} of {REPEATS})" if repeat or not
                                   cand.changes else "")
         step = f"[{i}/{self.planned}] " if i is not None else ""
