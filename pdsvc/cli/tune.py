@@ -18,7 +18,6 @@ import click
 from pdsvc.apply.bounds import DRAIN_SECS, STEP_SECS
 from pdsvc.cli.kit import (
     DEFAULT_OUTPUT,
-    EPILOG,
     canonical_command,
     config_option,
     handle_errors,
@@ -67,9 +66,9 @@ missing (KEY: the space, the config and the host).
 \b
 Exit codes: 0 an answer (also "no candidate beats the current config") · 1 the baseline
             cannot be measured, or going back failed · 2 bad space, config or usage ·
-            3 the router does not serve this config's deployment · 130 interrupted (back
-            on the last good config)
-""" + EPILOG
+            3 the plan does not fit the host, or the router does not serve this config's
+            deployment · 130 interrupted (back on the last good config)
+"""
 
 
 def _duration(seconds: float) -> str:
