@@ -1,4 +1,5 @@
-"""SGLang's own facts that pdsvc's layers share: port spans and the JIT cache variables.
+"""SGLang's own facts that pdsvc's layers share: port spans, the JIT cache variables and the
+metric of the requests an engine runs.
 
 A leaf: it imports nothing of pdsvc, so the config layer can check what the plan will use
 without importing the plan.
@@ -49,3 +50,19 @@ PAIR_ENV: dict[str, str | None] = {
     "SGLANG_DSV4_KV_LAYOUT": "auto",
     "SGLANG_DISAGGREGATION_NIXL_BACKEND": "UCX",
 }
+
+#: The engine's requests in flight (sglang/srt/metrics/collector.py), summed over its gauges.
+RUNNING_REQS = "sglang:num_running_reqs"
+
+
+def running_requests(metrics: str) -> int | None:
+    """The sum of `sglang:num_running_reqs` in a Prometheus text page; None when absent."""
+    total, seen = 0.0, False
+    for line in metrics.splitlines():
+        if line.startswith(RUNNING_REQS) and not line.startswith(RUNNING_REQS + "_"):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except (IndexError, ValueError):
+                continue
+    return int(total) if seen else None

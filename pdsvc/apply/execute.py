@@ -61,25 +61,11 @@ from pdsvc.apply.ready import Readiness
 from pdsvc.apply.rollout import Step, StepKind
 from pdsvc.apply.router import Entry, RouterClient, at_once, entry_in, routable
 from pdsvc.apply.units import Unit
+from pdsvc.sglang import running_requests
 from pdsvc.ship.runtime.hold import hold_path
 from pdsvc.status.managers import ServiceManager, Systemd
 
 __all__ = ["STEP_RUNS", "Bounds", "Executor", "StepFailed", "running_requests"]
-
-RUNNING_REQS = "sglang:num_running_reqs"
-
-
-def running_requests(metrics: str) -> int | None:
-    """The sum of `sglang:num_running_reqs` in a Prometheus text page; None when absent."""
-    total, seen = 0.0, False
-    for line in metrics.splitlines():
-        if line.startswith(RUNNING_REQS) and not line.startswith(RUNNING_REQS + "_"):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-            except (IndexError, ValueError):
-                continue
-    return int(total) if seen else None
 
 
 @dataclass

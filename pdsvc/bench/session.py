@@ -4,9 +4,13 @@ and each candidate of `pdsvc tune` search the same way)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pdsvc.sglang import running_requests
+from pdsvc.status.collect import http_get
 
 from .gates import read_pairs
 from .runner import RunResult, Slo, run_once
@@ -15,6 +19,26 @@ from .target import Load, Target, current_env
 
 if TYPE_CHECKING:
     from pdsvc.plan.build import Plan
+
+
+#: how long a run waits for the requests the run before it left running (a run starts on a
+#: drained deployment: an overloaded run leaves requests queued until the router gives up on
+#: them, and the next run's warmup and first requests would wait behind them)
+DRAIN_BOUND_S = 120.0
+DRAIN_POLL_S = 0.5
+
+
+def running_total(engines: tuple[tuple[str, str], ...], timeout: float = 3.0) -> int | None:
+    """The requests the engines run now (sglang:num_running_reqs of each /metrics); None when
+    one cannot be read."""
+    total = 0
+    for _, url in engines:
+        probe = http_get(f"{url}/metrics", timeout=timeout)
+        count = running_requests(probe.body) if probe.ok else None
+        if count is None:
+            return None
+        total += count
+    return total
 
 
 def meets_slo(res: RunResult, slo: Slo) -> bool | None:
@@ -46,11 +70,16 @@ class Session:
         self.max_error_rate, self.plan, self.state_dir = max_error_rate, plan, state_dir
         self.say = say
         self.runs: list[RunResult] = []
+        self.before: int | None = None  # requests running before the first run (live ones)
 
     def one(self, load: Load) -> RunResult:
         """Run ``load``, keep its result, and report it."""
         i = len(self.runs) + 1
         say = self.say
+        if self.runs:
+            self._drained()
+        else:
+            self.before = running_total(self.target.engines)
         say(f"run {i}: {load.rate:g} req/s, {load.num_prompts} requests of "
             f"{load.input_len}+{load.output_len} tokens …")
         plan = self.plan if self.target.owned else None
@@ -69,6 +98,25 @@ class Session:
             if g.result != "pass":
                 say(f"  gate {g.name}: {g.result}: {g.detail}")
         return res
+
+    def _drained(self) -> None:
+        """Wait (bounded) until the engines run no more requests than before the first run,
+        one per engine of live traffic allowed."""
+        if self.before is None:
+            return
+        most = self.before + len(self.target.engines)
+        deadline = time.monotonic() + DRAIN_BOUND_S
+        said = False
+        while (left := running_total(self.target.engines)) is not None and left > most:
+            if time.monotonic() >= deadline:
+                self.say(f"  still {left} requests running after {DRAIN_BOUND_S:g} s; "
+                         "running anyway")
+                return
+            if not said:
+                self.say(f"  waiting for the {left} requests the last run left running "
+                         "(a run starts drained)")
+                said = True
+            time.sleep(DRAIN_POLL_S)
 
     def search(self, lo: float, hi: float, precision: float, shape: Load) -> float | None:
         """The highest rate in lo..hi meeting the session's SLO (bisect_rate), each run
