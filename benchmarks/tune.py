@@ -17,7 +17,7 @@ Printed: pdsvc tune's table, then per candidate its goodput against the designed
 the switch's seconds (apply: each restarted engine's load and its pairs proven) and the rest
 (the SLO search's runs), and the side load's failures.
 
-    sudo python benchmarks/tune.py        # needs root, systemd-nspawn, .venv-serve (~25 min)
+    sudo python benchmarks/tune.py        # needs root, systemd-nspawn, .venv-serve (~40 min)
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ VENV = REPO / ".venv-serve"
 BS, PROTO = "decode.args.cuda-graph-max-bs-decode", "decode.env.NCCL_PROTO"
 LOAD_SECS = 1.0  # the stand-in engine's load (FAKE_SGLANG_LOAD_SECS in tests/support/stack.py)
 SPACE = {
-    "slo": {"ttft_ms": 1000, "itl_ms": 50, "share": 0.99},
-    "workload": {"input_len": 32, "output_len": 8, "num_prompts": 300},
+    "slo": {"ttft_ms": 800, "itl_ms": 50, "share": 0.99},
+    "workload": {"input_len": 32, "output_len": 8, "num_prompts": 400},
     "rates": {"low": 8, "high": 128, "precision": 0.1},
     "engine_load_secs": LOAD_SECS,
     "search": "grid",
@@ -63,7 +63,7 @@ def designed(changes: dict) -> float | None:
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pdsvc-tune-bench-"))
     make_tokenizer(VENV / "bin" / "python", work / "model")
-    s = Stack.up(work, VENV, gpus=4, **{
+    s = Stack.up(work, VENV, gpus=4, lifetime=4 * 3600, **{
         "prefill": [{"gpus": [0]}, {"gpus": [1]}],
         "decode": [{"gpus": [2], "args": {"cuda-graph-max-bs-decode": 8}},
                    {"gpus": [3], "args": {"cuda-graph-max-bs-decode": 8}}],
@@ -94,7 +94,7 @@ def main() -> None:
         loop.start()
         t0 = time.monotonic()
         r = s.c.run(["bash", "-c", shlex.join(argv) + " 2>/tmp/tune.err"], check=False,
-                    timeout=7200)
+                    timeout=3 * 3600)
         took = time.monotonic() - t0
         stop.set()
         loop.join(30)

@@ -133,9 +133,10 @@ class Stack:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def up(cls, work: Path, venv: Path, *, start: bool = True, gpus: int = 2,
-           **overrides: Any) -> Stack:
+           lifetime: int = 1500, **overrides: Any) -> Stack:
         """Render, boot, install (and by default `systemctl start` the target); ``gpus``: the
-        stand-in GPUs of the topology (one per engine of an xPyD layout)."""
+        stand-in GPUs of the topology (one per engine of an xPyD layout); ``lifetime``: the
+        container's bound in seconds (a benchmark may need more than a test)."""
         name = overrides.pop("name", "e2e")
         netns = f"pdsvc-{uuid.uuid4().hex[:8]}"
         subprocess.run(["ip", "netns", "add", netns], check=True)
@@ -157,7 +158,7 @@ class Stack:
             capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout)
         work.chmod(0o755)
         c = SystemdContainer(bind_ro=[str(REPO), str(venv), (str(work), "/srv/e2e")],
-                             netns=netns, max_lifetime=1500)
+                             netns=netns, max_lifetime=lifetime)
         stack = cls(c=c, name=name, work=work, netns=netns, plan=plan)
         try:
             c.start()
