@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pdsvc.cli.tune import files_for
+from pdsvc.cli.apply import render_for
 from pdsvc.topology import load_topology_file
 from pdsvc.tune.check import REPEATS, Checker
 from pdsvc.tune.search import Interrupted, Limits, StuckError, Switched, Tuner
@@ -92,7 +92,7 @@ def tuner(tmp_path: Path, fake: Fake, search: str = "grid", limits: Limits | Non
           space_text: str | None = None) -> tuple[Tuner, list]:
     space = parse_space((space_text or SPACE).replace("SEARCH", search), "tune.yaml")
     checker = Checker(space, CONFIG, "config.yaml", load_topology_file(TOPO),
-                      lambda p: {f.path: f.content for f in files_for(p, "pdsvc tune")})
+                      lambda p: {f.path: f.content for f in render_for(p, "pdsvc tune")})
     first = [checker.check(c) for c in candidates(space, checker.base_data)]
     said: list[str] = []
     store = Store(tmp_path / "results", {"space": "tune.yaml"})

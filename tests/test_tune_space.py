@@ -13,8 +13,8 @@ import pytest
 import yaml
 from conftest import REPO
 
+from pdsvc.cli.apply import render_for
 from pdsvc.cli.commands import main
-from pdsvc.cli.tune import files_for
 from pdsvc.errors import ConfigError
 from pdsvc.topology import load_topology_file
 from pdsvc.tune.check import bisect_runs, check, run_seconds, total_seconds
@@ -93,7 +93,7 @@ def checked_for(config: dict, text: str):
     s = parse_space(text, "t.yaml")
     cfg_text = yaml.safe_dump(config, sort_keys=False)
     return s, check(s, candidates(s, config), cfg_text, "c.yaml", load_topology_file(TOPO),
-                    lambda p: {f.path: f.content for f in files_for(p, "pdsvc tune")})
+                    lambda p: {f.path: f.content for f in render_for(p, "pdsvc tune")})
 
 
 def test_a_refused_config_is_skipped_with_the_schema_s_words() -> None:

@@ -11,11 +11,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import click
 
 from pdsvc.apply.bounds import DRAIN_SECS, STEP_SECS
+from pdsvc.cli.apply import render_for
 from pdsvc.cli.kit import (
     DEFAULT_OUTPUT,
     canonical_command,
@@ -28,7 +28,7 @@ from pdsvc.cli.kit import (
     sysfs_option,
     topology_option,
 )
-from pdsvc.cli.render import install_script, per_host
+from pdsvc.cli.render import install_script
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
 from pdsvc.tune import report
@@ -132,7 +132,7 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
     topology = host_topology(sysfs_root, topology_file)
     command = canonical_command(config_path, sysfs_root, topology_file)
     checker = Checker(space, text, str(config_path), topology,
-                      lambda p: {f.path: f.content for f in files_for(p, command)})
+                      lambda p: {f.path: f.content for f in render_for(p, command)})
     checked = [checker.check(c) for c in candidates(space, checker.base_data)]
     if dry_run:
         kept = _bounded(checked, space, allow_outage, max_candidates, max_time)
@@ -148,7 +148,7 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
                   {"space": str(path), "config": str(config_path),
                    "host": socket.gethostname()})
     live = Live(space, output, config_path, lambda c: load_plan(c, sysfs_root, topology_file),
-                lambda p: files_for(p, command), install_script(), sysfs_root, topology_file,
+                lambda p: render_for(p, command), install_script(), sysfs_root, topology_file,
                 drain_timeout, step_timeout, state_dir)
     limits = Limits(allow_outage, max_candidates, max_time, keep_current)
     click.echo(f"pdsvc tune: results in {store.directory} ({len(store.outcomes)} measured "
@@ -156,16 +156,6 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
     with _signals_interrupt():
         answer = Tuner(space, checker, live, store, _say, limits).run(checked)
     _answer(space, answer, store, checker, as_json, path, config_path)
-
-
-def files_for(plan: Plan, command: str) -> list[Any]:
-    """The bundle `pdsvc render` writes for the plan, every candidate's with the same
-    command in its header (so that only what the candidate changes differs)."""
-    if plan.format == "supervisord":
-        from pdsvc.render.supervisord import render_supervisord
-        return per_host(plan, command, lambda p: render_supervisord(p, command))
-    from pdsvc.render.systemd import render_systemd
-    return per_host(plan, command, lambda p: render_systemd(p, command))
 
 
 def _say(line: str) -> None:

@@ -34,7 +34,7 @@ from typing import Protocol
 from pdsvc.errors import PdsvcError
 
 from .check import REPEATS, Checked, Checker
-from .space import Candidate, Space, Value
+from .space import Candidate, Space, Value, current
 from .store import BASELINE_KEY, Outcome, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
@@ -200,7 +200,6 @@ class Tuner:
         return out
 
     def _baseline_values(self) -> list[tuple[str, Value]]:
-        from .space import current
         return [(lv.path, current(self.checker.base_data, lv)) for lv in self.space.levers]
 
     def _name(self, changes: tuple[tuple[str, Value], ...]) -> str:
