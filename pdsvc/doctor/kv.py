@@ -36,6 +36,9 @@ KV_MARKER = "pdsvc-doctor-kv"
 LISTEN_PREFIX = "pdsvc-doctor-kv-listen "  # as the probe prints it
 #: How long a half waits for the other (across hosts: for the other host's doctor to start).
 PEER_WAIT_SECS = 120
+#: How long a half may take to start (Python, NIXL's import, its agent, the memory
+#: registered) before it listens: its own peer wait counts from then, never from the launch.
+HALF_START_SECS = 120
 GB = 1e9
 
 #: UCX_PROTO_INFO's tables (ucx src/ucp/proto/proto_select.c): a line naming the endpoint's
@@ -254,7 +257,7 @@ def _run_pair(plan: Plan, p: EnginePlan, d: EnginePlan, run_p: bool, run_d: bool
             if run_d:
                 target = Half(launch(d, _probe_args(plan, "target", pair, wait, listen=listen),
                                      {}), work, "target")
-                port = target.listen_port(wait)
+                port = target.listen_port(HALF_START_SECS)
                 if port is None:
                     return _failed(name, "the decode-side half", target.finish(5), d, how)
             if not run_p:  # the prefill's host writes; this host only receives and checks
