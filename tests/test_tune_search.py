@@ -16,10 +16,11 @@ from conftest import REPO
 
 from pdsvc.cli.apply import render_for
 from pdsvc.topology import load_topology_file
-from pdsvc.tune.check import REPEATS, Checker
+from pdsvc.tune.check import Checker
 from pdsvc.tune.search import Interrupted, Limits, StuckError, Switched, Tuner
+from pdsvc.tune.space import DEFAULT_REPEATS as REPEATS
 from pdsvc.tune.space import candidates, parse_space
-from pdsvc.tune.store import Outcome, Store
+from pdsvc.tune.store import Outcome, Result, Store
 
 TOPO = REPO / "etc/seed-host.topology.json"
 CONFIG = (REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text()
@@ -42,10 +43,14 @@ class Fake:
     the ITL bound: no rate meets the SLO), × 1.25 with NCCL_PROTO=LL128, × 0.8 with Simple;
     the flashinfer_trtllm backend refuses to start. ``noise``: repeat r of a candidate
     measures × (1 + noise × (1 - r)). ``interrupt_at``: the measure call (1-based) that
-    raises KeyboardInterrupt, as Ctrl-C would."""
+    raises KeyboardInterrupt, as Ctrl-C would; ``invalid_at``: the measure calls that come
+    back invalid (a gate failed: a transient), ``capped``: the goodput at which the SLO
+    search meets the range's top (lower-bound)."""
 
-    def __init__(self, noise: float = 0.0, interrupt_at: int | None = None) -> None:
+    def __init__(self, noise: float = 0.0, interrupt_at: int | None = None,
+                 invalid_at: tuple[int, ...] = (), capped: float = 1e9) -> None:
         self.noise, self.interrupt_at = noise, interrupt_at
+        self.invalid_at, self.capped = invalid_at, capped
         self.running = "baseline.yaml"  # the file whose config runs (the baseline's: the
         # user's config, copied)
         self.switches: list[str] = []
@@ -80,11 +85,16 @@ class Fake:
         self.measures.append(name)
         if self.interrupt_at == len(self.measures):
             raise KeyboardInterrupt
+        if len(self.measures) in self.invalid_at:
+            return Outcome("", "", [], 0, Result.INVALID,
+                           why="run at 32 req/s: gate canary: decode-0 re-proven during the run")
         r = self.repeat.get(name, 0)
         self.repeat[name] = r + 1
         rate = self.goodput(config)
         if rate is None:
             return Outcome("", "", [], 0, "no-rate", why="no rate in 1..64 req/s meets the SLO")
+        if rate >= self.capped:
+            return Outcome("", "", [], 0, Result.LOWER_BOUND, rate=self.capped)
         return Outcome("", "", [], 0, "measured", rate=rate * (1 + self.noise * (1 - r)))
 
 
@@ -122,7 +132,7 @@ def test_a_failed_candidate_is_recorded_and_the_next_starts_from_the_last_good(
     fake = Fake()
     t, first = tuner(tmp_path, fake, "one-at-a-time")
     answer = t.run(first)
-    failed = [o for _, o, _ in answer.rows if o is not None and o.status == "failed"]
+    failed = [o for _, o, _ in answer.rows if o is not None and o.status == "failed-start"]
     assert failed and all("ValueError: flashinfer_trtllm does not support FP4" in o.why
                           for o in failed)
     # after each failed switch, the next switch is back to the config that ran before it
@@ -150,7 +160,8 @@ def test_the_best_wins_only_beyond_the_spread(tmp_path: Path) -> None:
     answer = t.run(first)
     assert not answer.wins
     assert answer.verdict.startswith("no candidate beats the current config: the best,")
-    assert "within the spread" in answer.verdict
+    # the fact that decided it, with both figures
+    assert "its lowest, 7, is not above the baseline's highest, 10.4" in answer.verdict
     assert fake.running == "baseline.yaml"  # back on the current config
     fake = Fake(noise=0.05)
     t, first = tuner(tmp_path / "again", fake, space_text=space)
@@ -220,7 +231,8 @@ def test_the_answer_as_a_table_json_and_the_best_config(tmp_path: Path) -> None:
     best = next(x for x in lines if x.startswith(f"{answer.best.name} *"))
     assert "16 (16..16)" in best and "valid" in best  # three measurements, no spread
     assert any("no-rate: no rate in 1..64" in x for x in lines)
-    assert any("failed: dsv4-decode-0.service: decode exited with status 1" in x for x in lines)
+    assert any("failed-start: dsv4-decode-0.service: decode exited with status 1" in x
+               for x in lines)
     doc = report.document(t.space, answer, measured, results=tmp_path, best_config=None,
                           plot_path=None)
     assert doc["format"] == "pdsvc-tune/1" and doc["wins"]
@@ -244,3 +256,49 @@ def test_results_this_pdsvc_cannot_read_are_refused_not_overwritten(tmp_path: Pa
     with pytest.raises(OutputError, match="not results this pdsvc reads"):
         Store(tmp_path, {})
     assert "results/9" in (tmp_path / "results.json").read_text()
+
+
+def test_an_invalid_measurement_is_measured_once_more_and_then_counts(tmp_path: Path) -> None:
+    """One transient (a gate failed in one run) is not a verdict: measured again once the
+    deployment is steady; the second counts, and the first's reason is kept."""
+    space = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {BS}: [32]\n"
+    fake = Fake(invalid_at=(REPEATS + 1,))  # c1's first measurement
+    t, first = tuner(tmp_path, fake, space_text=space)
+    answer = t.run(first)
+    assert answer.wins and dict(answer.best.changes) == {BS: 32}
+    c1 = t.store.of(t.store.outcomes[-1].key)
+    assert [o.status for o in c1] == ["measured"] * REPEATS
+    assert "decode-0 re-proven during the run" in c1[0].again
+    assert fake.measures.count("c1") == REPEATS + 1  # the transient cost one measurement
+    assert fake.switches == ["c1"]  # never went back for a transient
+
+
+def test_invalid_twice_is_written_off_and_the_verdict_names_the_repeat(tmp_path: Path) -> None:
+    """The best's second repeat is invalid twice: it does not win, and the verdict says so,
+    not something else (the spread)."""
+    space = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {BS}: [32]\n"
+    fake = Fake(invalid_at=(REPEATS + 2, REPEATS + 3))  # c1's repeat 2, and its re-measure
+    t, first = tuner(tmp_path, fake, space_text=space)
+    answer = t.run(first)
+    assert not answer.wins
+    assert ("has 2 valid measurement(s) of 3: repeat 2 was invalid: invalid twice: run at 32 "
+            "req/s: gate canary") in answer.verdict, answer.verdict
+    assert fake.running == "baseline.yaml"  # written off: back on the current config
+
+
+def test_the_range_top_is_a_lower_bound_said_with_a_sign(tmp_path: Path) -> None:
+    from pdsvc.tune import report
+
+    space = (f"slo: {{ttft_ms: 1, itl_ms: 1}}\nrepeats: 2\nsearch: grid\n"
+             f"levers:\n  {BS}: [32, 64]\n")
+    fake = Fake(capped=12.0)  # 32 slots: 16 req/s designed, the range's top met at 12
+    t, first = tuner(tmp_path, fake, space_text=space)
+    answer = t.run(first)
+    assert fake.measures.count("baseline") == 2  # the space's repeats
+    assert answer.wins and answer.best_outcomes[0].status == Result.LOWER_BOUND
+    assert "serves ≥ 12 req/s at the SLO" in answer.verdict, answer.verdict
+    measured: dict[str, list[Outcome]] = {}
+    for o in t.store.outcomes:
+        measured.setdefault(o.name, []).append(o)
+    assert any(x.startswith(f"{answer.best.name} *") and "≥ 12" in x
+               for x in report.table(answer, measured))

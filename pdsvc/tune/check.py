@@ -34,8 +34,6 @@ from .space import Candidate, Space, apply_changes
 SETTLE_S = 10.0
 #: bench_serving's own start and the gates' reads, per run
 RUN_OVERHEAD_S = 15.0
-#: the baseline and the best are measured this many times (the spread is part of the answer)
-REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ class Checker:
         """The candidate's verdict (module docstring)."""
         space = self.space
         if not c.changes:
-            return Checked(c, "baseline", "", (), REPEATS * run_seconds(space))
+            return Checked(c, "baseline", "", (), space.repeats * run_seconds(space))
         text = self.text_of(c)
         try:
             plan = build_plan(parse_config(text, f"{self.source} with {c.describe()}"),
@@ -112,10 +110,10 @@ def check(space: Space, candidates: list[Candidate], config_text: str, source: s
 
 def total_seconds(space: Space, checked: list[Checked]) -> float:
     """The estimate for the candidates in ``checked`` (those to measure): each measured once,
-    the baseline and the best REPEATS times, and the way back to the best (or the baseline)
-    at the end."""
+    the baseline and the best ``space.repeats`` times, and the way back to the best (or the
+    baseline) at the end."""
     measured = [c for c in checked if c.verdict != "refused"]
-    best_again = (REPEATS - 1) * run_seconds(space) if len(measured) > 1 else 0.0
+    best_again = (space.repeats - 1) * run_seconds(space) if len(measured) > 1 else 0.0
     back = max((len(c.restarts) for c in measured), default=0) * (space.engine_load_secs
                                                                  + SETTLE_S)
     return sum(c.seconds for c in measured) + best_again + back

@@ -29,7 +29,7 @@ from pdsvc.status.runstate import unit_runs
 from .check import bisect_runs
 from .search import Say, Switched
 from .space import Space
-from .store import Outcome, Point
+from .store import Outcome, Point, Result
 
 #: the phases of a run that ended badly (runtime/endings.py's Phase values)
 BAD_PHASES = ("failed-start", "gave-up", "crashed")
@@ -122,7 +122,7 @@ class Live:
         directory = state_dir_of(plan, target, self.state_dir)
         unproven = self._pairs_proven(plan, directory, say)
         if unproven:
-            return Outcome("", name, [], 0, "invalid", why=unproven)
+            return Outcome("", name, [], 0, Result.INVALID, why=unproven)
         slo = Slo(space.ttft_ms, space.itl_ms, space.share)
         most = bisect_runs(space)
 
@@ -158,7 +158,9 @@ class Live:
 
 def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space) -> Outcome:
     """One measurement from the SLO search's runs: the goodput and the latencies of the run
-    at that rate; invalid when a run's gate failed; no-rate when none met the SLO."""
+    at that rate, and the lowest rate above it that missed the SLO (the goodput lies
+    between); invalid when a run's gate failed; no-rate when none met the SLO; lower-bound
+    when it held at the range's top (the goodput is at least that)."""
     points = [Point(r.load.rate, meets_slo(r, slo), r.metrics.get("p99_ttft_ms"),
                     r.metrics.get("p99_itl_ms")) for r in runs]
     bad = [r for r in runs if meets_slo(r, slo) is None]
@@ -166,14 +168,18 @@ def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space
         r = bad[0]
         why = r.error or "; ".join(f"gate {g.name}: {g.detail}" for g in r.failed_gates()
                                    if g.name != "errors")
-        return Outcome("", "", [], 0, "invalid", why=f"run at {r.load.rate:g} req/s: {why}",
-                       points=points)
+        return Outcome("", "", [], 0, Result.INVALID,
+                       why=f"run at {r.load.rate:g} req/s: {why}", points=points)
+    missed = [r.load.rate for r in runs if meets_slo(r, slo) is False]
     if best is None:
-        return Outcome("", "", [], 0, "no-rate", why=f"no rate in {space.rate_low:g}.."
-                       f"{space.rate_high:g} req/s meets the SLO", points=points)
+        return Outcome("", "", [], 0, Result.NO_RATE, why=f"no rate in {space.rate_low:g}.."
+                       f"{space.rate_high:g} req/s meets the SLO", above=min(missed, default=None),
+                       points=points)
     run = [r for r in runs if r.load.rate == best][-1]
     m = run.metrics
-    return Outcome("", "", [], 0, "measured", rate=best,
+    above = min((r for r in missed if r > best), default=None)
+    status = Result.LOWER_BOUND if best >= space.rate_high else Result.MEASURED
+    return Outcome("", "", [], 0, status, rate=best, above=above,
                    tokens_per_s=m.get("output_throughput"),
                    ttft_p50_ms=m.get("median_ttft_ms"), ttft_p99_ms=m.get("p99_ttft_ms"),
                    itl_p50_ms=m.get("median_itl_ms"), itl_p99_ms=m.get("p99_itl_ms"),

@@ -9,10 +9,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .check import REPEATS
-from .search import Answer, rates
+from .search import Answer, goodput, rates
 from .space import Candidate, Space
-from .store import Outcome
+from .store import Outcome, Result
 
 TUNE_SCHEMA = "pdsvc-tune/1"
 
@@ -24,12 +23,16 @@ def _num(v: float | None, unit: str = "") -> str:
 
 
 def _goodput(outcomes: list[Outcome]) -> str:
-    rs = rates(outcomes)
-    if not rs:
+    """The mean of the valid measurements, their span beside it ("≥" where one held at the
+    range's top)."""
+    valid = [o for o in outcomes if o.counted]
+    if not valid:
         return "-"
-    if len(rs) == 1:
-        return f"{rs[0]:.3g}"
-    return f"{statistics.fmean(rs):.3g} ({min(rs):.3g}..{max(rs):.3g})"
+    if len(valid) == 1:
+        return goodput(valid[0])
+    low = min(valid, key=lambda o: o.rate or 0.0)
+    high = max(valid, key=lambda o: o.rate or 0.0)
+    return f"{statistics.fmean(rates(valid)):.3g} ({goodput(low)}..{goodput(high)})"
 
 
 def table(answer: Answer, measured: dict[str, list[Outcome]]) -> list[str]:
@@ -43,7 +46,9 @@ def table(answer: Answer, measured: dict[str, list[Outcome]]) -> list[str]:
         if o is None:
             rows.append([cand.name, cand.describe(), "-", "-", "-", "-", why, "-"])
             continue
-        result = "valid" if o.status == "measured" else f"{o.status}: {o.why}"
+        result = (("valid" + (f" (the first of two invalid: {o.again})" if o.again else ""))
+                  if o.status in (Result.MEASURED, Result.LOWER_BOUND)
+                  else f"{o.status}: {o.why}")
         mark = " *" if cand == answer.best and answer.wins else ""
         rows.append([cand.name + mark, cand.describe(), _goodput(outs),
                      _num(o.tokens_per_s), _num(o.ttft_p99_ms, " ms"), _num(o.itl_p99_ms, " ms"),
@@ -89,11 +94,13 @@ def best_config_text(config_text: str, answer: Answer, space: Space, *, space_pa
         f"{space.num_prompts} prompts a run),",
         f"# searched over {space_path} from {config_path}.",
         f"# {answer.verdict}.",
-        f"# Baseline goodput: {_goodput(answer.baseline)} req/s ({REPEATS} measurements).",
+        f"# Baseline goodput: {_goodput(answer.baseline)} req/s "
+        f"({len(answer.baseline)} measurements).",
     ]
     if answer.wins:
         lines.append(f"# This config ({answer.best.describe()}): "
-                     f"{_goodput(answer.best_outcomes)} req/s ({REPEATS} measurements).")
+                     f"{_goodput(answer.best_outcomes)} req/s ({len(answer.best_outcomes)} "
+                     "measurements).")
     lines.append("# To run it: pdsvc apply -c THIS_FILE (or copy it over your config first).")
     body = best_text if answer.wins else config_text
     return "\n".join(lines) + "\n" + body

@@ -6,12 +6,16 @@ measured, the best measured again, and the deployment left on the answer.
   other levers as they are); the round's best becomes the current best when it gains more
   than the search's precision (what `pdsvc bench --slo` can tell apart); rounds go on until
   one gains nothing.
-* **A candidate that fails** (its switch fails: the engine gives up, crash-loops, its JIT
-  fails; or its runs are invalid: a gate failed) is recorded as failed with what says why,
-  and the deployment goes back to the last good config before the next.
-* **Noise**: the baseline is measured REPEATS times, and so is the best once found; the best
-  wins only when its worst measurement beats the baseline's best one (by more than the
-  spread of both). Else the answer is the current config, said plainly.
+* **A candidate that fails** to start (its switch fails: the engine gives up, crash-loops,
+  its JIT fails) is recorded ``failed-start`` with the engine's own words, never retried, and
+  the deployment goes back to the last good config before the next.
+* **A transient is not a verdict**: a measurement whose run failed a gate (``invalid``) is
+  measured once more, once the pairs are proven again; only when that one is invalid too is
+  the candidate written off (both reasons said) and the deployment goes back.
+* **Noise**: the baseline is measured ``space.repeats`` times, and so is the best once found;
+  only valid measurements count (store.COUNTED); the best wins only when it has every one of
+  its repeats and its lowest beats the baseline's highest. Else the answer is the current
+  config, and the verdict names the fact that decided it.
 * **Interrupted** (KeyboardInterrupt: Ctrl-C, and the command turns SIGTERM and SIGHUP into
   one): the running measurement is dropped, the deployment goes back to the last good config,
   and Interrupted is raised. Every finished measurement is in the store: a re-run measures
@@ -33,9 +37,9 @@ from typing import Protocol
 
 from pdsvc.errors import PdsvcError
 
-from .check import REPEATS, Checked, Checker
+from .check import Checked, Checker
 from .space import Candidate, Space, Value, current
-from .store import BASELINE_KEY, Outcome, Store, changes_key, write_atomic
+from .store import BASELINE_KEY, Outcome, Result, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
 
@@ -94,8 +98,8 @@ class Answer:
 
 
 def rates(outcomes: list[Outcome]) -> list[float]:
-    """The goodputs of a candidate's measurements (0 where no rate met the SLO)."""
-    return [o.rate or 0.0 for o in outcomes if o.status in ("measured", "no-rate")]
+    """The goodputs of a candidate's valid measurements (0 where no rate met the SLO)."""
+    return [o.rate or 0.0 for o in outcomes if o.counted]
 
 
 def mean_rate(outcomes: list[Outcome]) -> float:
@@ -138,9 +142,9 @@ class Tuner:
             self.say("tune: the deployment does not run the config yet: applying it first")
         for c in first:
             self.names[changes_key(c.candidate.changes)] = c.candidate.name
-        self.planned = REPEATS
+        self.planned = self.space.repeats
         baseline = [self._measure(Checked(base, "baseline", "", (), 0.0), r)
-                    for r in range(REPEATS)]
+                    for r in range(self.space.repeats)]
         if not rates(baseline):
             raise StuckError(f"the baseline cannot be measured: {baseline[-1].why}",
                              hint="pdsvc bench --slo shows each run and its gates")
@@ -171,7 +175,7 @@ class Tuner:
                     return (f"one at a time: stopped in round {round_no} at "
                             f"{c.candidate.name} ({self._bound})")
                 o = self._measure(c, 0, i)
-                if o.status == "measured" and (o.rate or 0) > best_rate:
+                if o.counted and (o.rate or 0) > best_rate:
                     best, best_rate = c.candidate, o.rate or 0.0
             if best_rate <= current_rate * (1 + self.space.precision):
                 return (f"one at a time: {round_no} round(s); round {round_no} gained "
@@ -254,8 +258,8 @@ class Tuner:
         known = self.store.get(key, repeat)
         if i is not None and known is None:
             self.tried += 1  # measured in this run (--max-candidates counts these)
-        where = f"{cand.name}" + (f" (repeat {repeat + 1} of {REPEATS})" if repeat or not
-                                  cand.changes else "")
+        where = f"{cand.name}" + (f" (repeat {repeat + 1} of {self.space.repeats})"
+                                  if repeat or not cand.changes else "")
         step = f"[{i}/{self.planned}] " if i is not None else ""
         if known is not None:
             self.say(f"tune: {step}{where}: measured before: {self._said(known)}")
@@ -272,28 +276,43 @@ class Tuner:
             applied = sw.seconds
             if not sw.ok:
                 o = Outcome(key, cand.name, list(cand.changes), repeat,
-                            "outage" if sw.outage else "failed", why=sw.why,
+                            Result.OUTAGE if sw.outage else Result.FAILED_START, why=sw.why,
                             apply_seconds=applied, seconds=self.clock() - t0)
                 self.store.add(o)
                 self.say(f"tune: {cand.name}: {o.status}: {sw.why}")
                 self._go_back()
                 self._row(cand, o, "")
                 return o
-        measured = self.deployment.measure(cand.name, path, self.store.bench_dir(cand.name,
-                                                                                 repeat),
-                                           self._progress(cand.name))
+        measured = self._measured(cand, path, repeat)
         o = dataclasses.replace(measured, key=key, name=cand.name, changes=list(cand.changes),
                                 repeat=repeat, apply_seconds=applied,
                                 seconds=self.clock() - t0)
         self.store.add(o)
         self.say(f"tune: {cand.name}: {self._said(o)}")
-        if o.status == "invalid":
+        if o.status == Result.INVALID:
             self._go_back()
         else:
             self.good = cand
         if repeat == 0:
             self._row(cand, o, "")
         return o
+
+    def _measured(self, cand: Candidate, path: Path, repeat: int) -> Outcome:
+        """One measurement on the running ``cand``; an invalid one is measured once more
+        (the deployment's measure waits for every pair to be proven first): a transient is
+        not a verdict. Invalid twice: written off, both reasons said."""
+        first = self.deployment.measure(cand.name, path, self.store.bench_dir(cand.name, repeat),
+                                        self._progress(cand.name))
+        if first.status != Result.INVALID:
+            return first
+        self.say(f"tune: {cand.name}: invalid ({first.why}); measuring it once more: one "
+                 "transient is not a verdict")
+        again = self.deployment.measure(cand.name, path,
+                                        self.store.bench_dir(cand.name, repeat, again=True),
+                                        self._progress(cand.name))
+        if again.status == Result.INVALID:
+            return dataclasses.replace(again, why=f"invalid twice: {first.why}; then {again.why}")
+        return dataclasses.replace(again, again=first.why)
 
     def _switch(self, cand: Candidate, path: Path, *, allow_outage: bool) -> Switched:
         key = changes_key(cand.changes)
@@ -321,9 +340,10 @@ class Tuner:
 
     @staticmethod
     def _said(o: Outcome) -> str:
-        if o.status == "measured":
-            return (f"{o.rate:.3g} req/s at the SLO (p99 TTFT {o.ttft_p99_ms or 0:.0f} ms, "
-                    f"p99 ITL {o.itl_p99_ms or 0:.1f} ms), {o.seconds:.0f} s")
+        if o.status in (Result.MEASURED, Result.LOWER_BOUND):
+            again = f"; measured twice, the first invalid: {o.again}" if o.again else ""
+            return (f"{goodput(o)} req/s at the SLO (p99 TTFT {o.ttft_p99_ms or 0:.0f} ms, "
+                    f"p99 ITL {o.itl_p99_ms or 0:.1f} ms), {o.seconds:.0f} s{again}")
         return f"{o.status}: {o.why}"
 
     def _row(self, cand: Candidate, o: Outcome | None, why: str) -> None:
@@ -332,29 +352,25 @@ class Tuner:
     # ------------------------------------------------------------------ the answer
     def _finish(self, base: Candidate, baseline: list[Outcome], how: str) -> Answer:
         firsts = [(cand, o) for cand, o, _ in self.rows.values()
-                  if o is not None and o.status == "measured" and cand.changes]
+                  if o is not None and o.counted and o.rate and cand.changes]
         top = max(firsts, key=lambda x: x[1].rate or 0.0, default=None)
         wins, best, best_outcomes = False, base, baseline
         if top is not None and (top[1].rate or 0) > max(rates(baseline)):
             cand = top[0]
-            self.planned = REPEATS
+            self.planned = self.space.repeats
             checked = Checked(cand, "measure", "", (), 0.0)
-            best_outcomes = [self._measure(checked, r) for r in range(REPEATS)]
-            wins = bool(rates(best_outcomes)) and len(rates(best_outcomes)) == REPEATS and \
-                min(rates(best_outcomes)) > max(rates(baseline))
-            best = cand if wins else base
-            verdict = (f"{cand.name} ({cand.describe()}) serves {mean_rate(best_outcomes):.3g} "
-                       f"req/s at the SLO against the current config's "
-                       f"{mean_rate(baseline):.3g} (each of its {REPEATS} measurements beats "
-                       "each of the baseline's)" if wins else
-                       f"no candidate beats the current config: the best, {cand.name} "
-                       f"({cand.describe()}), measured {_span(best_outcomes)} req/s against "
-                       f"the baseline's {_span(baseline)}: within the spread")
-            if not wins:
-                best_outcomes = baseline
+            outs = [self._measure(checked, r) for r in range(self.space.repeats)]
+            wins, verdict = judge(cand, outs, baseline)
+            if wins:
+                best, best_outcomes = cand, outs
+            capped = [c.name for c, o in firsts if o.status == Result.LOWER_BOUND]
+            if len(capped) > 1:
+                verdict += (f" ({' and '.join(capped)} each met the SLO at the range's top, "
+                            f"{self.space.rate_high:g} req/s: raise rates.high to tell them "
+                            "apart)")
         else:
             verdict = ("no candidate beats the current config: none measured above the "
-                       f"baseline's {_span(baseline)} req/s")
+                       f"baseline's {span(baseline)} req/s")
         end = base if self.limits.keep_current or not wins else best
         if self.running != changes_key(end.changes):
             self.say(f"tune: the deployment ends on {end.name} ({end.describe()})")
@@ -364,6 +380,40 @@ class Tuner:
                       list(self.rows.values()), end)
 
 
-def _span(outcomes: list[Outcome]) -> str:
-    rs = rates(outcomes)
-    return f"{min(rs):.3g}..{max(rs):.3g}" if len(rs) > 1 else f"{rs[0]:.3g}" if rs else "none"
+def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tuple[bool, str]:
+    """Whether ``cand``'s repeats beat the baseline's, and the verdict naming the fact that
+    decided it: a repeat that is not a valid measurement (the first such), or the lowest of
+    the candidate's against the highest of the baseline's."""
+    n, who = len(outs), f"{cand.name} ({cand.describe()})"
+    lost = [o for o in outs if not o.counted]
+    if lost:
+        o = lost[0]
+        return False, (f"no candidate beats the current config: the best, {who}, has "
+                       f"{n - len(lost)} valid measurement(s) of {n}: repeat {o.repeat + 1} "
+                       f"was {o.status}: {o.why}; a win needs each of its {n}")
+    low, high = min(rates(outs)), max(rates(baseline))
+    if low <= high:
+        return False, (f"no candidate beats the current config: the best, {who}, measured "
+                       f"{span(outs)} req/s against the baseline's {span(baseline)}: its "
+                       f"lowest, {low:.3g}, is not above the baseline's highest, {high:.3g}")
+    return True, (f"{who} serves {span(outs)} req/s at the SLO against the current config's "
+                  f"{span(baseline)} (each of its {n} measurements beats each of the "
+                  "baseline's)")
+
+
+def goodput(o: Outcome) -> str:
+    """The goodput as said: "≥ 64" where the SLO held at the range's top."""
+    return f"{'≥ ' if o.status == Result.LOWER_BOUND else ''}{o.rate or 0:.3g}"
+
+
+def span(outcomes: list[Outcome]) -> str:
+    """The goodputs of the valid measurements: "7.3..8.1", "≥ 64" (each met the range's top),
+    "none"."""
+    valid = [o for o in outcomes if o.counted]
+    if not valid:
+        return "none"
+    low = min(valid, key=lambda o: o.rate or 0.0)
+    high = max(valid, key=lambda o: o.rate or 0.0)
+    if low.rate == high.rate or len(valid) == 1:
+        return goodput(low)
+    return f"{goodput(low)}..{goodput(high)}"

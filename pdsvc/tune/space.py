@@ -5,6 +5,7 @@ seed deployment's) that names the levers and the values to try, the SLO and the 
     workload: {input_len: 1024, output_len: 256, num_prompts: 200}
     rates: {low: 0.5, high: 32, precision: 0.1}      # the SLO search's range (pdsvc bench)
     engine_load_secs: 600                            # for the estimate only
+    repeats: 3                                       # the baseline and the best, each
     search: auto                                     # grid | one-at-a-time | auto
     max_grid: 16                                     # auto: a grid up to this many
     levers:
@@ -35,6 +36,10 @@ from pdsvc.errors import ConfigError
 
 Value = str | int | float | bool | None
 SEARCHES = ("auto", "grid", "one-at-a-time")
+#: how many times the baseline and the best are measured, unless the space says (``repeats``)
+DEFAULT_REPEATS = 3
+#: the most ``repeats`` a space may ask for (each is a whole SLO search)
+MAX_REPEATS = 10
 _SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)(?:\[(\d+)\])?$")
 #: the keys a lever's path may start with: the config's sections that a candidate may change
 ROOTS = ("prefill", "decode", "router", "runtime", "transfer", "lifecycle")
@@ -70,6 +75,7 @@ class Space:
     search: Literal["auto", "grid", "one-at-a-time"]
     max_grid: int
     levers: tuple[Lever, ...]
+    repeats: int = DEFAULT_REPEATS  # the baseline and the best are measured this many times
 
     @property
     def grid_size(self) -> int:
@@ -146,7 +152,8 @@ def parse_space(text: str, source: str) -> Space:
         raise ConfigError(f"{source}{line}: not YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(doc, dict):
         raise _error(source, "must be a mapping (slo, workload, levers, …)")
-    known = {"slo", "workload", "rates", "engine_load_secs", "search", "max_grid", "levers"}
+    known = {"slo", "workload", "rates", "engine_load_secs", "search", "max_grid", "levers",
+             "repeats"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise _error(f"{source}: {unknown[0]}",
@@ -162,6 +169,10 @@ def parse_space(text: str, source: str) -> Space:
     high = _number(rates, "high", f"{source}: rates", 32.0)
     if high <= low:
         raise _error(f"{source}: rates.high", f"must be above rates.low ({low:g})")
+    repeats = int(_number(doc, "repeats", source, DEFAULT_REPEATS, integer=True))
+    if repeats > MAX_REPEATS:
+        raise _error(f"{source}: repeats", f"at most {MAX_REPEATS} (each is a whole SLO "
+                     f"search), got {repeats}")
     search = doc.get("search", "auto")
     if search not in SEARCHES:
         raise _error(f"{source}: search", f"one of {', '.join(SEARCHES)}, got {search!r}")
@@ -179,6 +190,7 @@ def parse_space(text: str, source: str) -> Space:
         search=search,
         max_grid=int(_number(doc, "max_grid", source, 16, integer=True)),
         levers=_levers(doc.get("levers"), source),
+        repeats=repeats,
     )
 
 

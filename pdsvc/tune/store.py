@@ -14,13 +14,14 @@ different space, config or host never reuses a measurement. Inside:
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pdsvc.errors import OutputError
 
@@ -29,7 +30,24 @@ from .space import Value
 RESULTS_SCHEMA = "pdsvc-tune-results/1"
 RESULTS_FILE = "results.json"
 
-Status = Literal["measured", "no-rate", "invalid", "failed", "outage"]
+class Result(str, enum.Enum):
+    """What one measurement of a candidate came to: one word, the fact that decides."""
+
+    MEASURED = "measured"  # the highest rate meeting the SLO (below a rate that missed it)
+    LOWER_BOUND = "lower-bound"  # the SLO held at the range's top: goodput ≥ rates.high
+    NO_RATE = "no-rate"  # no rate in the range met the SLO: goodput below rates.low
+    INVALID = "invalid"  # a run's gate failed, and again when measured once more
+    FAILED_START = "failed-start"  # the switch failed: the engine's own words say why
+    OUTAGE = "outage"  # not switched: serving would stop (measured only with --allow-outage)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: the results whose goodput counts (no-rate as 0): "only valid repeats count"
+COUNTED = (Result.MEASURED, Result.LOWER_BOUND, Result.NO_RATE)
+#: results written by pdsvc before the enum, read as today's
+_OLD_NAMES = {"failed": Result.FAILED_START}
 
 
 @dataclass
@@ -44,16 +62,17 @@ class Point:
 
 @dataclass
 class Outcome:
-    """One measurement of one candidate (the baseline and the best are measured REPEATS
-    times: ``repeat`` 0, 1, 2)."""
+    """One measurement of one candidate (the baseline and the best are measured
+    ``space.repeats`` times: ``repeat`` 0, 1, 2 …)."""
 
     key: str  # the candidate's changes, canonical (changes_key; the baseline's: BASELINE_KEY)
     name: str
     changes: list[tuple[str, Value]]
     repeat: int
-    status: Status
+    status: Result
     why: str = ""  # failed/invalid/no-rate: what says so (the engine's own last error line)
     rate: float | None = None  # goodput: the highest rate meeting the SLO (requests/s)
+    above: float | None = None  # the lowest rate that missed it, above ``rate`` (None: none)
     tokens_per_s: float | None = None  # output tokens/s of the run at that rate
     ttft_p50_ms: float | None = None
     ttft_p99_ms: float | None = None
@@ -63,6 +82,12 @@ class Outcome:
     apply_seconds: float = 0.0  # switching the deployment to it (apply, pairs proven)
     seconds: float = 0.0  # all it cost, apply and the SLO search
     points: list[Point] = field(default_factory=list)
+    again: str = ""  # measured twice: why the first was invalid (a transient is not a verdict)
+
+    @property
+    def counted(self) -> bool:
+        """Whether its goodput counts (a valid measurement)."""
+        return self.status in COUNTED
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +97,7 @@ class Outcome:
         doc = dict(doc)
         doc["changes"] = [(str(p), v) for p, v in doc.get("changes", [])]
         doc["points"] = [Point(**p) for p in doc.get("points", [])]
+        doc["status"] = _OLD_NAMES.get(doc["status"]) or Result(doc["status"])
         return cls(**doc)
 
 
@@ -146,5 +172,5 @@ class Store:
     def config_path(self, name: str) -> Path:
         return self.directory / "configs" / f"{name}.yaml"
 
-    def bench_dir(self, name: str, repeat: int) -> Path:
-        return self.directory / "bench" / f"{name}-r{repeat}"
+    def bench_dir(self, name: str, repeat: int, again: bool = False) -> Path:
+        return self.directory / "bench" / f"{name}-r{repeat}{'-again' if again else ''}"
