@@ -17,6 +17,7 @@ import pytest
 from fleet import Fleet
 from host_labs import fleet_up as _fleet
 from stack import engine_pid
+from timing import within
 
 pytestmark = pytest.mark.e2e
 
@@ -48,8 +49,15 @@ def test_a_prefill_killed_in_the_first_seconds_is_followed_by_its_decode(three: 
     seconds = time.monotonic() - t0
     start = 1 + 3  # one stand-in engine's start (FAKE_SGLANG_LOAD_SECS 1): python, load, join
     print(f"\nBENCH [{three.plan['router']['package']}] across hosts: kill -9 prefill engine "
-          f"-> serving: {seconds:.1f} s (bound {2 * start + 5} s)")
-    assert seconds <= 2 * start + 5
+          f"-> serving: {seconds:.1f} s (goal {2 * start + 5} s)")
+    # the mechanism: the decode reloaded while the prefill did (its new start came before
+    # the prefill was active again), not after it; the seconds are the figure above
+    decode_started = int(gpu_b.show("e2e-decode.service", "ExecMainStartTimestampMonotonic")[
+        "ExecMainStartTimestampMonotonic"])
+    prefill_ready = int(gpu_a.show("e2e-prefill.service", "ActiveEnterTimestampMonotonic")[
+        "ActiveEnterTimestampMonotonic"])
+    assert decode_started < prefill_ready, (decode_started, prefill_ready)
+    within(seconds, 2 * start + 5, "serving again after the prefill's kill")
 
 
 def test_three_hosts_install_start_and_serve_across_the_network(three: Fleet) -> None:

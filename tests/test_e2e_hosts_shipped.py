@@ -17,6 +17,7 @@ import yaml
 from fleet import Fleet
 from host_labs import fleet_up
 from stack import REPO, engine_pid
+from timing import within
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +57,7 @@ def test_an_engine_killed_on_its_host_serves_again_within_the_loads_and_5_s(
     print(f"\nBENCH [{router_package}] across hosts, shipped defaults: kill -9 {role} engine "
           f"-> decode restarted {restarted:.1f} s, serving: {seconds:.1f} s "
           f"(goal: loads + 5 = {bound:g} s)")
-    assert seconds <= bound + START_S
+    within(seconds, bound + START_S, f"serving again after kill -9 of the {role} engine")
 
 
 @pytest.fixture(scope="module")
@@ -144,4 +145,4 @@ def test_a_spanning_engines_rank_killed_serves_again_within_the_loads_and_5_s(
     print(f"\nBENCH [{router_package}] across hosts, shipped defaults: kill -9 of a spanning "
           f"prefill's rank 1 -> serving: {seconds:.1f} s (goal: loads + 5 = {bound:g} s)")
     assert "NCCL error: connection to node rank 1 lost" in gpu_a.journal(unit)
-    assert seconds <= bound + START_S
+    within(seconds, bound + START_S, "serving again after rank 1's kill")

@@ -16,6 +16,7 @@ import pytest
 from conftest import require
 from nspawn import nspawn_available
 from stack import Stack
+from timing import within
 
 pytestmark = pytest.mark.e2e
 
@@ -109,13 +110,19 @@ def test_cold_jit_cache_is_never_compiled_into_twice_at_once(stack: Stack) -> No
 def test_warm_jit_cache_starts_both_engines_in_parallel(stack: Stack) -> None:
     stack.stop()
     warm = stack.start()
-    decode_log = stack.c.journal(stack.unit("decode"), lines=60)
-    assert "JIT cache warm for e2e-decode" in decode_log.split("Starting e2e-decode")[-1]
-    # decode's engine became healthy without waiting for prefill to be healthy first
+    # the mechanism, not the seconds (two starts timed at different moments of a loaded
+    # machine compare nothing): each engine of this start loaded its kernels from the cache
+    # the first start compiled, and neither compiled again
+    for role in ("prefill", "decode"):
+        log = stack.c.journal(stack.unit(role), lines=80).split(f"Starting e2e-{role}")[-1]
+        assert "jit cache warm: loaded" in log and "jit cache cold" not in log, log
+    assert "JIT cache warm for e2e-decode" in \
+        stack.c.journal(stack.unit("decode"), lines=60).split("Starting e2e-decode")[-1]
+    # decode's engine started without waiting for prefill to be healthy first
     decode_started = mono(stack, "decode", "ExecMainStartTimestampMonotonic")
     prefill_ready = mono(stack, "prefill", "ActiveEnterTimestampMonotonic")
     assert decode_started < prefill_ready
-    assert warm < stack.start_seconds, (warm, stack.start_seconds)
+    print(f"\nstart with a cold JIT cache {stack.start_seconds:.1f} s, warm {warm:.1f} s")
     assert stack.serves()
 
 
@@ -143,8 +150,11 @@ def test_hung_engine_is_detected_by_the_watchdog_and_restarted(stack: Stack) -> 
         print(stack.c.show(stack.unit("decode"), "NRestarts", "ActiveState", "SubState"))
         raise
     detected = time.monotonic() - t0
-    # the bound: WatchdogSec (+ a liveness probe interval of slack) + RestartSec
-    assert detected <= watchdog + restart + 3, (detected, watchdog, restart)
+    # idle: WatchdogSec (+ a liveness probe interval) + RestartSec; asserted with a busy
+    # machine's slack (tests/support/timing.py): the journal's reason is the verdict
+    print(f"\nhung decode restarted by the watchdog after {detected:.1f} s "
+          f"(WatchdogSec {watchdog} + RestartSec {restart})")
+    within(detected, watchdog + restart + 1, "the watchdog restarts the hung decode")
     assert "watchdog timeout" in stack.c.journal(stack.unit("decode"), lines=80).lower()
     stack.wait_serving(60)
 
@@ -198,8 +208,10 @@ def test_broken_engine_gives_up_after_its_tries_and_the_start_says_so(
         lc = s.plan["lifecycle"]
         give_up = lc["start_attempts"] * (lc["restart_secs"] + 3)  # a start fails in < 3 s
         print(f"\nBENCH systemctl start with an engine that gives up -> exit "
-              f"{r.returncode} after {took:.1f} s (bound {give_up + 10} s)")
-        assert took <= give_up + 10
+              f"{r.returncode} after {took:.1f} s (goal {give_up + 10} s)")
+        # what it rules out: waiting for the router's TimeoutStartSec= (the shipped
+        # start_timeout, an hour); the goal is the figure above
+        within(took, give_up + 10, "systemctl start exits once an engine gave up")
         unit = s.unit("prefill")  # both engines lack the model: the first to give up ends it
         s.c.wait_for(lambda: s.prop(unit, "ActiveState") == "failed", 30, interval=0.25,
                      what="prefill gives up too")

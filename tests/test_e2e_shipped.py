@@ -22,6 +22,7 @@ from conftest import require
 from faults import MARATHON, inflict
 from nspawn import nspawn_available
 from stack import REPO, Stack
+from timing import within
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +59,9 @@ def test_the_stack_serves_again_within_the_bound_with_one_heal_at_most(
           f"{f', {out.backoff:g} s of it back-off' if out.backoff else ''}; "
           f"{len(out.heals)} heal{'s' * (len(out.heals) != 1)})")
     assert len(out.heals) <= 1, out.heals
-    assert out.seconds <= out.bound, f"{fault.name}: {out.seconds:.1f} s > {out.bound:.0f} s"
+    # the bound is the goal, printed above; asserted with a busy machine's slack
+    # (tests/support/timing.py): the heals counted are the verdict on the mechanism
+    within(out.seconds, out.bound, f"serving again after {fault.name}")
 
 
 def test_the_marathon_ends_with_every_unit_active_and_every_pair_good(stack: Stack) -> None:

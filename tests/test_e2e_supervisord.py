@@ -34,6 +34,7 @@ import pytest
 import yaml
 from ports import free_ports
 from stack import e2e_config, host_topology
+from timing import within
 
 from pdsvc.cli.kit import read_config_text
 from pdsvc.config.load import parse_config
@@ -375,9 +376,10 @@ def test_hung_engine_is_killed_and_restarted_within_the_watchdog_bound(
         with contextlib.suppress(ProcessLookupError):
             os.kill(engine, signal.SIGCONT)
     detected = time.monotonic() - t0
-    # the bound: watchdog_secs after the last good probe (≤ one interval before the STOP),
-    # plus the SIGKILL, the runtime's exit and supervisord's respawn (slack for a busy host)
-    assert detected <= bound + lc.liveness_interval_secs + 5, (detected, bound)
+    # idle: watchdog_secs after the last good probe (≤ one interval before the STOP), plus
+    # the SIGKILL, the runtime's exit and supervisord's respawn; the log lines are the verdict
+    print(f"\nhung decode killed and respawned after {detected:.1f} s (watchdog {bound} s)")
+    within(detected, bound + lc.liveness_interval_secs + 1, "the hung decode is respawned")
     log = stack.log("decode")
     assert f"(--watchdog-secs {bound}): the engine is hung" in log, log[-3000:]
     assert "exiting 124 so that the process manager restarts the engine" in log

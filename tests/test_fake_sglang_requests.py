@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import standin_client
 from standin_client import SUPPORT, get_json, pd_body, request, wait_until
+from timing import within
 
 # the stand-in's fixtures (tests/support/standin_client.py)
 engines, model_dir = standin_client.engines, standin_client.model_dir
@@ -58,12 +59,16 @@ def test_paced_non_stream_takes_ttft_then_one_itl_per_token(engines):
     eng.wait_healthy()
     took, status, out = timed(eng.port, "/generate",
                               {"text": "hi", "sampling_params": {"max_new_tokens": 10}})
-    assert status == 200 and 0.2 + 9 * 0.1 <= took < 2.0, took  # TTFT + 9 ITL
+    # at least TTFT + 9 ITL (load cannot shorten a sleep); at most that with a busy machine's
+    # slack (tests/support/timing.py)
+    assert status == 200 and took >= 0.2 + 9 * 0.1, took
+    within(took, 0.2 + 9 * 0.1 + 0.1, "a paced request")
     assert out["meta_info"]["completion_tokens"] == 10 and len(out["text"].split()) == 10
     assert out["text"].startswith(f"[null@{eng.port}] hello")
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
     took, status, out = timed(eng.port, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
-    assert status == 200 and 0.4 <= took < 1.2, took
+    assert status == 200 and took >= 0.4, took
+    within(took, 0.4 + 0.1, "a paced completion")
     assert out["usage"]["completion_tokens"] == 3
     # per request: its own rate on an engine that is not paced
     plain = engines("null")
@@ -71,10 +76,13 @@ def test_paced_non_stream_takes_ttft_then_one_itl_per_token(engines):
     took, status, out = timed(plain.port, "/v1/chat/completions",
                               {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                                "fake_ttft_ms": 50, "fake_itl_ms": 300})  # fmt: skip
-    assert status == 200 and 0.05 + 4 * 0.3 <= took < 2.5, took
+    assert status == 200 and took >= 0.05 + 4 * 0.3, took
+    within(took, 0.05 + 4 * 0.3 + 0.1, "a request paced by its own fields")
     assert out["usage"]["completion_tokens"] == 5
     took, status, _ = timed(plain.port, "/generate", {"text": "hi"})
-    assert status == 200 and took < 0.5, took  # unpaced: at once, as before
+    # unpaced: at once, as before (paced, 16 tokens would take 0.2 + 15 × 0.1 s)
+    assert status == 200
+    within(took, 0.3, "an unpaced request")
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/chat/completions", "/v1/completions"])
@@ -94,9 +102,11 @@ def test_paced_stream_sends_its_tokens_over_time(engines, path):
     assert events[-1][1] == "[DONE]"
     tokens = [t for t, data in events[:-1] if _is_token(path, json.loads(data))]
     assert len(tokens) == 8, events
+    # lower bounds from the request's start, which a late reader cannot shorten (it can
+    # bunch the gaps between tokens it reads late, so those are not asserted)
     assert tokens[0] >= 0.2, tokens  # the TTFT
-    assert tokens[-1] - tokens[0] >= 7 * 0.1 * 0.9, tokens  # one token every ITL
-    assert all(b - a >= 0.05 for a, b in zip(tokens, tokens[1:], strict=False)), tokens
+    assert tokens[-1] >= 0.2 + 7 * 0.1 * 0.9, tokens  # then one token every ITL
+    assert tokens[-1] > tokens[0], tokens  # over time, not in one piece
 
 
 def _is_token(path: str, chunk: dict) -> bool:
@@ -114,10 +124,12 @@ def test_paced_prefill_pays_the_ttft_and_its_decode_the_tokens(engines):
     pre.wait_healthy()
     dec.wait_healthy()
     took, status, out = timed(pre.port, "/generate", pd_body(room=1, bport=pre.bport))
-    assert status == 200 and out["text"] == "" and 0.2 <= took < 0.6, took
+    assert status == 200 and out["text"] == "" and took >= 0.2, took
+    within(took, 0.2 + 0.1, "a paced prefill")
     took, status, out = timed(dec.port, "/generate", pd_body(room=2, bport=pre.bport))
     assert status == 200 and out["meta_info"]["completion_tokens"] == 8, out  # max_new_tokens
-    assert 0.2 + 7 * 0.1 <= took < 2.0, took
+    assert took >= 0.2 + 7 * 0.1, took
+    within(took, 0.2 + 7 * 0.1 + 0.1, "a paced decode")
     assert get_json(dec.port, "/_fake/control")["paced"] is True
 
 

@@ -206,8 +206,10 @@ def test_drain_waits_for_the_request_in_flight_and_sends_none_new(lab: Lab) -> N
     began = time.monotonic()
     assert run_front("drain", lab.socket, "routers", "r0", 10, lines.append) == 0
     took = time.monotonic() - began
-    assert 0.5 < took < 3, took  # it waited for r0's request, not its whole bound
-    assert "drained" in lines[-1] and lab.status("r0").startswith("DRAIN")
+    # it waited for r0's request, and saw it end before its bound: "drained in", never "still
+    # serves … after" (the mechanism, whatever the machine's load stretches the seconds to)
+    assert took > 0.5, took
+    assert "drained in" in lines[-1] and lab.status("r0").startswith("DRAIN"), lines
     for t in flights:
         t.join()
     assert sorted(results) == [(200, "r0"), (200, "r1")]

@@ -38,6 +38,7 @@ from runtime_procs import (
     engine_args,
     wait_for,
 )
+from timing import within
 
 from pdsvc.config.load import parse_config
 from pdsvc.errors import ConfigError
@@ -327,7 +328,8 @@ def test_watchdog_secs_kills_a_hung_child_and_exits_124(procs, tmp_path):
     t0 = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     assert procs.wait(proc) == Exit.HUNG
-    assert time.monotonic() - t0 <= 1.5 + 0.2 + 1.5  # bound + one interval + slack
+    # idle: the watchdog + one probe interval; the exit status and the log are the verdict
+    within(time.monotonic() - t0, 1.5 + 0.2, "the hung child is killed")
     log = procs.log(proc)
     assert "(--watchdog-secs 1.5): the engine is hung: sending SIGKILL" in log
     assert "exiting 124 so that the process manager restarts the engine" in log
