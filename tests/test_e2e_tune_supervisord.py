@@ -1,12 +1,11 @@
 """`pdsvc tune` on a supervisord bundle under the REAL supervisord (the serve venv's), with
 the real router (the config's default, sglang-router; both routers are test_e2e_tune's under
 systemd), SGLang's own bench_serving and the stand-in engines on free 127.0.0.1 ports: a 2P2D
-stack whose decodes run 4 slots (FAKE_SGLANG_SLOTS) is tuned over one lever, 16 slots, while a
-side load runs through the router.
+stack whose decodes run 2 slots (FAKE_SGLANG_SLOTS) is tuned over one lever, 16 slots, while a
+side load runs through the router (the designed space: tests/support/tune_designed.py).
 
-Checked: the 16-slot candidate wins (each of its three measurements beats each of the
-baseline's), supervisord runs it at the end (the decodes' argv), and no request of the side
-load failed.
+Checked: the 16-slot candidate wins (each of its measurements beats each of the baseline's),
+supervisord runs it at the end (the decodes' argv), and no request of the side load failed.
 """
 
 from __future__ import annotations
@@ -25,16 +24,11 @@ import yaml
 from bench_stack import make_tokenizer
 from conftest import REPO
 from test_e2e_supervisord import SupervisordStack
+from tune_designed import BASE_SLOTS, BEST_LEVER, BEST_SLOTS, ENV, space
 
 pytestmark = pytest.mark.e2e
 
-SPACE = {
-    "slo": {"ttft_ms": 2000, "itl_ms": 40},
-    "workload": {"input_len": 32, "output_len": 8, "num_prompts": 60},
-    "rates": {"low": 2, "high": 64, "precision": 1.0},
-    "engine_load_secs": 5,
-    "levers": {"decode.args.cuda-graph-max-bs-decode": [16]},
-}
+SPACE = space()
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +37,7 @@ def stack(serve_python: Path, tmp_path_factory: pytest.TempPathFactory
     s = SupervisordStack(tmp_path_factory.mktemp("sv-tune"), serve_python.parent.parent,
                          engines=2, format="supervisord", **{
                              "router.policy": "round_robin",
-                             "runtime.env.FAKE_SGLANG_SLOTS": 4,
-                             "runtime.env.FAKE_SGLANG_SLOT_RATE": 1,
-                             "runtime.env.FAKE_SGLANG_ITL_SLOTS": 16})
+                             "runtime.env.FAKE_SGLANG_SLOTS": BASE_SLOTS, **ENV})
     make_tokenizer(serve_python, s.work / "model")
     try:
         s.start()
@@ -83,13 +75,12 @@ def test_tune_switches_supervisord_programs_to_the_best_while_serving(
         loop.join(30)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     doc = json.loads(r.stdout)
-    assert doc["wins"] and doc["best"]["changes"] == {
-        "decode.args.cuda-graph-max-bs-decode": 16}, doc["verdict"]
+    assert doc["wins"] and doc["best"]["changes"] == {BEST_LEVER: BEST_SLOTS}, doc["verdict"]
     base, best = doc["baseline"]["rates"], doc["best"]["rates"]
     print(f"\ngoodput: baseline {base}, best {best} req/s")
     assert min(best) > max(base)
     for d in ("decode-0", "decode-1"):
-        assert "--cuda-graph-max-bs-decode 16" in stack.cmdline(stack.engine_pid(d))
+        assert f"--cuda-graph-max-bs-decode {BEST_SLOTS}" in stack.cmdline(stack.engine_pid(d))
     bad = [x for x in load if not x[0]]
     print(f"side load: {len(load)} requests, {len(bad)} failed")
     assert len(load) > 20 and not bad, bad[:5]
