@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import settings
+
+# No per-example deadline (Hypothesis' default is 200 ms): a duration measured under the
+# suite's own load is not a verdict (tests/support/timing.py). A test's own settings inherit it.
+settings.register_profile("pdsvc", deadline=None)
+settings.load_profile("pdsvc")
 
 REPO = Path(__file__).resolve().parent.parent
 
