@@ -302,3 +302,24 @@ def test_the_range_top_is_a_lower_bound_said_with_a_sign(tmp_path: Path) -> None
         measured.setdefault(o.name, []).append(o)
     assert any(x.startswith(f"{answer.best.name} *") and "≥ 12" in x
                for x in report.table(answer, measured))
+
+
+def test_a_gain_within_the_precision_is_not_a_win(tmp_path: Path) -> None:
+    """The baseline met 8 req/s and missed at 9.5 (its goodput lies in 8..9.5); a candidate
+    measured at 9 each time is above 8 but below a rate the baseline missed: not apart."""
+    space = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {PROTO}: [LL128]\n"
+    fake = Fake()
+    real = fake.measure
+
+    def measure(name, config, bench_dir, say):  # noqa: ANN001, ANN202
+        o = real(name, config, bench_dir, say)
+        if name == "baseline":
+            return Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5)
+        return Outcome("", "", [], 0, Result.MEASURED, rate=9.0, above=10.0) if o.rate else o
+
+    fake.measure = measure  # type: ignore[method-assign]
+    t, first = tuner(tmp_path, fake, space_text=space)
+    answer = t.run(first)
+    assert not answer.wins
+    assert "its lowest, 9, is below 9.5, a rate the baseline missed" in answer.verdict
+    assert fake.running == "baseline.yaml"

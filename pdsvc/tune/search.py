@@ -382,8 +382,11 @@ class Tuner:
 
 def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tuple[bool, str]:
     """Whether ``cand``'s repeats beat the baseline's, and the verdict naming the fact that
-    decided it: a repeat that is not a valid measurement (the first such), or the lowest of
-    the candidate's against the highest of the baseline's."""
+    decided it: a repeat that is not a valid measurement (the first such); or the intervals
+    not apart. A measurement's goodput lies between the highest rate that met the SLO and the
+    lowest rate above it that missed it (Outcome.above): the candidate wins only when its
+    lowest goodput is above every baseline goodput and at or above every rate the baseline
+    missed, so a gain within the search's precision is never called a win."""
     n, who = len(outs), f"{cand.name} ({cand.describe()})"
     lost = [o for o in outs if not o.counted]
     if lost:
@@ -392,10 +395,16 @@ def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tupl
                        f"{n - len(lost)} valid measurement(s) of {n}: repeat {o.repeat + 1} "
                        f"was {o.status}: {o.why}; a win needs each of its {n}")
     low, high = min(rates(outs)), max(rates(baseline))
+    missed = max((o.above for o in baseline if o.counted and o.above is not None), default=None)
     if low <= high:
         return False, (f"no candidate beats the current config: the best, {who}, measured "
                        f"{span(outs)} req/s against the baseline's {span(baseline)}: its "
                        f"lowest, {low:.3g}, is not above the baseline's highest, {high:.3g}")
+    if missed is not None and low < missed:
+        return False, (f"no candidate beats the current config: the best, {who}, measured "
+                       f"{span(outs)} req/s against the baseline's {span(baseline)}: its "
+                       f"lowest, {low:.3g}, is below {missed:.3g}, a rate the baseline missed "
+                       "the SLO at: within what the search can tell apart (rates.precision)")
     return True, (f"{who} serves {span(outs)} req/s at the SLO against the current config's "
                   f"{span(baseline)} (each of its {n} measurements beats each of the "
                   "baseline's)")
