@@ -100,7 +100,12 @@ def test_cold_jit_cache_is_never_compiled_into_twice_at_once(stack: Stack) -> No
     logs = {r: stack.c.journal(stack.unit(r)) for r in ("prefill", "decode")}
     waited = [r for r, other in (("prefill", "decode"), ("decode", "prefill"))
               if f"waiting for e2e-{other}" in logs[r]]
-    assert len(waited) == 1, logs
+    # the mechanism is the stand-in's own detector: a concurrent cold compile crashes it
+    # loudly ("JIT cache race"). One engine waits for the other's lock when their starts
+    # overlap; a busy machine can space the starts further apart than a compile, and then
+    # neither needs to wait: both waiting would be a dead-lock
+    assert len(waited) <= 1, logs
+    print(f"\nwaited for the other's compile: {waited or 'neither (the starts did not overlap)'}")
     assert "JIT cache race" not in logs["prefill"] + logs["decode"]
     assert (stack.restarts("prefill"), stack.restarts("decode")) == (0, 0)
     (a0, a1), (b0, b1) = compile_window(stack, "prefill"), compile_window(stack, "decode")
@@ -157,6 +162,28 @@ def test_hung_engine_is_detected_by_the_watchdog_and_restarted(stack: Stack) -> 
     within(detected, watchdog + restart + 1, "the watchdog restarts the hung decode")
     assert "watchdog timeout" in stack.c.journal(stack.unit("decode"), lines=80).lower()
     stack.wait_serving(60)
+
+
+def test_a_stop_of_a_hung_engine_kills_it_and_returns_at_once(stack: Stack) -> None:
+    """SIGSTOP on the decode's engine (a hung CUDA/NCCL call, from outside), then `systemctl
+    stop`: the runtime sees the stop at once, the engine's /health gives no answer within
+    STOP_JUDGE_S of the forwarded SIGTERM, so it is SIGKILLed rather than drained until
+    TimeoutStopSec=; a clean stop (Result=success). Then it starts and serves again."""
+    from pdsvc.ship.runtime.timings import STOP_JUDGE_S
+
+    unit = stack.unit("decode")
+    stack.c.run(["kill", "-STOP", str(stack.engine_pid("decode"))])
+    t0 = time.monotonic()
+    stack.c.systemctl("stop", unit)  # returns once the unit is stopped
+    took = time.monotonic() - t0
+    log = stack.c.journal(unit, lines=80)
+    assert "is hung and cannot drain: sending SIGKILL" in log, log
+    assert stack.prop(unit, "Result") == "success"
+    print(f"\nsystemctl stop of a hung decode: {took:.1f} s (TimeoutStopSec="
+          f"{stack.plan['lifecycle']['stop_timeout_secs']} s)")
+    within(took, STOP_JUDGE_S + 2, "systemctl stop of a hung engine")
+    stack.c.systemctl("start", stack.target)
+    stack.wait_serving(90)
 
 
 @pytest.mark.parametrize("how", ["systemctl restart", "kill -9"])

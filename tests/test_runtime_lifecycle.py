@@ -5,6 +5,7 @@ stopped at their own start deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from runtime_procs import (
     read_events,
     wait_for,
 )
+from timing import within
 
 # ---------------------------------------------------------------------------------------------
 # Engine mode, as a process
@@ -81,6 +83,42 @@ def test_engine_hung_child_gets_no_watchdog_pings(procs, notify_socket, tmp_path
     assert "liveness probe OK again" in procs.log(proc)
     proc.send_signal(signal.SIGTERM)
     assert procs.wait(proc) == 0
+
+
+def test_a_stop_of_a_hung_engine_is_seen_at_once_and_kills_it(procs, notify_socket, tmp_path):
+    """SIGSTOP (as a hung CUDA/NCCL call looks from outside), then the manager's stop while a
+    liveness probe waits out its 30 s timeout: the stop is acted on at once (the probe runs
+    aside), the engine's /health gives no answer within STOP_JUDGE_S of the forwarded
+    SIGTERM, so it is SIGKILLed instead of drained, and the stop is a clean one."""
+    port, events = free_port(), tmp_path / "child.jsonl"
+    proc = procs.start(
+        engine_args(port, "dsv4-decode", "--liveness-timeout", "30", "--")
+        + procs.child(port, events),
+        notify=notify_socket,
+    )
+    wait_for(lambda: notify_socket.times("WATCHDOG=1"), what="serving")
+    pid = child_pid(events)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: len(notify_socket.times("WATCHDOG=1")) and
+                 time.time() - max(notify_socket.times("WATCHDOG=1")) > 1.0,
+                 what="a liveness probe hanging on the stopped engine")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert procs.wait(proc) == 0  # a clean stop: the manager asked for it
+        took = time.monotonic() - t0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    log = procs.log(proc)
+    # the mechanism: acted on before the hanging probe ended (it never logged its timeout)
+    assert "liveness probe failed" not in log, log
+    assert "forwarding SIGTERM to engine pid" in log, log
+    assert "gave no answer within 5 s of the stop signal: the engine is hung and cannot " \
+           "drain: sending SIGKILL" in log, log
+    assert not os.path.exists(f"/proc/{pid}")  # killed and reaped
+    print(f"stop of a hung engine: {took:.1f} s")
+    within(took, 5 + 1, "the stop of a hung engine")
 
 
 # ---------------------------------------------------------------------------------------------

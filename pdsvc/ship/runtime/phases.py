@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from .endings import Ending
-from .probe import ProbeResult, http_probe
+from .probe import ProbeResult, aside, http_probe
 from .timings import CHILD_WAIT_SLICE_S, DUTY_SLICE_S, START_PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
@@ -197,8 +197,12 @@ def liveness_loop(
         if clock() < next_probe:
             continue
         next_probe = clock() + interval
-        result = probe() if hang_after is None else probe(watch.left(clock()))
-        if should_stop():
+        left = watch.left(clock())
+        # aside: a stop is seen within DUTY_SLICE_S while a probe of a hung engine waits out
+        # its timeout (the probe is left to end on its own)
+        result = aside(probe if hang_after is None else functools.partial(probe, left),
+                       should_stop, DUTY_SLICE_S)
+        if result is None or should_stop():
             return Outcome(End.STOP)
         watch.record(result, clock())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -30,6 +31,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 class ProbeResult(NamedTuple):
     ok: bool
     detail: str  # "HTTP 200", "HTTP 503 {...}", "connection refused", "timed out after 5 s"
+    no_answer: str = ""  # no HTTP answer came: NoAnswer.kind ("timeout", "refused", …)
 
 
 def _snippet(body: bytes) -> str:
@@ -139,7 +141,35 @@ def http_probe(
 ) -> ProbeResult:
     """GET ``url`` (POST when ``body`` is given); ok only on HTTP 200. Never raises."""
     reply = http_call(url, timeout, body, headers, opener=opener)
-    return ProbeResult(reply.status == 200, reply.detail)
+    return ProbeResult(reply.status == 200, reply.detail,
+                       reply.no_answer.kind if reply.no_answer is not None else "")
+
+
+def aside(call: Callable[[], ProbeResult], should_stop: Callable[[], bool],
+          slice_s: float) -> ProbeResult | None:
+    """``call`` on a thread of its own, waited for in slices of ``slice_s`` with
+    ``should_stop`` asked between them: a probe of a hung engine takes its whole timeout, and
+    a stop must not wait behind it. None when ``should_stop`` said yes first (the probe ends
+    on its own: its thread is a daemon); an exception of ``call`` is raised here."""
+    box: list[ProbeResult] = []
+    raised: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append(call())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            raised.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="probe", daemon=True).start()
+    while not done.wait(slice_s):
+        if should_stop():
+            return None
+    if raised:
+        raise raised[0]
+    return box[0]
 
 
 def judge_generation(reply: HttpReply) -> str | None:

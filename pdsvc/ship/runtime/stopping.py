@@ -20,7 +20,8 @@ from .notify import Notifier
 from .options import Options
 from .phases import End, Outcome
 from .policy import RestartPolicy
-from .timings import KILL_WAIT_S
+from .probe import aside, http_probe
+from .timings import DUTY_SLICE_S, KILL_WAIT_S, STOP_JUDGE_S
 
 
 def _signal_suffix(returncode: int) -> str:
@@ -93,6 +94,11 @@ class Stopping:
         a, child = self.args, self.child
         if kind is End.STOP:
             child.forward_stop()
+            hung = self.hung_after_stop()
+            if hung:
+                child.kill_now(hung)
+                returncode = child.wait(KILL_WAIT_S)
+                return -signal.SIGKILL if returncode is None else returncode
             return child.wait_after_stop(a.progress_every, a.stop_timeout)
         if own_stop:
             # our own stop, not the manager's: its watchdog still runs, so keep it fed while
@@ -103,6 +109,20 @@ class Stopping:
             returncode = child.wait(KILL_WAIT_S)
             return -signal.SIGKILL if returncode is None else returncode
         return outcome.returncode if outcome.returncode is not None else 1
+
+    def hung_after_stop(self) -> str:
+        """Why the engine is hung, once the stop signal is forwarded: its /health gives no
+        answer at all within STOP_JUDGE_S (a draining SGLang answers 503 at once), so no
+        drain can come. "" when it answers, exits meanwhile, or has no /health to ask."""
+        url, process = self.args.health_url, self.child.process
+        if not url or process is None:
+            return ""
+        answer = aside(lambda: http_probe(url, STOP_JUDGE_S),
+                       lambda: process.poll() is not None, DUTY_SLICE_S)
+        if answer is None or answer.no_answer != "timeout":
+            return ""
+        return (f"{url} gave no answer within {STOP_JUDGE_S:g} s of the stop signal: the "
+                f"{self.role} is hung and cannot drain")
 
     def exit_code(self, ending: Ending, outcome: Outcome, returncode: int) -> int:
         """Say how the child exited, tell the restart policy, and pick the exit status: the

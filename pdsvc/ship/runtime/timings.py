@@ -24,6 +24,11 @@ LIVENESS_PROBE_MIN_S = 0.05
 STOP_GRACE_S = 30.0
 #: after SIGKILL, how long to wait for the tree to be gone (its GPU memory freed)
 KILL_WAIT_S = 30.0
+#: after a stop signal, how long the engine's /health has to answer at all (a draining SGLang
+#: answers 503 at once: sglang http_server.py health, gracefully_exit); no answer in this
+#: long and the engine is hung (a SIGSTOPped or D-state process): SIGKILL, not a drain that
+#: cannot come and would hold the stop for --stop-timeout / TimeoutStopSec=
+STOP_JUDGE_S = 5.0
 #: how often the leftover-process sweep looks whether the killed descendants are gone
 LEFTOVER_LOOK_S = 0.05
 
