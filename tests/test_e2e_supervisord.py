@@ -308,7 +308,12 @@ def test_cold_jit_cache_is_never_compiled_into_twice_at_once(stack: SupervisordS
     logs = {r: stack.log(r) for r in ("prefill", "decode")}
     waited = [r for r, other in (("prefill", "decode"), ("decode", "prefill"))
               if f"waiting for {NAME}-{other}" in logs[r]]
-    assert len(waited) == 1, logs
+    # the mechanism is the stand-in's own detector: a concurrent cold compile crashes it
+    # loudly ("JIT cache race"). One engine waits for the other's lock when their starts
+    # overlap; a busy machine can space the starts further apart than a compile, and then
+    # neither needs to wait: both waiting would be a dead-lock
+    assert len(waited) <= 1, logs
+    print(f"\nwaited for the other's compile: {waited or 'neither (the starts did not overlap)'}")
     assert "JIT cache race" not in logs["prefill"] + logs["decode"]
     for role in ("prefill", "decode"):
         assert logs[role].count("started engine pid") == 1, logs[role]  # never restarted

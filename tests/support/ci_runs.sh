@@ -49,5 +49,9 @@ for i in $(seq 1 "$n"); do
     [ "$rc" -ne 0 ] || green=$((green + 1))
     [ "$keep" -eq 1 ] || rm -rf "$dir"
 done
+# .ci/run installs each clone into the machine's Python (pip install -e, as CI does): put this
+# checkout back, so that `pdsvc` and the tests here import this tree again, not a removed clone
+python3 -m pip install -q -e "$here" >/dev/null 2>&1 ||
+    echo "ci_runs.sh: could not reinstall $here: run python3 -m pip install -e . there" >&2
 echo "ci_runs.sh: $green of $n green ($rev, busy $busy)"
 [ "$green" -eq "$n" ]
