@@ -175,3 +175,21 @@ def test_the_seed_space_file_parses_and_its_candidates_are_all_checked() -> None
     found = candidates(s, SEED)
     assert s.strategy == "one-at-a-time" and len(found) == 1 + sum(
         len([v for v in lv.values if v != current(SEED, lv)]) for lv in s.levers)
+
+
+def test_a_dry_run_of_outages_says_what_allow_outage_would_cost(runner, tmp_path: Path) -> None:
+    """1P1D: every candidate stops serving; the dry run says what --allow-outage measures, the
+    estimate then, and the outage each costs, and that estimate is the one --allow-outage
+    prints itself."""
+    cfg = str(REPO / "etc" / "pdsvc.yaml")
+    r = run_cli(runner, "--dry-run", "-c", cfg, tmp_path=tmp_path)
+    assert r.exit_code == 0, r.output + r.stderr
+    assert "0 of 5 candidates to measure (0 refused, 5 stop serving)" in r.output
+    said = next(x for x in r.output.splitlines() if x.startswith("with --allow-outage: "))
+    assert said.startswith("with --allow-outage: 5 to measure, estimated ")
+    assert "each of the 5 that stop serving is an outage of about one engine load" in said
+    allowed = run_cli(runner, "--dry-run", "--allow-outage", "-c", cfg, tmp_path=tmp_path)
+    estimate = said.split("estimated ", 1)[1].split(";")[0]
+    assert "5 of 5 candidates to measure" in allowed.output
+    assert f"; estimated {estimate} (" in allowed.output
+    assert "with --allow-outage" not in allowed.output

@@ -32,7 +32,7 @@ from pdsvc.cli.render import install_script
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
 from pdsvc.tune import report
-from pdsvc.tune.check import Checked, Checker, bisect_runs, total_seconds
+from pdsvc.tune.check import SETTLE_S, Checked, Checker, bisect_runs, total_seconds
 from pdsvc.tune.live import Live
 from pdsvc.tune.search import Answer, Limits, Tuner
 from pdsvc.tune.space import Space, candidates, parse_space
@@ -306,3 +306,9 @@ def _print(space: Space, checked: list[Checked], kept: list[Checked],
     click.echo(f"{len(kept) - 1} of {len(checked) - 1} candidates to measure "
                f"({', '.join(skipped)}); estimated {_duration(total_seconds(space, kept))} "
                f"(engine load {space.engine_load_secs:g} s, from the space file)")
+    if outage and not allow_outage:
+        more = [c for c in checked if c.verdict != "refused"]
+        click.echo(f"with --allow-outage: {len(more) - 1} to measure, estimated "
+                   f"{_duration(total_seconds(space, more))}; each of the {outage} that stop "
+                   f"serving is an outage of about one engine load "
+                   f"({_duration(space.engine_load_secs + SETTLE_S)})")
