@@ -9,9 +9,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .search import Answer, goodput, rates
+from .search import Answer, extremes, goodput, rates
 from .space import Candidate, Space
-from .store import Outcome, Result
+from .store import RATED, Outcome
 
 TUNE_SCHEMA = "pdsvc-tune/1"
 
@@ -30,8 +30,7 @@ def _goodput(outcomes: list[Outcome]) -> str:
         return "-"
     if len(valid) == 1:
         return goodput(valid[0])
-    low = min(valid, key=lambda o: o.rate or 0.0)
-    high = max(valid, key=lambda o: o.rate or 0.0)
+    low, high = extremes(valid)
     return f"{statistics.fmean(rates(valid)):.3g} ({goodput(low)}..{goodput(high)})"
 
 
@@ -47,7 +46,7 @@ def table(answer: Answer, measured: dict[str, list[Outcome]]) -> list[str]:
             rows.append([cand.name, cand.describe(), "-", "-", "-", "-", why, "-"])
             continue
         result = (("valid" + (f" (the first of two invalid: {o.again})" if o.again else ""))
-                  if o.status in (Result.MEASURED, Result.LOWER_BOUND)
+                  if o.status in RATED
                   else f"{o.status}: {o.why}")
         mark = " *" if cand == answer.best and answer.wins else ""
         rows.append([cand.name + mark, cand.describe(), _goodput(outs),

@@ -39,7 +39,7 @@ from pdsvc.errors import PdsvcError
 
 from .check import Checked, Checker
 from .space import Candidate, Space, Value, current
-from .store import BASELINE_KEY, Outcome, Result, Store, changes_key, write_atomic
+from .store import BASELINE_KEY, RATED, Outcome, Result, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
 
@@ -340,7 +340,7 @@ class Tuner:
 
     @staticmethod
     def _said(o: Outcome) -> str:
-        if o.status in (Result.MEASURED, Result.LOWER_BOUND):
+        if o.status in RATED:
             again = f"; measured twice, the first invalid: {o.again}" if o.again else ""
             return (f"{goodput(o)} req/s at the SLO (p99 TTFT {o.ttft_p99_ms or 0:.0f} ms, "
                     f"p99 ITL {o.itl_p99_ms or 0:.1f} ms), {o.seconds:.0f} s{again}")
@@ -396,15 +396,14 @@ def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tupl
                        f"was {o.status}: {o.why}; a win needs each of its {n}")
     low, high = min(rates(outs)), max(rates(baseline))
     missed = max((o.above for o in baseline if o.counted and o.above is not None), default=None)
-    if low <= high:
+    lost_by = (f"is not above the baseline's highest, {high:.3g}" if low <= high else
+               f"is below {missed:.3g}, a rate the baseline missed the SLO at: within what the "
+               "search can tell apart (rates.precision)" if missed is not None and low < missed
+               else "")
+    if lost_by:
         return False, (f"no candidate beats the current config: the best, {who}, measured "
                        f"{span(outs)} req/s against the baseline's {span(baseline)}: its "
-                       f"lowest, {low:.3g}, is not above the baseline's highest, {high:.3g}")
-    if missed is not None and low < missed:
-        return False, (f"no candidate beats the current config: the best, {who}, measured "
-                       f"{span(outs)} req/s against the baseline's {span(baseline)}: its "
-                       f"lowest, {low:.3g}, is below {missed:.3g}, a rate the baseline missed "
-                       "the SLO at: within what the search can tell apart (rates.precision)")
+                       f"lowest, {low:.3g}, {lost_by}")
     return True, (f"{who} serves {span(outs)} req/s at the SLO against the current config's "
                   f"{span(baseline)} (each of its {n} measurements beats each of the "
                   "baseline's)")
@@ -415,14 +414,20 @@ def goodput(o: Outcome) -> str:
     return f"{'≥ ' if o.status == Result.LOWER_BOUND else ''}{o.rate or 0:.3g}"
 
 
+def extremes(valid: list[Outcome]) -> tuple[Outcome, Outcome]:
+    """The lowest and the highest goodput of (non-empty) valid measurements."""
+    def key(o: Outcome) -> float:
+        return o.rate or 0.0
+    return min(valid, key=key), max(valid, key=key)
+
+
 def span(outcomes: list[Outcome]) -> str:
     """The goodputs of the valid measurements: "7.3..8.1", "≥ 64" (each met the range's top),
     "none"."""
     valid = [o for o in outcomes if o.counted]
     if not valid:
         return "none"
-    low = min(valid, key=lambda o: o.rate or 0.0)
-    high = max(valid, key=lambda o: o.rate or 0.0)
-    if low.rate == high.rate or len(valid) == 1:
+    low, high = extremes(valid)
+    if low.rate == high.rate:
         return goodput(low)
     return f"{goodput(low)}..{goodput(high)}"

@@ -44,8 +44,10 @@ class Result(str, enum.Enum):
         return self.value
 
 
+#: the results that found a rate meeting the SLO (a goodput to say)
+RATED = (Result.MEASURED, Result.LOWER_BOUND)
 #: the results whose goodput counts (no-rate as 0): "only valid repeats count"
-COUNTED = (Result.MEASURED, Result.LOWER_BOUND, Result.NO_RATE)
+COUNTED = (*RATED, Result.NO_RATE)
 #: results written by pdsvc before the enum, read as today's
 _OLD_NAMES = {"failed": Result.FAILED_START}
 
