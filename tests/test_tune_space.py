@@ -17,7 +17,15 @@ from pdsvc.cli.apply import render_for
 from pdsvc.cli.commands import main
 from pdsvc.errors import ConfigError
 from pdsvc.topology import load_topology_file
-from pdsvc.tune.check import bisect_runs, check, run_seconds, total_seconds
+from pdsvc.tune.check import (
+    RACE_RUNS,
+    bisect_runs,
+    check,
+    leaders,
+    one_run_seconds,
+    run_seconds,
+    total_seconds,
+)
 from pdsvc.tune.space import apply_changes, candidates, current, parse_space
 
 TOPO = REPO / "etc/seed-host.topology.json"
@@ -114,7 +122,9 @@ def test_1p1d_switches_stop_serving_and_2p2d_ones_do_not() -> None:
     two = yaml.safe_load((REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text())
     s, both = checked_for(two, text)
     assert both[1].verdict == "measure" and len(both[1].restarts) == 2  # both decodes, in turn
-    assert both[1].seconds == pytest.approx(2 * (s.engine_load_secs + 10) + run_seconds(s))
+    # its race: RACE_RUNS runs, not a whole search (a loser costs one)
+    assert both[1].seconds == pytest.approx(2 * (s.engine_load_secs + 10)
+                                            + RACE_RUNS * one_run_seconds(s))
 
 
 def test_the_estimate_counts_the_runs_a_bisection_makes() -> None:
@@ -124,6 +134,21 @@ def test_the_estimate_counts_the_runs_a_bisection_makes() -> None:
     assert bisect_runs(s) == 7
     assert run_seconds(s) == pytest.approx(7 * (40 / 4 + 15))
     assert total_seconds(s, []) == 0
+
+
+def test_the_estimate_counts_a_whole_search_only_for_the_leaders_expected() -> None:
+    """Racing: of n candidates one after another, 1 + 1/2 + … + 1/n take the lead, expected
+    (the records of a random order); only they are searched above the rate to beat."""
+    assert leaders(1) == 1 and leaders(4) == pytest.approx(25 / 12)
+    two = yaml.safe_load((REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text())
+    text = ("slo: {ttft_ms: 1, itl_ms: 1}\nrepeats: 1\n"
+            "levers: {decode.args.cuda-graph-max-bs-decode: [8, 16, 64, 128]}\n")
+    s, out = checked_for(two, text)
+    switch = 2 * (s.engine_load_secs + 10)
+    races = sum(c.seconds for c in out[1:])
+    assert races == pytest.approx(4 * (switch + RACE_RUNS * one_run_seconds(s)))
+    assert total_seconds(s, out) == pytest.approx(out[0].seconds + races + leaders(4)
+                                                  * run_seconds(s) + switch)
 
 
 def run_cli(runner, *args: str, space_text: str = SPACE, tmp_path: Path):

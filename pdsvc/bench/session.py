@@ -118,10 +118,15 @@ class Session:
                 said = True
             time.sleep(DRAIN_POLL_S)
 
-    def search(self, lo: float, hi: float, precision: float, shape: Load) -> float | None:
+    def search(self, lo: float, hi: float, precision: float, shape: Load, *,
+               race: float | None = None) -> float | None:
         """The highest rate in lo..hi meeting the session's SLO (bisect_rate), each run
         ``shape``'s lengths and prompts at the rate tried; None when none does or a run was
-        invalid (its gate is in self.runs)."""
+        invalid (its gate is in self.runs).
+
+        ``race``: a rate to run first, the rate to beat (`pdsvc tune`'s racing). Missed there,
+        the search ends at once (None: the goodput is below it, one run spent); met, the
+        search bisects race..hi only."""
         slo = self.slo
         assert slo is not None
 
@@ -129,5 +134,10 @@ class Session:
             return meets_slo(self.one(Load(rate, shape.input_len, shape.output_len,
                                            shape.num_prompts)), slo)
 
+        if race is not None and lo < race <= hi:
+            if not meets(race):
+                return None
+            best, _ = bisect_rate(race, hi, precision, meets, lo_met=True)
+            return best
         best, _ = bisect_rate(lo, hi, precision, meets)
         return best

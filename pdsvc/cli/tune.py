@@ -284,7 +284,8 @@ def _print(space: Space, checked: list[Checked], kept: list[Checked],
     click.echo(f"SLO: TTFT ≤ {space.ttft_ms:g} ms and ITL ≤ {space.itl_ms:g} ms for "
                f"{space.share:.0%} of requests; {space.input_len}/{space.output_len} tokens, "
                f"{space.num_prompts} prompts a run; rates {space.rate_low:g}..{space.rate_high:g}"
-               f" req/s to {space.precision:.0%}: {bisect_runs(space)} runs a search")
+               f" req/s to {space.precision:.0%}: {bisect_runs(space)} runs a search; a "
+               "candidate is raced first at the rate to beat (one run if it loses there)")
     width = max(len(c.candidate.describe()) for c in checked)
     click.echo(f"  {'name':<9} {'changes':<{width}}  {'verdict':<9} restarts  est.")
     for c in checked:

@@ -8,9 +8,10 @@ would cost.
   `pdsvc apply` would run has a step that leaves no pair: a pair-incompatible change on
   1P1D, say): skipped unless --allow-outage.
 * Else it is measured: the seconds that costs are estimated from the restarts its rollout
-  makes (each an engine load, space.engine_load_secs, plus SETTLE_S) and the SLO search's
-  runs (as `pdsvc bench --slo` bisects: ``bisect_runs``), each ``num_prompts`` at the middle
-  rate of the range.
+  makes (each an engine load, space.engine_load_secs, plus SETTLE_S) and its race
+  (search.to_beat): RACE_RUNS runs, each ``num_prompts`` at the middle rate of the range. The
+  candidates that take the lead are searched above the rate to beat too (as `pdsvc bench
+  --slo` bisects: ``bisect_runs``): total_seconds counts the leaders a search expects.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from .space import Candidate, Space, apply_changes
 SETTLE_S = 10.0
 #: bench_serving's own start and the gates' reads, per run
 RUN_OVERHEAD_S = 15.0
+#: the runs a candidate's race costs in the estimate: the run at the rate to beat (a loser's
+#: only one) and one more (measured again after an invalid run, or a leader's first above it)
+RACE_RUNS = 2
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,20 @@ def bisect_runs(space: Space) -> int:
     return 2 + max(0, math.ceil(math.log2(span / math.log1p(space.precision))))
 
 
+def one_run_seconds(space: Space) -> float:
+    """One bench run: num_prompts at the range's middle rate (geometric), and its start."""
+    return space.num_prompts / math.sqrt(space.rate_low * space.rate_high) + RUN_OVERHEAD_S
+
+
 def run_seconds(space: Space) -> float:
-    """One SLO search: its runs, each num_prompts at the range's middle rate (geometric)."""
-    middle = math.sqrt(space.rate_low * space.rate_high)
-    return bisect_runs(space) * (space.num_prompts / middle + RUN_OVERHEAD_S)
+    """One SLO search over the whole range: its runs."""
+    return bisect_runs(space) * one_run_seconds(space)
+
+
+def leaders(n: int) -> float:
+    """How many of ``n`` candidates measured one after another take the lead, expected: the
+    records of a random order, 1 + 1/2 + … + 1/n."""
+    return sum(1 / k for k in range(1, n + 1))
 
 
 class Checker:
@@ -93,7 +107,8 @@ class Checker:
         rollout = plan_rollout(self.base_bundle, self.bundle_of(plan))
         units = tuple(u for s in rollout.steps for u in s.units)
         stops = [s for s in rollout.steps if s.serving_stops]
-        cost = len(units) * (space.engine_load_secs + SETTLE_S) + run_seconds(space)
+        cost = len(units) * (space.engine_load_secs + SETTLE_S) + RACE_RUNS * one_run_seconds(
+            space)
         if stops:  # measured only with --allow-outage: its cost is the same
             return Checked(c, "outage", f"serving stops while {', '.join(stops[0].units)} "
                            f"{stops[0].action}s (no pair left): {stops[0].why}", units, cost)
@@ -109,11 +124,13 @@ def check(space: Space, candidates: list[Candidate], config_text: str, source: s
 
 
 def total_seconds(space: Space, checked: list[Checked]) -> float:
-    """The estimate for the candidates in ``checked`` (those to measure): each measured once,
-    the baseline and the best ``space.repeats`` times, and the way back to the best (or the
-    baseline) at the end."""
+    """The estimate for the candidates in ``checked`` (those to measure): each raced once,
+    the leaders among them searched above the rate to beat, the baseline and the best
+    ``space.repeats`` times, and the way back to the best (or the baseline) at the end."""
     measured = [c for c in checked if c.verdict != "refused"]
-    best_again = (space.repeats - 1) * run_seconds(space) if len(measured) > 1 else 0.0
+    others = len([c for c in measured if c.verdict != "baseline"])
+    searched = leaders(others) * run_seconds(space)
+    best_again = (space.repeats - 1) * run_seconds(space) if others else 0.0
     back = max((len(c.restarts) for c in measured), default=0) * (space.engine_load_secs
                                                                  + SETTLE_S)
-    return sum(c.seconds for c in measured) + best_again + back
+    return sum(c.seconds for c in measured) + searched + best_again + back

@@ -115,7 +115,8 @@ class Live:
                if r.phase in BAD_PHASES and r.reason]
         return "; ".join(bad)
 
-    def measure(self, name: str, config: Path, bench_dir: Path, say: Say) -> Outcome:
+    def measure(self, name: str, config: Path, bench_dir: Path, say: Say, *,
+                race: float | None = None) -> Outcome:
         space = self.space
         plan = self.plan_of(config)
         target = target_from_plan(plan)
@@ -133,8 +134,8 @@ class Live:
         session = Session(target, bench_dir, slo, self.max_error_rate, plan, directory, said)
         best = session.search(space.rate_low, space.rate_high, space.precision,
                               Load(space.rate_low, space.input_len, space.output_len,
-                                   space.num_prompts))
-        return outcome_of(session.runs, best, slo, space)
+                                   space.num_prompts), race=race)
+        return outcome_of(session.runs, best, slo, space, race)
 
     def _pairs_proven(self, plan: Plan, directory: Path | None, say: Say) -> str:
         """Wait until every pair's canary says ok (bounded by the step bound); what is
@@ -156,11 +157,13 @@ class Live:
             time.sleep(PAIR_POLL_S)
 
 
-def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space) -> Outcome:
+def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space,
+               race: float | None = None) -> Outcome:
     """One measurement from the SLO search's runs: the goodput and the latencies of the run
     at that rate, and the lowest rate above it that missed the SLO (the goodput lies
-    between); invalid when a run's gate failed; no-rate when none met the SLO; lower-bound
-    when it held at the range's top (the goodput is at least that)."""
+    between); invalid when a run's gate failed; below when it missed the SLO at ``race``,
+    the rate to beat, its first run; no-rate when none met the SLO; lower-bound when it held
+    at the range's top (the goodput is at least that)."""
     points = [Point(r.load.rate, meets_slo(r, slo), r.metrics.get("p99_ttft_ms"),
                     r.metrics.get("p99_itl_ms")) for r in runs]
     bad = [r for r in runs if meets_slo(r, slo) is None]
@@ -171,6 +174,9 @@ def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space
         return Outcome("", "", [], 0, Result.INVALID,
                        why=f"run at {r.load.rate:g} req/s: {why}", points=points)
     missed = [r.load.rate for r in runs if meets_slo(r, slo) is False]
+    if best is None and race is not None and missed == [race]:
+        return Outcome("", "", [], 0, Result.BELOW, why=f"missed the SLO at {race:g} req/s, "
+                       "the rate to beat", above=race, points=points)
     if best is None:
         return Outcome("", "", [], 0, Result.NO_RATE, why=f"no rate in {space.rate_low:g}.."
                        f"{space.rate_high:g} req/s meets the SLO", above=min(missed, default=None),

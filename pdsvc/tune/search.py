@@ -6,6 +6,9 @@ measured, the best measured again, and the deployment left on the answer.
   other levers as they are); the round's best becomes the current best when it gains more
   than the search's precision (what `pdsvc bench --slo` can tell apart); rounds go on until
   one gains nothing.
+* **Racing**: a candidate is measured first at the rate to beat (to_beat: the lowest rate
+  the leader missed); missing it there, it is ``below`` after one run; meeting it, it is
+  searched above it only, and leads.
 * **A candidate that fails** to start (its switch fails: the engine gives up, crash-loops,
   its JIT fails) is recorded ``failed-start`` with the engine's own words, never retried, and
   the deployment goes back to the last good config before the next.
@@ -61,9 +64,11 @@ class Deployment(Protocol):
         """Whether the deployment runs ``config`` now (nothing to apply)."""
         ...
 
-    def measure(self, name: str, config: Path, bench_dir: Path, say: Say) -> Outcome:
-        """Once its pairs are proven, the SLO search; key, name, changes, repeat are the
-        caller's to fill."""
+    def measure(self, name: str, config: Path, bench_dir: Path, say: Say, *,
+                race: float | None = None) -> Outcome:
+        """Once its pairs are proven, the SLO search (first at ``race``, the rate to beat,
+        when given: missed there, the outcome is ``below``); key, name, changes, repeat are
+        the caller's to fill."""
         ...
 
 
@@ -98,8 +103,9 @@ class Answer:
 
 
 def rates(outcomes: list[Outcome]) -> list[float]:
-    """The goodputs of a candidate's valid measurements (0 where no rate met the SLO)."""
-    return [o.rate or 0.0 for o in outcomes if o.counted]
+    """The goodputs of a candidate's valid measurements (0 where no rate met the SLO; a
+    race lost has none: only less than the rate to beat)."""
+    return [o.rate or 0.0 for o in outcomes if o.counted and o.status != Result.BELOW]
 
 
 def mean_rate(outcomes: list[Outcome]) -> float:
@@ -155,10 +161,13 @@ class Tuner:
     def _grid(self, checked: list[Checked]) -> str:
         wanted = [c for c in checked if self._wanted(c)]
         self.planned = len(wanted)
+        leader = self.store.of(BASELINE_KEY)
         for i, c in enumerate(wanted, 1):
             if self._bounded(c, i):
                 return f"grid: stopped at {c.candidate.name} of {len(wanted)} ({self._bound})"
-            self._measure(c, 0, i)
+            o = self._measure(c, 0, i, race=to_beat(leader, self.space))
+            if o.status in RATED and (o.rate or 0) > max(rates(leader), default=0.0):
+                leader = [o]
         return f"grid: every one of the {len(wanted)} candidates to measure"
 
     def _rounds(self, first: list[Checked]) -> str:
@@ -170,13 +179,14 @@ class Tuner:
             wanted = [c for c in checked if self._wanted(c)]
             self.planned = len(wanted)
             best, best_rate = current, current_rate
+            leader = self.store.of(changes_key(current.changes))
             for i, c in enumerate(wanted, 1):
                 if self._bounded(c, i):
                     return (f"one at a time: stopped in round {round_no} at "
                             f"{c.candidate.name} ({self._bound})")
-                o = self._measure(c, 0, i)
+                o = self._measure(c, 0, i, race=to_beat(leader, self.space))
                 if o.counted and (o.rate or 0) > best_rate:
-                    best, best_rate = c.candidate, o.rate or 0.0
+                    best, best_rate, leader = c.candidate, o.rate or 0.0, [o]
             if best_rate <= current_rate * (1 + self.space.precision):
                 return (f"one at a time: {round_no} round(s); round {round_no} gained "
                         f"nothing beyond the precision ({self.space.precision:.0%}) over "
@@ -252,7 +262,8 @@ class Tuner:
         return f", about {statistics.fmean(spent) * left / 60:.0f} min left in this pass"
 
     # ------------------------------------------------------------------ one measurement
-    def _measure(self, c: Checked, repeat: int, i: int | None = None) -> Outcome:
+    def _measure(self, c: Checked, repeat: int, i: int | None = None, *,
+                 race: float | None = None) -> Outcome:
         cand = c.candidate
         key = changes_key(cand.changes)
         known = self.store.get(key, repeat)
@@ -283,7 +294,7 @@ class Tuner:
                 self._go_back()
                 self._row(cand, o, "")
                 return o
-        measured = self._measured(cand, path, repeat)
+        measured = self._measured(cand, path, repeat, race)
         o = dataclasses.replace(measured, key=key, name=cand.name, changes=list(cand.changes),
                                 repeat=repeat, apply_seconds=applied,
                                 seconds=self.clock() - t0)
@@ -297,19 +308,23 @@ class Tuner:
             self._row(cand, o, "")
         return o
 
-    def _measured(self, cand: Candidate, path: Path, repeat: int) -> Outcome:
-        """One measurement on the running ``cand``; an invalid one is measured once more
-        (the deployment's measure waits for every pair to be proven first): a transient is
-        not a verdict. Invalid twice: written off, both reasons said."""
+    def _measured(self, cand: Candidate, path: Path, repeat: int,
+                  race: float | None) -> Outcome:
+        """One measurement on the running ``cand`` (raced at ``race``: to_beat); an invalid
+        one is measured once more (the deployment's measure waits for every pair to be
+        proven first): a transient is not a verdict. Invalid twice: written off, both
+        reasons said."""
+        if race is not None:
+            self.say(f"tune: {cand.name}: racing: first at {race:g} req/s, the rate to beat")
         first = self.deployment.measure(cand.name, path, self.store.bench_dir(cand.name, repeat),
-                                        self._progress(cand.name))
+                                        self._progress(cand.name), race=race)
         if first.status != Result.INVALID:
             return first
         self.say(f"tune: {cand.name}: invalid ({first.why}); measuring it once more: one "
                  "transient is not a verdict")
         again = self.deployment.measure(cand.name, path,
                                         self.store.bench_dir(cand.name, repeat, again=True),
-                                        self._progress(cand.name))
+                                        self._progress(cand.name), race=race)
         if again.status == Result.INVALID:
             return dataclasses.replace(again, why=f"invalid twice: {first.why}; then {again.why}")
         return dataclasses.replace(again, again=first.why)
@@ -409,8 +424,29 @@ def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tupl
                   "baseline's)")
 
 
+def to_beat(leader: list[Outcome], space: Space) -> float | None:
+    """Racing: the rate a candidate must meet to take the lead from ``leader`` (its
+    measurements), run first; a candidate that misses it costs one run (``below``). The
+    lowest rate the leader missed above its goodput (a candidate below it is within the
+    search's precision of the leader at best), else its goodput a precision up, at most the
+    range's top (a leader at the top: a candidate can only tie there). None: no race (no
+    valid goodput to beat, or the rate to beat is the range's bottom)."""
+    rated = [o for o in leader if o.status in RATED]
+    if not rated:
+        return None
+    if any(o.status == Result.LOWER_BOUND for o in rated):
+        return space.rate_high
+    rate = max(o.above if o.above is not None else (o.rate or 0.0) * (1 + space.precision)
+               for o in rated)
+    rate = min(rate, space.rate_high)
+    return rate if rate > space.rate_low else None
+
+
 def goodput(o: Outcome) -> str:
-    """The goodput as said: "≥ 64" where the SLO held at the range's top."""
+    """The goodput as said: "≥ 64" where the SLO held at the range's top, "< 24" where it
+    lost the race at 24."""
+    if o.status == Result.BELOW:
+        return f"< {o.above or 0:.3g}"
     return f"{'≥ ' if o.status == Result.LOWER_BOUND else ''}{o.rate or 0:.3g}"
 
 

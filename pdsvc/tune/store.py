@@ -36,6 +36,7 @@ class Result(str, enum.Enum):
     MEASURED = "measured"  # the highest rate meeting the SLO (below a rate that missed it)
     LOWER_BOUND = "lower-bound"  # the SLO held at the range's top: goodput ≥ rates.high
     NO_RATE = "no-rate"  # no rate in the range met the SLO: goodput below rates.low
+    BELOW = "below"  # lost the race: missed the SLO at the rate to beat (``above``), 1 run
     INVALID = "invalid"  # a run's gate failed, and again when measured once more
     FAILED_START = "failed-start"  # the switch failed: the engine's own words say why
     OUTAGE = "outage"  # not switched: serving would stop (measured only with --allow-outage)
@@ -46,8 +47,9 @@ class Result(str, enum.Enum):
 
 #: the results that found a rate meeting the SLO (a goodput to say)
 RATED = (Result.MEASURED, Result.LOWER_BOUND)
-#: the results whose goodput counts (no-rate as 0): "only valid repeats count"
-COUNTED = (*RATED, Result.NO_RATE)
+#: the valid measurements (no-rate as 0; below: less than the rate it lost at):
+#: "only valid repeats count"
+COUNTED = (*RATED, Result.NO_RATE, Result.BELOW)
 #: results written by pdsvc before the enum, read as today's
 _OLD_NAMES = {"failed": Result.FAILED_START}
 
