@@ -21,6 +21,7 @@ from pdsvc.bench.runner import RunResult, Slo
 from pdsvc.bench.search import bisect_rate
 from pdsvc.bench.target import Load, bench_argv, target_from_plan
 from pdsvc.cli.kit import load_plan
+from pdsvc.ship.runtime.canary import PairHealth
 from pdsvc.status.runstate import PairView
 
 SEED = REPO / "etc/seed-host.topology.json"
@@ -65,13 +66,16 @@ def test_kv_gate_fails_on_a_rise_and_is_unchecked_without_counters() -> None:
 
 def test_canary_gate_reads_the_pair_states() -> None:
     t0 = time.time()
-    ok = PairView("p", "d", "ok", t0 - 60, "", "p")
+    ok = PairView("p", "d", PairHealth.OK, t0 - 60, "", "p")
     assert canary_gate([ok], t0).result == "pass"
-    failing = PairView("p", "d", "failing", t0 + 1, "HTTP 500", "d")
+    failing = PairView("p", "d", PairHealth.FAILING, t0 + 1, "HTTP 500", "d")
     assert canary_gate([failing], t0).result == "fail"
-    healed = PairView("p", "d", "ok", t0 + 5, "", "p")  # ok again, but only since mid-run
-    assert canary_gate([healed], t0).result == "fail"
-    assert canary_gate([PairView("p", "d", "unknown", None, "", "")], t0).result == "unchecked"
+    healed = PairView("p", "d", PairHealth.OK, t0 + 5, "", "p")  # ok again, only since mid-run
+    gate = canary_gate([healed], t0)
+    # said as what happened, not as "ok" (a pair ok at the end that was not ok all along)
+    assert gate.result == "fail" and "p -> d: re-proven 5 s into the run" in gate.detail, gate
+    assert canary_gate([PairView("p", "d", PairHealth.UNKNOWN, None, "", "")],
+                       t0).result == "unchecked"
 
 
 def test_zero_tokens_fail_the_token_gate() -> None:

@@ -12,7 +12,7 @@ from runtime_procs import (
 )
 
 from pdsvc.ship.runtime.phases import Outcome, PeerWatch, liveness_loop, wait_until_healthy
-from pdsvc.ship.runtime.probe import ProbeResult
+from pdsvc.ship.runtime.probe import NoAnswerKind, ProbeResult
 
 
 def test_wait_until_healthy_logs_progress_and_returns_on_200():
@@ -100,8 +100,9 @@ def _peer(results: list[str]):
     def probe(url: str, timeout: float):
         r = next(it, results[-1])
         return (ProbeResult(True, "HTTP 200") if r == "ok" else
-                ProbeResult(False, "connection refused") if r == "refused" else
-                ProbeResult(False, f"timed out after {timeout:g} s"))
+                ProbeResult(False, "connection refused", NoAnswerKind.REFUSED)
+                if r == "refused" else
+                ProbeResult(False, f"timed out after {timeout:g} s", NoAnswerKind.TIMEOUT))
     return probe
 
 

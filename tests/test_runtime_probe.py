@@ -10,7 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from ports import free_port
 
-from pdsvc.ship.runtime.probe import ProbeResult, aside, http_probe, liveness_url_for
+from pdsvc.ship.runtime.probe import (
+    NoAnswerKind,
+    ProbeResult,
+    aside,
+    http_probe,
+    liveness_url_for,
+)
 
 
 def test_http_probe_reports_status_and_refusal():
@@ -34,7 +40,7 @@ def test_http_probe_reports_status_and_refusal():
         server.shutdown()
         server.server_close()
     refused = http_probe(f"http://127.0.0.1:{free_port()}/health", 2)
-    assert refused == ProbeResult(False, "connection refused", "refused")
+    assert refused == ProbeResult(False, "connection refused", NoAnswerKind.REFUSED)
 
 
 def test_a_listener_that_never_answers_is_no_answer_of_kind_timeout() -> None:
@@ -43,7 +49,7 @@ def test_a_listener_that_never_answers_is_no_answer_of_kind_timeout() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen(4)
         got = http_probe(f"http://127.0.0.1:{sock.getsockname()[1]}/health", 0.3)
-    assert not got.ok and got.no_answer == "timeout", got
+    assert not got.ok and got.no_answer is NoAnswerKind.TIMEOUT, got
 
 
 def test_aside_sees_a_stop_while_the_call_hangs_and_hands_back_its_result() -> None:

@@ -14,6 +14,7 @@ from pdsvc.apply.bounds import Bounds, StepFailed
 from pdsvc.apply.host import Host
 from pdsvc.apply.router import RouterClient
 from pdsvc.apply.units import Unit
+from pdsvc.ship.runtime.canary import PairHealth
 from pdsvc.ship.runtime.statefile import Kind, NewerFormat, parse_state, state_path
 from pdsvc.status.managers import ServiceManager
 
@@ -152,7 +153,7 @@ class Readiness:
             if doc is None or float(doc.get("at") or 0) < floor:
                 continue
             good |= {str(p.get("pair")) for p in doc["pairs"] if isinstance(p, dict) and
-                     p.get("state") == "ok" and float(p.get("last_ok") or 0) >= floor}
+                     p.get("state") == PairHealth.OK and float(p.get("last_ok") or 0) >= floor}
         bad = [pair for pair in want if pair not in good]
         if not bad:
             return None

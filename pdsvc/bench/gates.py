@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pdsvc.plan.build import Plan
+from pdsvc.ship.runtime.canary import PairHealth
 from pdsvc.status import runstate
 from pdsvc.status.collect import http_get
 
@@ -95,11 +96,14 @@ def read_pairs(plan: Plan | None, state_dir: Path | None) -> list[runstate.PairV
 
 def canary_gate(pairs: list[runstate.PairView], started: float) -> Gate:
     """Failing at the end, or failing since a moment during the run."""
-    if not pairs or all(p.state == "unknown" for p in pairs):
+    if not pairs or all(p.state is PairHealth.UNKNOWN for p in pairs):
         return Gate("canary", "unchecked", "no pair canary state (no NAME.canary.json where "
                     "the units' runtimes keep it; see --state-dir)")
-    bad = [f"{p.prefill} -> {p.decode}: {p.last_error or p.state}" for p in pairs
-           if p.state == "failing" or (p.state == "ok" and p.since and p.since > started)]
+    bad = [f"{p.prefill} -> {p.decode}: " + (
+        f"{p.last_error or p.state}" if p.state is PairHealth.FAILING
+        else f"re-proven {(p.since or started) - started:.0f} s into the run")
+        for p in pairs if p.state is PairHealth.FAILING
+        or (p.state is PairHealth.OK and p.since and p.since > started)]
     if bad:
         return Gate("canary", "fail", "pair canary failed during the run: " + "; ".join(bad))
     return Gate("canary", "pass", f"{len(pairs)} pair(s) ok")

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdsvc.ship.runtime.probe import HttpReply
+from pdsvc.ship.runtime.probe import HttpReply, NoAnswerKind
 from pdsvc.status import runstate
 from pdsvc.status.managers import ServiceState
 
@@ -62,11 +62,11 @@ def no_answer_words(reply: HttpReply) -> str:
     why = reply.no_answer
     if why is None:
         return reply.detail
-    if why.kind == "timeout":
+    if why.kind is NoAnswerKind.TIMEOUT:
         return f"no answer within {why.timeout:g}s"
-    if why.kind == "resolve":
+    if why.kind is NoAnswerKind.RESOLVE:
         return f"cannot resolve host ({why.text})"
-    return why.words() if why.kind == "refused" else why.text
+    return why.words() if why.kind is NoAnswerKind.REFUSED else why.text
 
 
 @dataclass(frozen=True)

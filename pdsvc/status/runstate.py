@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsvc.plan.build import Plan
+from pdsvc.ship.runtime.canary import PairHealth
 from pdsvc.ship.runtime.endings import Phase
 from pdsvc.ship.runtime.hold import lease_end
 from pdsvc.ship.runtime.metrics import exposition, unit_samples
@@ -36,7 +37,7 @@ class UnitRun:
 class PairView:
     prefill: str
     decode: str
-    state: str  # ok | failing | peer-down | unknown (no engine has judged it yet)
+    state: PairHealth  # UNKNOWN: no engine has judged it yet
     since: float | None  # wall clock: failing since / ok since
     last_error: str
     by: str  # the engine whose canary said so
@@ -95,19 +96,21 @@ def hold_words(directory: Path, name: str, now: float | None = None) -> str:
 
 def pair_views(plan: Plan, directory: Path) -> list[PairView]:
     """Every prefill×decode pair, with the worst word any of its two engines has for it."""
-    rank = {"failing": 3, "peer-down": 2, "ok": 1, "unknown": 0}
+    rank = {PairHealth.FAILING.value: 3, PairHealth.PEER_DOWN.value: 2, PairHealth.OK.value: 1,
+            PairHealth.UNKNOWN.value: 0}
     views: dict[tuple[str, str], PairView] = {}
     for e in plan.engines:
         for prefill, _, decode in e.pairs:
-            views.setdefault((prefill, decode), PairView(prefill, decode, "unknown", None, "", ""))
+            views.setdefault((prefill, decode), PairView(prefill, decode, PairHealth.UNKNOWN,
+                                                         None, "", ""))
         doc = _state(directory, e.name, Kind.CANARY) or {}
         for p in doc.get("pairs", []):
             prefill, _, decode = str(p.get("pair", "")).partition(" -> ")
-            key, state = (prefill, decode), str(p.get("state", "unknown"))
-            since = p.get("failing_since") if state == "failing" else p.get("last_ok")
+            key, state = (prefill, decode), str(p.get("state", PairHealth.UNKNOWN.value))
+            since = p.get("failing_since") if state == PairHealth.FAILING else p.get("last_ok")
             old = views.get(key)
-            if old is not None and rank.get(state, 0) > rank.get(old.state, 0):
-                views[key] = PairView(prefill, decode, state, since,
+            if old is not None and rank.get(state, 0) > rank.get(old.state.value, 0):
+                views[key] = PairView(prefill, decode, PairHealth(state), since,
                                       str(p.get("last_error", "")), e.name)
     return list(views.values())
 
@@ -121,7 +124,7 @@ def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -
             for r in runs if heal_budget and r.heals >= heal_budget]
     out += [f"{r.unit} {r.held}" for r in runs if r.held]
     out += [f"pair {p.prefill} -> {p.decode} failing ({p.by}): {p.last_error}"
-            for p in pairs if p.state == "failing"]
+            for p in pairs if p.state is PairHealth.FAILING]
     return out
 
 
@@ -137,7 +140,7 @@ def format_pairs(pairs: list[PairView], now: float | None = None) -> list[str]:
     def word(p: PairView | None) -> str:
         if p is None:
             return "-"
-        if p.state == "failing" and p.since is not None:
+        if p.state is PairHealth.FAILING and p.since is not None:
             return f"FAILING {int(now - p.since)}s"
         return p.state
 
@@ -148,7 +151,7 @@ def format_pairs(pairs: list[PairView], now: float | None = None) -> list[str]:
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
               for r in rows]
     lines += [f"  {p.prefill} -> {p.decode}: {p.last_error}" for p in pairs
-              if p.state == "failing" and p.last_error]
+              if p.state is PairHealth.FAILING and p.last_error]
     return lines
 
 

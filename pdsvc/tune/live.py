@@ -24,6 +24,7 @@ from pdsvc.bench.session import Session, meets_slo, state_dir_of
 from pdsvc.bench.target import Load, target_from_plan
 from pdsvc.plan.build import Plan
 from pdsvc.render.kit import File
+from pdsvc.ship.runtime.canary import PairHealth
 from pdsvc.status.runstate import unit_runs
 
 from .check import bisect_runs
@@ -144,11 +145,11 @@ class Live:
         said = False
         while True:
             pairs = read_pairs(plan, directory)
-            if all(p.state == "ok" for p in pairs) or all(p.state == "unknown"
+            if all(p.state is PairHealth.OK for p in pairs) or all(p.state is PairHealth.UNKNOWN
                                                           for p in pairs):
                 return ""
             left = [f"{p.prefill} -> {p.decode}: {p.last_error or p.state}" for p in pairs
-                    if p.state != "ok"]
+                    if p.state is not PairHealth.OK]
             if time.monotonic() >= deadline:
                 return f"pairs not proven within {self.step_secs:g} s: {'; '.join(left)}"
             if not said:

@@ -7,7 +7,7 @@ import json
 
 from pdsvc.ship.runtime.canary import Pair, Round
 from pdsvc.ship.runtime.membership import Worker
-from pdsvc.ship.runtime.probe import HttpReply, NoAnswer
+from pdsvc.ship.runtime.probe import HttpReply, NoAnswer, NoAnswerKind
 
 
 class FakeRouter:
@@ -29,10 +29,10 @@ class FakeRouter:
         if self.lost:
             self.waited += timeout
             return HttpReply(None, b"", f"timed out after {timeout:g} s",
-                             no_answer=NoAnswer("timeout", "", timeout))
+                             no_answer=NoAnswer(NoAnswerKind.TIMEOUT, "", timeout))
         if not self.up:
             return HttpReply(None, b"", "connection refused",
-                             no_answer=NoAnswer("refused", "", timeout))
+                             no_answer=NoAnswer(NoAnswerKind.REFUSED, "", timeout))
         if (headers or {}).get("Authorization") != f"Bearer {self.key}":
             return HttpReply(401, b"", "HTTP 401")
         if method == "GET":

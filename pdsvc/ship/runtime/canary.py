@@ -54,6 +54,7 @@ page size or KV dtype mismatch) and reports without healing.
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 import urllib.parse
@@ -93,19 +94,43 @@ class Pair:
         }).encode("utf-8")
 
 
+class PairHealth(str, enum.Enum):
+    """What one side's canary says of a pair (the canary file's ``state``; the
+    pdsvc_pair_state metric's label)."""
+
+    OK = "ok"  # the last round's transfer worked
+    FAILING = "failing"  # rounds failed while both engines were healthy
+    PEER_DOWN = "peer-down"  # not judged: the peer is not healthy
+    UNKNOWN = "unknown"  # no round yet
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class HealBy(str, enum.Enum):
+    """Who restarts for a pair when it fails (the canary file's ``heals_by``)."""
+
+    ME = "me"  # this engine: the prefill of a coupled pair (its decode follows it)
+    PEER = "peer"  # the other engine: this is the decode of a coupled pair
+    STALE_SIDE = "stale side"  # not coupled: the side holding the stale NIXL state
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class PairState:
     """What this side knows of one pair (written to the canary file for `pdsvc status`)."""
 
     pair: str
     peer: str
-    state: str = "unknown"  # ok | failing | peer-down | unknown
+    state: PairHealth = PairHealth.UNKNOWN
     failures: int = 0  # rounds in a row that failed while both engines were healthy
     failing_since: float | None = None  # wall clock
     last_error: str = ""
     last_ok: float | None = None  # wall clock: ok since
     served: bool = False  # a good round with this peer since this engine started
-    heals_by: str = ""  # "me" | "peer": who restarts for this pair when it fails
+    heals_by: HealBy | None = None  # who restarts for this pair when it fails
 
 
 @dataclass(frozen=True)
@@ -137,7 +162,7 @@ class Canary:
         self.hold = hold
         self.states = {p.name: PairState(p.name, self.peer(p), heals_by=self._healer(p))
                        for p in self.pairs}
-        self._saved: list[tuple[str, str, int, str]] = []
+        self._saved: list[tuple[str, PairHealth, int, str]] = []
 
     def peer(self, pair: Pair) -> str:
         return pair.decode if self.is_prefill(pair) else pair.prefill
@@ -149,10 +174,10 @@ class Canary:
         """The pair's decode restarts whenever its prefill does."""
         return pair.decode.rstrip("/") in self.followers
 
-    def _healer(self, pair: Pair) -> str:
+    def _healer(self, pair: Pair) -> HealBy:
         if not self.coupled(pair):
-            return "stale side"
-        return "me" if self.is_prefill(pair) else "peer"
+            return HealBy.STALE_SIDE
+        return HealBy.ME if self.is_prefill(pair) else HealBy.PEER
 
     def record(self, rounds: Sequence[Round]) -> None:
         """Fold one round of every pair into the states (journal lines on every change)."""
@@ -160,22 +185,22 @@ class Canary:
         for r in rounds:
             s = self.states[r.pair.name]
             if r.ok:
-                if s.state == "failing":
+                if s.state is PairHealth.FAILING:
                     self.log(f"pair canary {s.pair}: good again after {s.failures} failed "
                              "round(s)")
-                if s.state != "ok":
+                if s.state is not PairHealth.OK:
                     s.last_ok = now  # ok since
-                s.state, s.failures, s.failing_since, s.served = "ok", 0, None, True
+                s.state, s.failures, s.failing_since, s.served = PairHealth.OK, 0, None, True
             elif r.skipped:
-                if s.state != "peer-down":
+                if s.state is not PairHealth.PEER_DOWN:
                     self.log(f"pair canary {s.pair}: not judged: {r.skipped}")
-                s.state, s.last_error = "peer-down", r.skipped
+                s.state, s.last_error = PairHealth.PEER_DOWN, r.skipped
             else:
                 if s.failures == 0:
                     s.failing_since = now
                 s.failures += 1
                 said = s.last_error
-                s.state, s.last_error = "failing", r.error
+                s.state, s.last_error = PairHealth.FAILING, r.error
                 # every round up to the verdict, then only news: rounds run every second
                 # while a pair fails, and the journal is not a metrics store
                 if s.failures <= 2 * self.failures_to_act or r.error != said \
@@ -189,7 +214,7 @@ class Canary:
         if self.hold is not None and self.hold.active():
             return None
         states = list(self.states.values())
-        working = any(s.state == "ok" for s in states)
+        working = any(s.state is PairHealth.OK for s in states)
         by_name = {p.name: p for p in self.pairs}
         for s in states:
             if s.failures < self.failures_to_act:
@@ -231,7 +256,7 @@ class Canary:
             if peer not in registered:
                 continue
             s = self.states[p.name]
-            if s.state != "ok":
+            if s.state is not PairHealth.OK:
                 why = s.last_error or "no canary round yet"
                 return f"pair {s.pair} is {s.state} ({why})"
         return None

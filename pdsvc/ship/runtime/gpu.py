@@ -3,6 +3,7 @@ idle check a start makes. Used by the runtime and by `pdsvc doctor`."""
 
 from __future__ import annotations
 
+import enum
 import os
 import shutil
 import subprocess
@@ -12,6 +13,18 @@ from typing import NamedTuple
 
 from .notify import Log
 from .timings import NVIDIA_SMI_TIMEOUT_S
+
+
+class GpuWait(str, enum.Enum):
+    """How waiting for idle GPUs ended (wait_gpus_idle)."""
+
+    IDLE = "idle"  # start
+    BUSY = "busy"  # still held after the bound: this start gives up
+    ERROR = "error"  # nvidia-smi failed: a driver problem, not something waiting fixes
+    STOPPED = "stopped"  # a stop arrived while waiting
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class GpuHolder(NamedTuple):
@@ -162,14 +175,13 @@ def wait_gpus_idle(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     poll: float = 1.0,
-) -> str:
+) -> GpuWait:
     """Wait until no compute process holds one of ``gpus``: a restart right after a crash
     meets the old process's memory for a fraction of a second (docs/benchmarks.md), an
     operator's job on the GPU for longer.
     Waiting is visible (log + STATUS= every ``progress_every`` s) and bounded by ``timeout``.
 
-    Returns "idle" (start), "busy" (still held after ``timeout``), "error" (nvidia-smi failed:
-    a driver problem, not something waiting fixes) or "stopped" (a stop arrived)."""
+    Returns how the wait ended (GpuWait)."""
     nvidia_smi = find_nvidia_smi(nvidia_smi_option)
     if nvidia_smi is None:
         where = f" at {nvidia_smi_option}" if nvidia_smi_option else " on PATH"
@@ -177,7 +189,7 @@ def wait_gpus_idle(
             "GPU idle check skipped: nvidia-smi not found (no NVIDIA driver on this host?)"
             f" [looked{where}]"
         )
-        return "idle"
+        return GpuWait.IDLE
     started = clock()
     next_log = started
     named = ",".join(map(str, gpus))
@@ -187,18 +199,18 @@ def wait_gpus_idle(
         except GpuCheckError as exc:
             log(f"GPU idle check failed: {exc}")
             log("refusing to start: cannot tell whether the GPUs are free (driver problem?)")
-            return "error"
+            return GpuWait.ERROR
         if not held:
             waited = clock() - started
             log(f"GPUs {named} are idle" + (f" after {waited:.1f} s" if waited >= poll else ""))
-            return "idle"
+            return GpuWait.IDLE
         now = clock()
         if now - started >= timeout:
             for holder in held:
                 log(holder.describe())
             log(f"GPUs still busy after {timeout:g} s: giving up this start (the process "
                 "manager retries); stop the holder")
-            return "busy"
+            return GpuWait.BUSY
         if now >= next_log:
             line = (f"waiting for GPUs {named} to be released ({now - started:.0f}/{timeout:g} s): "
                     + "; ".join(h.describe() for h in held))
@@ -206,5 +218,5 @@ def wait_gpus_idle(
             status(line)
             next_log = now + progress_every
         if should_stop():
-            return "stopped"
+            return GpuWait.STOPPED
         sleep(poll)

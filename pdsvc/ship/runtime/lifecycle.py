@@ -19,7 +19,7 @@ from .cascade import Cascade
 from .child import Child
 from .endings import Ending, Exit
 from .fleet import share
-from .gpu import wait_gpus_idle
+from .gpu import GpuWait, wait_gpus_idle
 from .hold import Hold
 from .jitlock import JitLock, engine_fingerprint
 from .membership import Routers, Worker, call_timeout, read_key
@@ -205,13 +205,13 @@ class Unit:
         result = wait_gpus_idle(a.nvidia_smi, gpus, self.log, self.notifier.status,
                                 timeout=a.gpu_wait, progress_every=a.progress_every,
                                 should_stop=self.child.stopping)
-        if result == "idle":
+        if result is GpuWait.IDLE:
             return self.after_gpus()
-        if result == "stopped":
+        if result is GpuWait.STOPPED:
             return self.exit(0)
-        self.notifier.status("refused to start: " + ("GPUs busy" if result == "busy"
-                                                     else "nvidia-smi failed"))
-        self.policy.on_stop(f"did not start: GPUs {'busy' if result == 'busy' else 'unknown'}")
+        busy = result is GpuWait.BUSY
+        self.notifier.status("refused to start: " + ("GPUs busy" if busy else "nvidia-smi failed"))
+        self.policy.on_stop(f"did not start: GPUs {'busy' if busy else 'unknown'}")
         return self.exit(Exit.REFUSED)
 
     def jit_lock(self) -> State:

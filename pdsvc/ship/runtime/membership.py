@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .probe import HttpReply, http_call
+from .probe import HttpReply, NoAnswerKind, http_call
 from .timings import (
     ROUTER_CALL_MIN_S,
     ROUTER_CALL_TIMEOUT_S,
@@ -117,7 +117,7 @@ class Membership:
             return HttpReply(None, b"", f"timed out; called again every {ROUTER_DARK_S:g} s")
         extra: dict[str, Any] = {"method": method} if method else {}
         reply = self.call(url, self.timeout, body, self.headers, **extra)
-        if reply.no_answer is not None and reply.no_answer.kind == "timeout":
+        if reply.no_answer is not None and reply.no_answer.kind is NoAnswerKind.TIMEOUT:
             self.dark_until = self.clock() + ROUTER_DARK_S
         return reply
 

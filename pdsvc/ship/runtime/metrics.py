@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .canary import PairHealth
 from .endings import Phase
 from .options import Options
 from .policy import recent_heals
@@ -80,7 +81,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
                                          "15 s."),
 }
 PHASES = tuple(p.value for p in Phase)
-PAIR_STATES = ("ok", "failing", "peer-down", "unknown")
+PAIR_STATES = tuple(h.value for h in PairHealth)
 #: how the previous run ended (its phase as the next run finds it) -> the start's cause
 #: (keyed by the file's words: a str enum member hashes by its name, not its value)
 START_CAUSES: dict[str | None, str] = {None: "first", **{p.value: cause for p, cause in (
@@ -167,13 +168,13 @@ def unit_samples(labels: Mapping[str, str], run: dict[str, Any] | None,
         if not isinstance(p, dict) or not isinstance(p.get("pair"), str):
             continue
         pair = ("pair", p["pair"])
-        state = p.get("state") if p.get("state") in PAIR_STATES else "unknown"
+        state = p.get("state") if p.get("state") in PAIR_STATES else PairHealth.UNKNOWN.value
         for s in PAIR_STATES:
             add("pdsvc_pair_state", 1.0 if s == state else 0.0, pair, ("state", s))
         add("pdsvc_pair_failures_in_a_row", _number(p.get("failures")) or 0.0, pair)
-        if _number(p.get("last_ok")) is not None and state == "ok":
+        if _number(p.get("last_ok")) is not None and state == PairHealth.OK:
             add("pdsvc_pair_last_good_timestamp_seconds", float(p["last_ok"]), pair)
-        if _number(p.get("failing_since")) is not None and state == "failing":
+        if _number(p.get("failing_since")) is not None and state == PairHealth.FAILING:
             add("pdsvc_pair_failing_since_timestamp_seconds", float(p["failing_since"]), pair)
     add("pdsvc_textfile_timestamp_seconds", round(now, 3))
     return out

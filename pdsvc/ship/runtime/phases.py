@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from .endings import Ending
-from .probe import ProbeResult, aside, http_probe
+from .probe import NoAnswerKind, ProbeResult, aside, http_probe
 from .timings import CHILD_WAIT_SLICE_S, DUTY_SLICE_S, START_PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
@@ -95,7 +95,7 @@ class PeerWatch:
                 if self.seen_up[url] and not self.failures[url]:
                     self.log(f"peer {url}: {result.detail}; watching it")
                 self.failures[url] += 1
-                self.refused[url] |= result.detail == "connection refused"
+                self.refused[url] |= result.no_answer is NoAnswerKind.REFUSED
                 down, refused = self.failures[url], self.refused[url]
                 if self.seen_up[url] and down >= self.down_after and refused:
                     return (f"{url} failed {down} probes in a row and its port was closed: it "

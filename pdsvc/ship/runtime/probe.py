@@ -3,6 +3,7 @@ engine's /metrics. Used by the runtime, `pdsvc doctor`, `pdsvc status` and `pdsv
 
 from __future__ import annotations
 
+import enum
 import http.client
 import json
 import socket
@@ -28,10 +29,23 @@ MAX_ERROR_BODY = 1 << 16  # of a 4xx/5xx answer, by default: its reason, not a p
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+class NoAnswerKind(str, enum.Enum):
+    """Why no HTTP answer came, in one word: what the runtime decides on (never the text)."""
+
+    TIMEOUT = "timeout"
+    REFUSED = "refused"  # the port is closed: nothing listens (a restart, a crash)
+    RESOLVE = "resolve"  # no such host
+    OS = "os"  # another OS error
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ProbeResult(NamedTuple):
     ok: bool
     detail: str  # "HTTP 200", "HTTP 503 {...}", "connection refused", "timed out after 5 s"
-    no_answer: str = ""  # no HTTP answer came: NoAnswer.kind ("timeout", "refused", …)
+    no_answer: NoAnswerKind | None = None  # no HTTP answer came: why
 
 
 def _snippet(body: bytes) -> str:
@@ -42,28 +56,29 @@ class NoAnswer(NamedTuple):
     """Why no HTTP answer came, classified once; each reader words it (``words`` is the
     probes' wording, in the runtime's log and status lines)."""
 
-    kind: str  # "timeout", "refused", "resolve" (no such host), "os" (another OS error), "other"
+    kind: NoAnswerKind
     text: str  # the OS's own words (strerror) or the exception's
     timeout: float
 
     @classmethod
     def of(cls, reason: object, timeout: float) -> NoAnswer:
         if isinstance(reason, (socket.timeout, TimeoutError)):  # distinct classes on 3.9
-            return cls("timeout", "", timeout)
+            return cls(NoAnswerKind.TIMEOUT, "", timeout)
         if isinstance(reason, ConnectionRefusedError):
-            return cls("refused", "", timeout)
+            return cls(NoAnswerKind.REFUSED, "", timeout)
         if isinstance(reason, socket.gaierror):
-            return cls("resolve", reason.strerror or str(reason), timeout)
+            return cls(NoAnswerKind.RESOLVE, reason.strerror or str(reason), timeout)
         if isinstance(reason, OSError) and reason.strerror:
-            return cls("os", reason.strerror, timeout)
-        return cls("other", str(reason) or type(reason).__name__, timeout)
+            return cls(NoAnswerKind.OS, reason.strerror, timeout)
+        return cls(NoAnswerKind.OTHER, str(reason) or type(reason).__name__, timeout)
 
     def words(self) -> str:
-        if self.kind == "timeout":
+        if self.kind is NoAnswerKind.TIMEOUT:
             return f"timed out after {self.timeout:g} s"
-        if self.kind == "refused":
+        if self.kind is NoAnswerKind.REFUSED:
             return "connection refused"
-        return self.text.lower() if self.kind in ("resolve", "os") else self.text
+        return self.text.lower() if self.kind in (NoAnswerKind.RESOLVE, NoAnswerKind.OS) \
+            else self.text
 
 
 class HttpReply(NamedTuple):
@@ -142,7 +157,7 @@ def http_probe(
     """GET ``url`` (POST when ``body`` is given); ok only on HTTP 200. Never raises."""
     reply = http_call(url, timeout, body, headers, opener=opener)
     return ProbeResult(reply.status == 200, reply.detail,
-                       reply.no_answer.kind if reply.no_answer is not None else "")
+                       reply.no_answer.kind if reply.no_answer is not None else None)
 
 
 def aside(call: Callable[[], ProbeResult], should_stop: Callable[[], bool],

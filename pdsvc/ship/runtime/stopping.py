@@ -20,7 +20,7 @@ from .notify import Notifier
 from .options import Options
 from .phases import End, Outcome
 from .policy import RestartPolicy
-from .probe import aside, http_probe
+from .probe import NoAnswerKind, aside, http_probe
 from .timings import DUTY_SLICE_S, KILL_WAIT_S, STOP_JUDGE_S
 
 
@@ -119,7 +119,7 @@ class Stopping:
             return ""
         answer = aside(lambda: http_probe(url, STOP_JUDGE_S),
                        lambda: process.poll() is not None, DUTY_SLICE_S)
-        if answer is None or answer.no_answer != "timeout":
+        if answer is None or answer.no_answer is not NoAnswerKind.TIMEOUT:
             return ""
         return (f"{url} gave no answer within {STOP_JUDGE_S:g} s of the stop signal: the "
                 f"{self.role} is hung and cannot drain")
