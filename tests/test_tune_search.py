@@ -167,8 +167,12 @@ def test_the_best_wins_only_beyond_the_spread(tmp_path: Path) -> None:
     answer = t.run(first)
     assert not answer.wins
     assert answer.verdict.startswith("no candidate beats the current config: the best,")
-    # the fact that decided it, with both figures
-    assert "its lowest, 7, is not above the baseline's highest, 10.4" in answer.verdict
+    # the fact that decided it, with both figures: the best's repeats are raced at the
+    # baseline's rate to beat (10.4 a precision up), and its second (10 × 1.0) missed it
+    assert ("missed the SLO at 11.4 req/s, the baseline's rate to beat, in repeat 2 (its "
+            "goodputs: 13; the baseline's: 5.6..10.4)") in answer.verdict, answer.verdict
+    # each of its measurements raced there: the first in the grid, the repeats for the win
+    assert [x for x in fake.races if x[0] == "c1"] == [("c1", pytest.approx(11.44))] * REPEATS
     assert fake.running == "baseline.yaml"  # back on the current config
     fake = Fake(noise=0.05)
     t, first = tuner(tmp_path / "again", fake, space_text=space)

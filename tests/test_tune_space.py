@@ -166,6 +166,39 @@ def test_the_dry_run_lists_every_candidate_and_the_estimate(runner, tmp_path: Pa
     assert "6 of 6 candidates to measure (0 refused, 0 stop serving); estimated" in r.output
 
 
+def test_the_estimate_uses_the_load_the_engines_took_at_their_last_start(
+        runner, tmp_path: Path) -> None:
+    """Where the deployment's runtimes left their restart state (the last start that served:
+    its seconds loading), the estimate uses the slowest engine's, not the space file's
+    guess, and says whose it is; a start still loading (no served start) is not one."""
+    from pdsvc.ship.runtime.statefile import Kind, state_path, write_state
+
+    cfg = str(REPO / "tests/cases/seed-2p2d-explicit.yaml")
+    state = tmp_path / "state"
+    guessed = run_cli(runner, "--dry-run", "--json", "-c", cfg, "--state-dir", str(state),
+                      tmp_path=tmp_path)
+    plain = run_cli(runner, "--dry-run", "-c", cfg, "--state-dir", str(state),
+                    tmp_path=tmp_path)
+    assert "engine load 600 s, from the space file: no engine of this config has served" \
+        in plain.output, plain.output
+    for name, took in (("dsv4-decode-0", 95.5), ("dsv4-decode-1", 120.0),
+                       ("dsv4-prefill-0", 80.0)):
+        write_state(state_path(str(state), name, Kind.RESTART),
+                    {"phase": "serving", "start_phases": {"wait_gpus": 0.1, "starting": took}})
+    write_state(state_path(str(state), "dsv4-prefill-1", Kind.RESTART),
+                {"phase": "starting", "start_phases": {}})
+    r = run_cli(runner, "--dry-run", "-c", cfg, "--state-dir", str(state), tmp_path=tmp_path)
+    assert r.exit_code == 0, r.output
+    assert "(engine load 120 s, measured: dsv4-decode-1.service's last start, the slowest)" \
+        in r.output, r.output
+    measured = json.loads(run_cli(runner, "--dry-run", "--json", "-c", cfg, "--state-dir",
+                                  str(state), tmp_path=tmp_path).output)
+    one = [c for c in measured["candidates"] if c["verdict"] == "measure"][0]
+    was = next(c for c in json.loads(guessed.output)["candidates"] if c["name"] == one["name"])
+    # each of its restarts costs 120 + 10 s instead of 600 + 10 s
+    assert was["seconds"] - one["seconds"] == pytest.approx(len(one["restarts"]) * 480)
+
+
 def test_json_and_the_bounds(runner, tmp_path: Path) -> None:
     cfg = str(REPO / "tests/cases/seed-2p2d-explicit.yaml")
     r = run_cli(runner, "--dry-run", "--json", "-c", cfg, "--max-candidates", "2",

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import socket
@@ -31,6 +32,7 @@ from pdsvc.cli.kit import (
 from pdsvc.cli.render import install_script
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
+from pdsvc.status import runstate
 from pdsvc.tune import report
 from pdsvc.tune.check import SETTLE_S, Checked, Checker, bisect_runs, total_seconds
 from pdsvc.tune.live import Live
@@ -130,6 +132,9 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
     space = parse_space(space_text, str(path))
     text = read_config_text(config_path)
     topology = host_topology(sysfs_root, topology_file)
+    loaded = measured_load(load_plan(config_path, sysfs_root, topology_file), state_dir)
+    if loaded is not None:  # the estimate from what this host's engines took, not a guess
+        space = dataclasses.replace(space, engine_load_secs=loaded[1])
     command = canonical_command(config_path, sysfs_root, topology_file)
     checker = Checker(space, text, str(config_path), topology,
                       lambda p: {f.path: f.content for f in render_for(p, command)})
@@ -139,7 +144,7 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
         if as_json:
             click.echo(json.dumps(_document(space, checked, kept), indent=1))
             return
-        _print(space, checked, kept, allow_outage)
+        _print(space, checked, kept, allow_outage, loaded)
         return
     base_plan = load_plan(config_path, sysfs_root, topology_file)
     _refuse(base_plan, config_path)
@@ -277,8 +282,22 @@ def _document(space: Space, checked: list[Checked], kept: list[Checked]) -> dict
             "estimated_seconds": total_seconds(space, kept)}
 
 
+def measured_load(plan: Plan, state_dir: Path | None) -> tuple[str, float] | None:
+    """The slowest engine's load at its last start that served (its runtime's restart
+    state), as (unit, seconds); None when no engine of the plan has one here (not running
+    on this host, or never served)."""
+    directory = state_dir or runstate.state_dir(
+        plan, "supervisord" if plan.format == "supervisord" else "systemd")
+    if not directory.is_dir():
+        return None
+    engines = {f"{e.name}.service" for e in plan.engines}
+    took = [(r.unit, r.loaded_s) for r in runstate.unit_runs(plan, directory)
+            if r.unit in engines and r.loaded_s is not None]
+    return max(took, key=lambda x: x[1] or 0.0) if took else None
+
+
 def _print(space: Space, checked: list[Checked], kept: list[Checked],
-           allow_outage: bool) -> None:
+           allow_outage: bool, loaded: tuple[str, float] | None = None) -> None:
     names = {c.candidate.name for c in kept}
     click.echo(f"search: {space.strategy} ({space.strategy_why})")
     click.echo(f"SLO: TTFT ≤ {space.ttft_ms:g} ms and ITL ≤ {space.itl_ms:g} ms for "
@@ -306,7 +325,9 @@ def _print(space: Space, checked: list[Checked], kept: list[Checked],
         skipped.append(f"{cut} cut by --max-candidates/--max-time")
     click.echo(f"{len(kept) - 1} of {len(checked) - 1} candidates to measure "
                f"({', '.join(skipped)}); estimated {_duration(total_seconds(space, kept))} "
-               f"(engine load {space.engine_load_secs:g} s, from the space file)")
+               f"(engine load {space.engine_load_secs:.0f} s, "
+               + (f"measured: {loaded[0]}'s last start, the slowest)" if loaded
+                  else "from the space file: no engine of this config has served here yet)"))
     if outage and not allow_outage:
         more = [c for c in checked if c.verdict != "refused"]
         click.echo(f"with --allow-outage: {len(more) - 1} to measure, estimated "

@@ -31,6 +31,7 @@ class UnitRun:
     crashes: int
     heals: int = 0  # pair heals within the hour that brought no pair back (policy.may_heal)
     held: str = ""  # pdsvc apply's hold on the engine (runtime/hold.py), as words; "" if none
+    loaded_s: float | None = None  # the last start that served: its load until /health 200
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,16 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
         recent = recent_heals(doc.get("heals"), time.time())
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
                             str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
-                            len(recent), hold_words(directory, name)))
+                            len(recent), hold_words(directory, name), _loaded(doc)))
     return runs
+
+
+def _loaded(doc: dict[str, Any]) -> float | None:
+    """The seconds the last start that served spent loading (the restart policy's
+    start_phases["starting"]: load, compile, warm-up until /health is 200), or None."""
+    phases = doc.get("start_phases")
+    took = phases.get("starting") if isinstance(phases, dict) else None
+    return float(took) if isinstance(took, (int, float)) and took > 0 else None
 
 
 def hold_words(directory: Path, name: str, now: float | None = None) -> str:

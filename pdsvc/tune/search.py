@@ -374,7 +374,10 @@ class Tuner:
             cand = top[0]
             self.planned = self.space.repeats
             checked = Checked(cand, "measure", "", (), 0.0)
-            outs = [self._measure(checked, r) for r in range(self.space.repeats)]
+            # each repeat raced at the baseline's rate to beat: one that misses it there
+            # cannot be apart from the baseline (judge), one run says so
+            outs = [self._measure(checked, r, race=to_beat(baseline, self.space))
+                    for r in range(self.space.repeats)]
             wins, verdict = judge(cand, outs, baseline)
             if wins:
                 best, best_outcomes = cand, outs
@@ -403,9 +406,16 @@ def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tupl
     lowest goodput is above every baseline goodput and at or above every rate the baseline
     missed, so a gain within the search's precision is never called a win."""
     n, who = len(outs), f"{cand.name} ({cand.describe()})"
-    lost = [o for o in outs if not o.counted]
+    lost = [o for o in outs if not o.counted or o.status == Result.BELOW]
     if lost:
         o = lost[0]
+        if o.status == Result.BELOW:
+            rated = [x for x in outs if x.status != Result.BELOW]
+            return False, (f"no candidate beats the current config: the best, {who}, "
+                           f"missed the SLO at {o.above or 0:.3g} req/s, the baseline's rate "
+                           f"to beat, in repeat {o.repeat + 1} (its goodputs: {span(rated)}; "
+                           f"the baseline's: {span(baseline)}): a win needs each of its {n} "
+                           "measurements above it")
         return False, (f"no candidate beats the current config: the best, {who}, has "
                        f"{n - len(lost)} valid measurement(s) of {n}: repeat {o.repeat + 1} "
                        f"was {o.status}: {o.why}; a win needs each of its {n}")
