@@ -7,6 +7,7 @@ ports playing the engines' /health and the router's /readiness and /workers. The
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import socket
@@ -27,9 +28,21 @@ import yaml
 from click.testing import CliRunner
 
 from pdsvc.cli.status import status
+from pdsvc.status import managers
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_TOPOLOGY = str(REPO / "etc" / "seed-host.topology.json")
+# The stand-ins' CLOCK_MONOTONIC: this machine's, as if it had booted a day earlier, so that a
+# unit `age` seconds old has a timestamp after boot even on a machine up for less than `age`
+# (systemd never reports a monotonic timestamp before boot). status's systemd backend reads
+# the same clock (the dep fixture).
+BOOTED_EARLIER_S = 86400.0
+
+
+def monotonic() -> float:
+    return time.monotonic() + BOOTED_EARLIER_S
+
+
 UNITS = ("dsv4-pd.target", "dsv4-prefill.service", "dsv4-decode.service", "dsv4-router.service")
 
 
@@ -115,7 +128,7 @@ class Deployment:
     def unit(self, unit: str, state: str = "active", sub: str = "running", *, age: float = 192,
              restarts: int | None = 0, result: str = "success", text: str = "") -> None:
         """What the fake systemctl reports for `unit`: in `state` for `age` seconds."""
-        mono = int((time.monotonic() - age) * 1e6)
+        mono = int((monotonic() - age) * 1e6)
         when = "Sun 2026-11-29 10:39:27 UTC"
         lines = {
             "LoadState": "loaded", "ActiveState": state, "SubState": sub, "Result": result,
@@ -166,7 +179,9 @@ def write_config(path: Path, prefill: int, decode: int, router: int, **router_ex
 
 
 @pytest.fixture
-def dep(tmp_path: Path) -> Iterator[Deployment]:
+def dep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployment]:
+    monkeypatch.setattr("pdsvc.status.managers.Systemd",
+                        functools.partial(managers.Systemd, clock=monotonic))
     (tmp_path / "units").mkdir()
     systemctl = tmp_path / "systemctl"
     systemctl.write_text(FAKE_SYSTEMCTL.format(dir=tmp_path))
