@@ -105,8 +105,8 @@ def hold_words(directory: Path, name: str, now: float | None = None) -> str:
 
 def pair_views(plan: Plan, directory: Path) -> list[PairView]:
     """Every prefill×decode pair, with the worst word any of its two engines has for it."""
-    rank = {PairHealth.FAILING.value: 3, PairHealth.PEER_DOWN.value: 2, PairHealth.OK.value: 1,
-            PairHealth.UNKNOWN.value: 0}
+    rank = {PairHealth.FAILING.value: 4, PairHealth.PEER_DOWN.value: 3,
+            PairHealth.BUSY.value: 2, PairHealth.OK.value: 1, PairHealth.UNKNOWN.value: 0}
     views: dict[tuple[str, str], PairView] = {}
     for e in plan.engines:
         for prefill, _, decode in e.pairs:

@@ -34,6 +34,8 @@ is that capacity:
 
   So a space's best config is designed: the most slots whose ITL still meets the SLO, with
   the fastest protocol; the knee there is its goodput;
+* a decode's non-streamed ``/generate`` (the pair canary's) waits its turn in the same queue,
+  and ``sglang:num_queue_reqs`` says how many requests wait there;
 * ``FAKE_SGLANG_EMPTY_EVERY=N``: every Nth generation comes back HTTP 200 with no token
   (srt-slurm #429, sglang #9585);
 * ``FAKE_SGLANG_TRANSFER_FAIL_EVERY=N``: every Nth generation's KV transfer "fails": it is
@@ -89,6 +91,7 @@ class LatencyModel:
         self.counters = {TRANSFER_FAILED: 0, BOOTSTRAP_FAILED: 0}
         self._lock = threading.Lock()
         self._free_at = 0.0  # monotonic time the scheduler is done with every queued request
+        self._turns: list[float] = []  # when the scheduler takes each request not yet taken
         self._ids = itertools.count(1)
 
     def configure(self, capacity_flags: dict[str, int | None]) -> None:
@@ -116,7 +119,21 @@ class LatencyModel:
             now = time.monotonic()
             start = max(now, self._free_at)
             self._free_at = start + 1.0 / self.knee
+            self._turns = [t for t in self._turns if t > now] + [start]
         return start - now
+
+    def queued(self) -> int:
+        """Requests in the queue: admitted, not yet taken by the scheduler (SGLang's
+        sglang:num_queue_reqs, its waiting queue)."""
+        with self._lock:
+            now = time.monotonic()
+            return sum(1 for t in self._turns if t > now)
+
+    def wait_turn(self, kind: str, body: dict, role: str) -> None:
+        """A decode's non-streamed /generate (the pair canary's, a plain client's) queues for
+        the scheduler like any other request: SGLang's scheduler does not tell them apart."""
+        if self.knee and role == "decode" and kind == "generate" and not body.get("stream"):
+            time.sleep(self.admit())
 
     def backlog(self) -> float:
         """The scheduler's queued work, in seconds."""

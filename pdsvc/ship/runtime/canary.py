@@ -101,6 +101,7 @@ class PairHealth(str, enum.Enum):
     OK = "ok"  # the last round's transfer worked
     FAILING = "failing"  # rounds failed while both engines were healthy
     PEER_DOWN = "peer-down"  # not judged: the peer is not healthy
+    BUSY = "busy"  # not judged: the round waited behind queued requests (rounds.busy_pair)
     UNKNOWN = "unknown"  # no round yet
 
     def __str__(self) -> str:
@@ -136,12 +137,16 @@ class PairState:
 @dataclass(frozen=True)
 class Round:
     """One probe of one pair: ``ok``, or ``error`` (a pair failure), or ``skipped`` (the
-    peer's /health failed: not the pair's fault)."""
+    peer's /health failed: not the pair's fault), or ``busy`` (no reply in time, while an
+    engine of the pair had requests waiting in its queue: an engine past its capacity, not a
+    broken pair)."""
 
     pair: Pair
     ok: bool
     error: str = ""
     skipped: str = ""
+    timed_out: bool = False  # the decode's reply did not come within the canary's timeout
+    busy: str = ""
 
 
 class Canary:
@@ -188,9 +193,18 @@ class Canary:
                 if s.state is PairHealth.FAILING:
                     self.log(f"pair canary {s.pair}: good again after {s.failures} failed "
                              "round(s)")
-                if s.state is not PairHealth.OK:
+                kept = s.state is PairHealth.BUSY and s.last_ok is not None  # ok, then busy
+                if s.state is not PairHealth.OK and not kept:
                     s.last_ok = now  # ok since
                 s.state, s.failures, s.failing_since, s.served = PairHealth.OK, 0, None, True
+            elif r.busy:
+                # not judged, and not a failure: a round that waits behind a queue says
+                # nothing of the pair; an ok pair stays "ok since" across it
+                if s.state is not PairHealth.BUSY:
+                    self.log(f"pair canary {s.pair}: not judged: {r.busy}")
+                if s.state is not PairHealth.OK and s.state is not PairHealth.BUSY:
+                    s.last_ok = None
+                s.state, s.last_error = PairHealth.BUSY, r.busy
             elif r.skipped:
                 if s.state is not PairHealth.PEER_DOWN:
                     self.log(f"pair canary {s.pair}: not judged: {r.skipped}")

@@ -35,7 +35,7 @@ from .probe import (
     router_start_probe,
 )
 from .proctree import become_subreaper
-from .rounds import CanaryThread, own_failures
+from .rounds import CanaryThread, own_failures, queued
 from .serving import Serving
 from .statefile import Kind, state_path
 from .states import Machine, State
@@ -338,8 +338,9 @@ class Unit:
         # real traffic that failed through a pair shows in this engine's own counters
         failures = own_failures(f"{base_url(a.health_url)}/metrics")
         self.canary = canary
+        # a round that waits behind a queue is busy, not failed: each engine's own queue
         self.rounds = CanaryThread(canary, a.canary_interval, a.canary_timeout,
-                                   failures=failures)
+                                   failures=failures, queue=queued)
         if self.membership is not None:
             self.membership.admit = canary.admits
         self.rounds.start()

@@ -68,8 +68,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pdsvc_unit_heal_budget": ("gauge", "Heals in a row before the engine heals only every "
                                f"{SLOW_HEAL_S / 60:g} minutes (lifecycle.canary_heal_attempts; "
                                "0: report only)."),
-    "pdsvc_pair_state": ("gauge", "1 for this side's canary state of the pair: ok, failing, "
-                         "peer-down, unknown."),
+    "pdsvc_pair_state": ("gauge", "1 for this side's canary state of the pair: "
+                         + ", ".join(h.value for h in PairHealth) + "."),
     "pdsvc_pair_failures_in_a_row": ("gauge", "Canary rounds in a row that failed while "
                                      "both engines answered /health."),
     "pdsvc_pair_last_good_timestamp_seconds": ("gauge", "Since when the pair's canary rounds "

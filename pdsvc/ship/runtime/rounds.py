@@ -15,7 +15,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 
 from .canary import Canary, Pair, Round
-from .probe import HttpReply, http_call, judge_generation
+from .probe import HttpReply, NoAnswerKind, http_call, judge_generation
 from .timings import (
     CANARY_PEER_RETRY_S,
     CANARY_RETRY_S,
@@ -27,6 +27,10 @@ from .timings import (
 
 FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total",
                     "sglang:num_bootstrap_failed_reqs_total")
+#: requests an engine's scheduler has taken in but not yet started: its waiting queue
+#: (SGLang's srt/metrics/collector.py, "The number of requests in the waiting queue"). Not
+#: the PD bootstrap, prealloc or transfer queues: those also hold what a broken pair stalls.
+QUEUE_GAUGE = "sglang:num_queue_reqs"
 
 
 def probe_pair(pair: Pair, peer: str, timeout: float,
@@ -50,9 +54,10 @@ def probe_pair(pair: Pair, peer: str, timeout: float,
         t.join(timeout + 1.0)
     decode = replies.get("decode")
     if decode is None:
-        return Round(pair, False, f"decode: no reply within {timeout:g} s")
+        return Round(pair, False, f"decode: no reply within {timeout:g} s", timed_out=True)
     bad = judge_generation(decode)
-    return Round(pair, bad is None, f"decode: {bad}" if bad else "")
+    late = decode.no_answer is not None and decode.no_answer.kind is NoAnswerKind.TIMEOUT
+    return Round(pair, bad is None, f"decode: {bad}" if bad else "", timed_out=late)
 
 
 def port_open(url: str, timeout: float = PORT_CONNECT_TIMEOUT_S) -> bool:
@@ -67,10 +72,16 @@ def port_open(url: str, timeout: float = PORT_CONNECT_TIMEOUT_S) -> bool:
 
 def failure_count(text: str) -> float | None:
     """The sum of FAILURE_COUNTERS in a Prometheus text exposition, or None without them."""
+    return sample_sum(text, FAILURE_COUNTERS)
+
+
+def sample_sum(text: str, names: Sequence[str]) -> float | None:
+    """The sum of the samples of ``names`` (over all labels) in a Prometheus text
+    exposition, or None when it has none of them."""
     total, found = 0.0, False
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in FAILURE_COUNTERS:
+        if name not in names:
             continue
         rest = line[line.index("}") + 1:] if "{" in line else line[len(name):]
         try:
@@ -91,6 +102,15 @@ def own_failures(metrics_url: str) -> Callable[[], float | None]:
     return look
 
 
+def queued(engine: str) -> float | None:
+    """The requests waiting in an engine's queue (QUEUE_GAUGE at ``engine``/metrics, the
+    engine's main port), or None when it cannot be read (no --enable-metrics, no answer)."""
+    reply = http_call(f"{engine.rstrip('/')}/metrics", START_PROBE_TIMEOUT_S)
+    if reply.status != 200:
+        return None
+    return sample_sum(reply.body.decode("utf-8", errors="replace"), (QUEUE_GAUGE,))
+
+
 class CanaryThread:
     """Runs the rounds off the main loop (a generation may take seconds; the main loop must
     keep feeding the watchdog), all pairs at once; each finished round is handed over through
@@ -108,6 +128,7 @@ class CanaryThread:
                  retry: float = CANARY_RETRY_S, watch: float = PORT_WATCH_S,
                  reachable: Callable[[str], bool] = port_open,
                  failures: Callable[[], float | None] | None = None,
+                 queue: Callable[[str], float | None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.canary = canary
         self.interval = interval
@@ -117,6 +138,7 @@ class CanaryThread:
         self.watch = watch
         self.reachable = reachable
         self.failures = failures
+        self.queue = queue  # an engine's URL -> the requests in its queue (queued), or None
         self.clock = clock
         self.results: list[list[Round]] = []
         self.bad_rounds = 0  # rounds in a row that failed or could not be judged
@@ -141,7 +163,7 @@ class CanaryThread:
         if rounds and all(r.ok for r in rounds):
             self.bad_rounds = self.waiting_rounds = 0
             return self.interval
-        if rounds and all(r.ok or r.skipped for r in rounds):  # peers still coming up
+        if rounds and all(r.ok or r.skipped or r.busy for r in rounds):  # not judged yet
             # counted apart: the looks while a peer loads must not stretch the pauses between
             # the failed rounds that follow (3 of them decide a heal)
             self.waiting_rounds += 1
@@ -161,6 +183,35 @@ class CanaryThread:
                 if hold is None or hold.allows(self.canary.peer(p))]
 
     def round(self) -> list[Round]:
+        before = self.failures() if self.failures is not None and self.queue else None
+        return self.busy(self.probes(), before)
+
+    def busy(self, rounds: list[Round], failures_before: float | None) -> list[Round]:
+        """The rounds, those that timed out while an engine of their pair had requests in
+        its queue marked busy: not judged (a search pushing past capacity must not make a
+        side heal), unless this engine's KV failure counters rose meanwhile (real transfers
+        failed: then the pair is judged as it is). SGLang's own /health counts a busy engine
+        as healthy likewise: any output within its timeout (http_server.py health_generate)."""
+        if not self.queue or not any(r.timed_out for r in rounds):
+            return rounds
+        if failures_before is not None and self.failures is not None:
+            now = self.failures()
+            if now is not None and now > failures_before:
+                return rounds
+        out = []
+        for r in rounds:
+            waiting = [(url, n) for url in (r.pair.prefill, r.pair.decode)
+                       if r.timed_out and (n := self.queue(url))]
+            if waiting:
+                said = ", ".join(f"{url} had {n:g}" for url, n in waiting)
+                r = Round(r.pair, False, r.error, timed_out=True, busy=(
+                    f"{r.error} while {said} request(s) waiting in its queue "
+                    f"({QUEUE_GAUGE}), and no KV transfer failed: an engine past its "
+                    "capacity, not a broken pair"))
+            out.append(r)
+        return out
+
+    def probes(self) -> list[Round]:
         rounds: list[Round] = []
 
         def one(pair: Pair, out: list[Round] = rounds) -> None:

@@ -98,7 +98,8 @@ class EngineHandler(BaseHandler):
     def h_metrics(self, path: str, body: Any, parse_error: str | None) -> None:
         eng = self.server.engine
         kind = eng.role if eng.role in ("prefill", "decode") else "unified"
-        text = eng.metrics.text(eng.served_name, kind, eng.inflight)
+        queued = fake_latency.MODEL.queued() if eng.role == "decode" else 0
+        text = eng.metrics.text(eng.served_name, kind, eng.inflight, queued)
         # pdsvc bench's knobs (fake_latency) count into the same counters; it adds only what
         # the text lacks
         text += fake_latency.MODEL.metric_text(f'{{model_name="{eng.served_name}"}}', text)
@@ -174,4 +175,5 @@ class EngineHandler(BaseHandler):
             time.sleep(eng.gen_delay)
         if not failures and fake_latency.MODEL.serve(self, kind, body, eng.role):
             return  # the latency model answered (tests/support/fake_latency.py)
+        fake_latency.MODEL.wait_turn(kind, body, eng.role)
         generate.answer(self, kind, body, prompts, boot, failures, t0)

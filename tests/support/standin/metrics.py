@@ -55,7 +55,7 @@ class EngineMetrics:
             self.ttft_sum += ttft
             self.ttft_count += 1
 
-    def text(self, model: str, engine_type: str, running: int) -> str:
+    def text(self, model: str, engine_type: str, running: int, queued: int = 0) -> str:
         base = f'model_name="{_esc(model)}",engine_type="{engine_type}"'
         lines: list[str] = []
 
@@ -67,7 +67,7 @@ class EngineMetrics:
             family("sglang:num_running_reqs", "gauge", "The number of running requests.",
                    [(base, running)])
             family("sglang:num_queue_reqs", "gauge",
-                   "The number of requests in the waiting queue.", [(base, 0)])
+                   "The number of requests in the waiting queue.", [(base, queued)])
             family("sglang:token_usage", "gauge", "The token usage.", [(base, 0.0)])
             family("sglang:num_requests_total", "counter", "Number of requests processed.",
                    [(base, self.requests)])
