@@ -124,11 +124,13 @@ def test_the_grid_finds_the_designed_best_and_ends_on_it(tmp_path: Path) -> None
     assert dict(answer.best.changes) == {BS: 32, PROTO: "LL128"}
     assert [o.rate for o in answer.best_outcomes] == [20.0] * REPEATS
     assert fake.running == f"{answer.best.name}.yaml"  # the deployment runs the best
-    assert fake.measures.count("baseline") == REPEATS
+    # the baseline's repeats, and once more after the search, right before the best's
+    assert fake.measures.count("baseline") == REPEATS + 1
+    assert fake.measures[-REPEATS:] == ["baseline"] + [answer.best.name] * (REPEATS - 1)
     assert fake.measures.count(answer.best.name) == REPEATS
     # every other candidate measured once: 24 combinations (the config sets none of the
     # levers), the failing backend's 12 never measured (their switch failed)
-    assert len(fake.measures) == REPEATS + 12 + (REPEATS - 1)
+    assert len(fake.measures) == REPEATS + 12 + 1 + (REPEATS - 1)
     once = {n for n in fake.measures if n not in ("baseline", answer.best.name)}
     assert all(fake.measures.count(n) == 1 for n in once)
     assert "grid: every one of the" in answer.how
@@ -203,8 +205,10 @@ def test_interrupted_goes_back_and_a_rerun_measures_nothing_twice(tmp_path: Path
     again.running = fake.running
     t2, first2 = tuner(tmp_path, again)
     answer = t2.run(first2)
-    # nothing measured before is measured again (the best's repeats aside)
-    assert not set(done) & set(again.measures) - {answer.best.name}
+    # nothing measured before is measured again (the best's repeats aside); the baseline
+    # once, after the search (it never came that far before)
+    assert not set(done) & set(again.measures) - {answer.best.name, "baseline"}
+    assert again.measures.count("baseline") == 1
     assert answer.wins and dict(answer.best.changes) == {BS: 32, PROTO: "LL128"}
 
 
@@ -284,14 +288,16 @@ def test_an_invalid_measurement_is_measured_once_more_and_then_counts(tmp_path: 
     assert [o.status for o in c1] == ["measured"] * REPEATS
     assert "decode-0 re-proven during the run" in c1[0].again
     assert fake.measures.count("c1") == REPEATS + 1  # the transient cost one measurement
-    assert fake.switches == ["c1"]  # never went back for a transient
+    # never went back for a transient: only to measure the baseline again after the search
+    assert fake.switches == ["c1", "baseline", "c1"]
 
 
 def test_invalid_twice_is_written_off_and_the_verdict_names_the_repeat(tmp_path: Path) -> None:
     """The best's second repeat is invalid twice: it does not win, and the verdict says so,
     not something else (the spread)."""
     space = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {BS}: [32]\n"
-    fake = Fake(invalid_at=(REPEATS + 2, REPEATS + 3))  # c1's repeat 2, and its re-measure
+    # c1's repeat 2, and its re-measure (after c1's first and the baseline's once more)
+    fake = Fake(invalid_at=(REPEATS + 3, REPEATS + 4))
     t, first = tuner(tmp_path, fake, space_text=space)
     answer = t.run(first)
     assert not answer.wins
@@ -308,7 +314,7 @@ def test_the_range_top_is_a_lower_bound_said_with_a_sign(tmp_path: Path) -> None
     fake = Fake(capped=12.0)  # 32 slots: 16 req/s designed, the range's top met at 12
     t, first = tuner(tmp_path, fake, space_text=space)
     answer = t.run(first)
-    assert fake.measures.count("baseline") == 2  # the space's repeats
+    assert fake.measures.count("baseline") == 2 + 1  # the space's repeats, once more
     assert answer.wins and answer.best_outcomes[0].status == Result.LOWER_BOUND
     assert "serves ≥ 12 req/s at the SLO" in answer.verdict, answer.verdict
     measured: dict[str, list[Outcome]] = {}
@@ -336,4 +342,47 @@ def test_a_gain_within_the_precision_is_not_a_win(tmp_path: Path) -> None:
     answer = t.run(first)
     assert not answer.wins
     assert "its lowest, 9, is below 9.5, a rate the baseline missed" in answer.verdict
+    assert fake.running == "baseline.yaml"
+
+
+@pytest.mark.parametrize(("again", "said"), [
+    (Outcome("", "", [], 0, Result.MEASURED, rate=12.0, above=13.0),
+     "met the SLO at 12 req/s, where each measurement at the start missed it (at 9.5, 9.5, "
+     "9.5): the host got faster"),
+    (Outcome("", "", [], 0, Result.MEASURED, rate=4.0, above=5.0),
+     "missed the SLO at 5 req/s, where each measurement at the start met it (up to 8, 8, 8): "
+     "the host got slower"),
+    (Outcome("", "", [], 0, Result.INVALID, why="run at 8 req/s: gate canary: failing"),
+     "was invalid (invalid twice: run at 8 req/s: gate canary: failing; then run at 8 "
+     "req/s: gate canary: failing), so a drift cannot be ruled out"),
+    (Outcome("", "", [], 0, Result.MEASURED, rate=9.0, above=10.0), None),  # within: a win
+])
+def test_the_baseline_measured_again_after_the_search_must_not_have_moved(
+        tmp_path: Path, again: Outcome, said: str | None) -> None:
+    """The baseline is measured once more after the search, before the best's repeats: an
+    interval apart from all of the start's (beyond the search's precision) or no valid
+    measurement blocks the win, the verdict says which, and the best's repeats are not run."""
+    space = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {BS}: [32]\n"
+    fake = Fake()
+    real = fake.measure
+
+    def measure(name, config, bench_dir, say, race=None):  # noqa: ANN001, ANN202
+        o = real(name, config, bench_dir, say, race=race)
+        if name == "baseline":  # 8..9.5 at the start, then ``again``
+            n = fake.measures.count("baseline")
+            return Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5) \
+                if n <= REPEATS else again
+        return o
+
+    fake.measure = measure  # type: ignore[method-assign]
+    t, first = tuner(tmp_path, fake, space_text=space)
+    answer = t.run(first)
+    if said is None:
+        assert answer.wins and fake.measures.count("c1") == REPEATS
+        return
+    assert not answer.wins and answer.verdict.startswith(
+        f"no claimed win: the baseline, measured again after the search, {said}; the best so "
+        "far, c1 (decode.args.cuda-graph-max-bs-decode=32), measured 16 req/s"), answer.verdict
+    assert "another --results directory" in answer.verdict
+    assert fake.measures.count("c1") == 1  # no repeats: they could not make it a win
     assert fake.running == "baseline.yaml"

@@ -126,11 +126,13 @@ def check(space: Space, candidates: list[Candidate], config_text: str, source: s
 def total_seconds(space: Space, checked: list[Checked]) -> float:
     """The estimate for the candidates in ``checked`` (those to measure): each raced once,
     the leaders among them searched above the rate to beat, the baseline and the best
-    ``space.repeats`` times, and the way back to the best (or the baseline) at the end."""
+    ``space.repeats`` times, the baseline once more after the search (the drift check: a
+    switch to it and a search), and the way back to the best (or the baseline) at the end."""
     measured = [c for c in checked if c.verdict != "refused"]
     others = len([c for c in measured if c.verdict != "baseline"])
     searched = leaders(others) * run_seconds(space)
+    switch = max((len(c.restarts) for c in measured), default=0) * (space.engine_load_secs
+                                                                   + SETTLE_S)
     best_again = (space.repeats - 1) * run_seconds(space) if others else 0.0
-    back = max((len(c.restarts) for c in measured), default=0) * (space.engine_load_secs
-                                                                 + SETTLE_S)
-    return sum(c.seconds for c in measured) + searched + best_again + back
+    drift = switch + run_seconds(space) if others else 0.0
+    return sum(c.seconds for c in measured) + searched + best_again + drift + switch

@@ -15,6 +15,10 @@ measured, the best measured again, and the deployment left on the answer.
 * **A transient is not a verdict**: a measurement whose run failed a gate (``invalid``) is
   measured once more, once the pairs are proven again; only when that one is invalid too is
   the candidate written off (both reasons said) and the deployment goes back.
+* **Drift**: when a candidate measured above the baseline, the baseline is measured once
+  more after the search; an interval apart from all of its first ones (the host got faster
+  or slower), or no valid measurement, blocks the win (drifted), and the best's repeats
+  are not run.
 * **Noise**: the baseline is measured ``space.repeats`` times, and so is the best once found;
   only valid measurements count (store.COUNTED); the best wins only when it has every one of
   its repeats and its lowest beats the baseline's highest. Else the answer is the current
@@ -161,7 +165,7 @@ class Tuner:
     def _grid(self, checked: list[Checked]) -> str:
         wanted = [c for c in checked if self._wanted(c)]
         self.planned = len(wanted)
-        leader = self.store.of(BASELINE_KEY)
+        leader = self._baseline()
         for i, c in enumerate(wanted, 1):
             if self._bounded(c, i):
                 return f"grid: stopped at {c.candidate.name} of {len(wanted)} ({self._bound})"
@@ -172,7 +176,7 @@ class Tuner:
 
     def _rounds(self, first: list[Checked]) -> str:
         current = first[0].candidate
-        current_rate = mean_rate(self.store.of(BASELINE_KEY))
+        current_rate = mean_rate(self._baseline())
         for round_no in range(1, len(self.space.levers) + 2):
             checked = first[1:] if round_no == 1 else [
                 self.checker.check(c) for c in self._neighbours(current)]
@@ -196,6 +200,10 @@ class Tuner:
                      "from it")
             current, current_rate = best, best_rate
         return "one at a time: stopped after as many rounds as levers"
+
+    def _baseline(self) -> list[Outcome]:
+        """The baseline's measurements at the start (not the one after the search: _again)."""
+        return [o for o in self.store.of(BASELINE_KEY) if o.repeat < self.space.repeats]
 
     def _neighbours(self, current: Candidate) -> list[Candidate]:
         """Each lever's other values from ``current`` (the next round's candidates)."""
@@ -269,8 +277,10 @@ class Tuner:
         known = self.store.get(key, repeat)
         if i is not None and known is None:
             self.tried += 1  # measured in this run (--max-candidates counts these)
-        where = f"{cand.name}" + (f" (repeat {repeat + 1} of {self.space.repeats})"
-                                  if repeat or not cand.changes else "")
+        where = f"{cand.name}" + (
+            " (once more, after the search)" if repeat >= self.space.repeats
+            else f" (repeat {repeat + 1} of {self.space.repeats})"
+            if repeat or not cand.changes else "")
         step = f"[{i}/{self.planned}] " if i is not None else ""
         if known is not None:
             self.say(f"tune: {step}{where}: measured before: {self._said(known)}")
@@ -365,6 +375,26 @@ class Tuner:
         self.rows.setdefault(changes_key(cand.changes), (cand, o, why))
 
     # ------------------------------------------------------------------ the answer
+    def _again(self, base: Candidate) -> Outcome:
+        """The baseline measured once more, after the search and before the best's repeats
+        (its repeat ``space.repeats``): has the host drifted since the start (drifted)?"""
+        self.say("tune: the baseline once more, after the search: a gain is only an answer "
+                 "if the host measures the baseline as it did at the start")
+        self.planned = 1
+        return self._measure(Checked(base, "baseline", "", (), 0.0), self.space.repeats)
+
+    def _repeats(self, cand: Candidate, baseline: list[Outcome]
+                 ) -> tuple[bool, str, list[Outcome]]:
+        """The best's ``space.repeats`` measurements, judged against the baseline's."""
+        self.planned = self.space.repeats
+        checked = Checked(cand, "measure", "", (), 0.0)
+        # each repeat raced at the baseline's rate to beat: one that misses it there
+        # cannot be apart from the baseline (judge), one run says so
+        outs = [self._measure(checked, r, race=to_beat(baseline, self.space))
+                for r in range(self.space.repeats)]
+        wins, verdict = judge(cand, outs, baseline)
+        return wins, verdict, outs
+
     def _finish(self, base: Candidate, baseline: list[Outcome], how: str) -> Answer:
         firsts = [(cand, o) for cand, o, _ in self.rows.values()
                   if o is not None and o.counted and o.rate and cand.changes]
@@ -372,13 +402,18 @@ class Tuner:
         wins, best, best_outcomes = False, base, baseline
         if top is not None and (top[1].rate or 0) > max(rates(baseline)):
             cand = top[0]
-            self.planned = self.space.repeats
-            checked = Checked(cand, "measure", "", (), 0.0)
-            # each repeat raced at the baseline's rate to beat: one that misses it there
-            # cannot be apart from the baseline (judge), one run says so
-            outs = [self._measure(checked, r, race=to_beat(baseline, self.space))
-                    for r in range(self.space.repeats)]
-            wins, verdict = judge(cand, outs, baseline)
+            moved = drifted(baseline, self._again(base), self.space)
+            if moved:
+                wins, verdict = False, (
+                    f"no claimed win: the baseline, measured again after the search, "
+                    f"{moved}; the best so far, {cand.name} "
+                    f"({cand.describe()}), measured {goodput(top[1])} req/s against the "
+                    f"baseline's {span(baseline)} at the start, but a gain is an answer only "
+                    "on a host that measures the baseline as it did at the start: measure "
+                    "afresh when the host is steady (another --results directory; this one "
+                    "keeps what was measured)")
+            else:
+                wins, verdict, outs = self._repeats(cand, baseline)
             if wins:
                 best, best_outcomes = cand, outs
             capped = [c.name for c, o in firsts if o.status == Result.LOWER_BOUND]
@@ -396,6 +431,27 @@ class Tuner:
             self._go_back()
         return Answer(baseline, best, best_outcomes, wins, verdict, how,
                       list(self.rows.values()), end)
+
+
+def drifted(before: list[Outcome], again: Outcome, space: Space) -> str:
+    """Why the baseline measured again is not the baseline measured at the start: its
+    interval (the highest rate that met the SLO, the lowest that missed it) apart from every
+    earlier one, a move beyond what the search can tell apart; or it could not be measured
+    again. "" when it is within them."""
+    if again.status not in RATED and again.status != Result.NO_RATE:
+        return f"was {again.status} ({again.why}), so a drift cannot be ruled out"
+    valid = [o for o in before if o.counted and o.status != Result.BELOW]
+    met, missed = again.rate or 0.0, again.above
+    tops = [o.above if o.above is not None else space.rate_high for o in valid]
+    if valid and again.status != Result.NO_RATE and met >= max(tops) and \
+            all(o.status != Result.LOWER_BOUND for o in valid):
+        return (f"met the SLO at {met:.3g} req/s, where each measurement at the start "
+                f"missed it (at {', '.join(f'{t:.3g}' for t in tops)}): the host got faster")
+    lows = [o.rate or space.rate_low for o in valid]
+    if valid and missed is not None and missed <= min(lows):
+        return (f"missed the SLO at {missed:.3g} req/s, where each measurement at the start "
+                f"met it (up to {', '.join(f'{x:.3g}' for x in lows)}): the host got slower")
+    return ""
 
 
 def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tuple[bool, str]:
