@@ -35,6 +35,12 @@ BOOTSTRAP_PORT = 8998
 PREFILL_DIST_INIT, DECODE_DIST_INIT, DIST_INIT_STEP = 30335, 30435, 2 * DIST_INIT_SPAN
 
 
+#: the keys each engine of a role's list form has for itself: its GPUs, their NUMA node and
+#: where it listens. The others (tp, args, env, …) say what the engine is; `pdsvc tune` lays a
+#: role out anew (a list as a lever's value) by keeping those and dropping these.
+PER_ENGINE_KEYS = ("gpus", "numa_node", "port", "dist_init_port", "bootstrap_port")
+
+
 class RoleConfig(Strict):
     gpus: list[GpuIndex] = Field(min_length=1, max_length=1024)
     numa_node: Literal["auto"] | int = Field(

@@ -99,11 +99,15 @@ class Checker:
         if not c.changes:
             return Checked(c, "baseline", "", (), space.repeats * run_seconds(space))
         text = self.text_of(c)
+        source = f"{self.source} with {c.describe()}"
         try:
-            plan = build_plan(parse_config(text, f"{self.source} with {c.describe()}"),
-                              self.topology, config_source=self.source, config_text=text)
+            plan = build_plan(parse_config(text, source), self.topology,
+                              config_source=self.source, config_text=text)
         except (ConfigError, TopologyError) as e:
-            return Checked(c, "refused", str(e).split(": ", 1)[-1], (), 0.0)
+            said = str(e)  # less the source and the line in the candidate's text, if said
+            why = said[len(source):].lstrip(":0123456789 ") if said.startswith(source) else \
+                said.split(": ", 1)[-1]
+            return Checked(c, "refused", why, (), 0.0)
         rollout = plan_rollout(self.base_bundle, self.bundle_of(plan))
         units = tuple(u for s in rollout.steps for u in s.units)
         stops = [s for s in rollout.steps if s.serving_stops]

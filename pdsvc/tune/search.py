@@ -45,7 +45,7 @@ from typing import Protocol
 from pdsvc.errors import PdsvcError
 
 from .check import Checked, Checker
-from .space import Candidate, Space, Value, current
+from .space import Candidate, Space, Value, current, is_baseline
 from .store import BASELINE_KEY, RATED, Outcome, Result, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
@@ -217,7 +217,9 @@ class Tuner:
                 changed = {**now, lv.path: v}
                 changes = tuple((p.path, changed[p.path]) for p in self.space.levers
                                 if changed[p.path] != base[p.path])
-                if changes:  # the baseline is measured already
+                # the baseline is measured already (a layout may equal it)
+                if changes and not is_baseline(self.checker.base_data, changes,
+                                               self.space.levers):
                     out.append(Candidate(self._name(changes), changes))
         return out
 

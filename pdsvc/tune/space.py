@@ -14,7 +14,18 @@ seed deployment's) that names the levers and the values to try, the SLO and the 
 
 A lever is a path into the config (`ROLE.args.FLAG`, `ROLE.env.VAR`, any key: `router.policy`);
 a role given as a list (`prefill: [{…}, {…}]`) takes the value on every item, or on one with
-`prefill[1].args.…`. `null` in a lever's values means "unset" (the flag left out). The
+`prefill[1].args.…`. `null` in a lever's values means "unset" (the flag left out).
+
+**Layouts.** A value may also be a mapping or a list. A mapping is merged into the mapping at
+the path (keys it names replaced, the others kept), so flags that only work together change
+together: `decode.args: [{enable-dp-attention: true, dp-size: 4}]`, `decode: [{gpus: [4, 5],
+tp: 2}]`. A list replaces the value at the path (`decode.gpus: [[4, 5, 6, 7], [4, 5]]`); at a
+role's own path (`prefill`, `decode`) a list of mappings is the role's engines laid out anew:
+each item is the role's engine as it is (tp, args, env, …) less what each engine has for
+itself (config/roles.py PER_ENGINE_KEYS: GPUs, NUMA node, ports; left out, the ports come
+from the index), with the item's keys over it: `prefill: [[{gpus: [0, 1], tp: 2}, {gpus: [2,
+3], tp: 2}]]` is two TP2 prefills instead of one TP4. Each candidate's config is checked by
+the schema and its plan against the host before anything restarts (check.py). The
 candidates are the current config (the baseline) and, by ``search``: every combination
 (grid), or each lever's values one at a time from the baseline, the other levers as they are
 (the first round of a one-at-a-time search; later rounds start from each round's best, which
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -32,9 +44,12 @@ from typing import Any, Literal
 
 import yaml
 
+from pdsvc.config.roles import PER_ENGINE_KEYS
 from pdsvc.errors import ConfigError
 
-Value = str | int | float | bool | None
+#: a lever's value: a YAML scalar (None: unset), or a layout (module docstring): a mapping
+#: merged in, a list put in place
+Value = str | int | float | bool | None | list[Any] | dict[str, Any]
 SEARCHES = ("auto", "grid", "one-at-a-time")
 #: how many times the baseline and the best are measured, unless the space says (``repeats``)
 DEFAULT_REPEATS = 3
@@ -43,6 +58,8 @@ MAX_REPEATS = 10
 _SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)(?:\[(\d+)\])?$")
 #: the keys a lever's path may start with: the config's sections that a candidate may change
 ROOTS = ("prefill", "decode", "router", "runtime", "transfer", "lifecycle")
+#: the roots a lever may be whole (its values: layouts of the role's engines)
+ROLES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,8 @@ class Candidate:
 
 
 def _show(v: Value) -> str:
+    if isinstance(v, (dict, list)):  # a layout: as YAML's flow style writes it, one line
+        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False, width=1 << 16).strip()
     return "unset" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
@@ -202,26 +221,53 @@ def _levers(raw: Any, source: str) -> tuple[Lever, ...]:
     for path, values in raw.items():
         where = f"{source}: levers.{path}"
         segments = _split(str(path))
-        if segments[0].split("[")[0] not in ROOTS or not all(
-                _SEGMENT.match(s) or i and segments[i - 1] in ("args", "env")
-                for i, s in enumerate(segments)) or len(segments) < 2:
-            raise _error(where, f"not a config path; start with one of {', '.join(ROOTS)} "
-                         "(e.g. decode.args.cuda-graph-max-bs, prefill[1].env.NCCL_ALGO)")
         if not isinstance(values, list) or not values:
             raise _error(where, "must be a list of the values to try")
+        whole_role = len(segments) == 1 and segments[0] in ROLES
+        if segments[0].split("[")[0] not in ROOTS or not all(
+                _SEGMENT.match(s) or i and segments[i - 1] in ("args", "env")
+                for i, s in enumerate(segments)) or (len(segments) < 2 and not whole_role):
+            raise _error(where, f"not a config path; start with one of {', '.join(ROOTS)} "
+                         "(e.g. decode.args.cuda-graph-max-bs, prefill[1].env.NCCL_ALGO; "
+                         f"or {' or '.join(ROLES)} alone, its values layouts)")
         for v in values:
-            if not (v is None or isinstance(v, (str, int, float, bool))):
-                raise _error(where, f"{v!r}: a value is a string, number, boolean or null")
-        if len(set(map(repr, values))) != len(values):
+            _check_value(v, where, whole_role)
+        if len({_canonical(v) for v in values}) != len(values):
             raise _error(where, "lists a value twice")
         out.append(Lever(str(path), tuple(values)))
     return tuple(out)
 
 
+def _check_value(v: Any, where: str, whole_role: bool) -> None:
+    """A lever's value: a YAML scalar, or a layout made of scalars, lists and mappings with
+    string keys (never a YAML date or set); at a role's own path, a mapping or a list of
+    mappings (the role's engines)."""
+    if whole_role and not (isinstance(v, dict) or (
+            isinstance(v, list) and v and all(isinstance(x, dict) for x in v))):
+        raise _error(where, f"{_canonical(v)}: a value at a role's path is a mapping merged "
+                     "into it, or a list of mappings (its engines, laid out anew)")
+    if isinstance(v, dict):
+        for key, item in v.items():
+            if not isinstance(key, str):
+                raise _error(where, f"{key!r}: a key of a layout is a string")
+            _check_value(item, where, False)
+    elif isinstance(v, list):
+        for item in v:
+            _check_value(item, where, False)
+    elif not (v is None or isinstance(v, (str, int, float, bool))):
+        raise _error(where, f"{v!r}: a value is a string, number, boolean, null, or a layout "
+                     "(a list or mapping of those)")
+
+
+def _canonical(v: Value) -> str:
+    """A value as one canonical string (mappings' keys sorted): equal values, equal strings."""
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
 # ------------------------------------------------------------------ the candidates
 def current(config: dict, lever: Lever) -> Value:
-    """The config's value at the lever's path (the first item's, for a role's list); None
-    when it is not set."""
+    """The config's value at the lever's path (the first item's, for a role's list below the
+    role's own path); None when it is not set."""
     node: Any = config
     for key, index in lever.parts():
         if isinstance(node, list):
@@ -233,7 +279,7 @@ def current(config: dict, lever: Lever) -> Value:
             if not isinstance(node, list) or index >= len(node):
                 return None
             node = node[index]
-    return node if not isinstance(node, (dict, list)) else None
+    return copy.deepcopy(node)
 
 
 def apply_changes(config: dict, changes: tuple[tuple[str, Value], ...],
@@ -265,8 +311,13 @@ def _set(node: Any, parts: list[tuple[str, int | None]], value: Value) -> None:
     if not rest:
         if value is None:
             node.pop(key, None)
+        elif isinstance(value, dict):
+            node[key] = _merged(node.get(key), value)
+        elif isinstance(value, list) and key in ROLES and value and all(
+                isinstance(x, dict) for x in value):
+            node[key] = _laid_out(node.get(key), value)
         else:
-            node[key] = value
+            node[key] = copy.deepcopy(value)
         return
     child = node.get(key)
     if child is None:
@@ -274,6 +325,35 @@ def _set(node: Any, parts: list[tuple[str, int | None]], value: Value) -> None:
             return  # unset under a section that is not there: nothing to remove
         child = node[key] = {}
     _set(child, rest, value)
+
+
+def _merged(node: Any, value: dict[str, Any]) -> Any:
+    """``value`` merged into ``node``: a mapping's keys over the node's, recursively (a role
+    in list form: into every engine); anything else is replaced by ``value``."""
+    if isinstance(node, list) and node and all(isinstance(x, dict) for x in node):
+        return [_merged(x, value) for x in node]
+    if not isinstance(node, dict):
+        return copy.deepcopy(value)
+    out = copy.deepcopy(node)
+    for key, item in value.items():
+        out[key] = _merged(out.get(key), item) if isinstance(item, dict) else \
+            copy.deepcopy(item)
+    return out
+
+
+def _laid_out(role: Any, engines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A role's engines laid out anew: each the role's (first) engine less PER_ENGINE_KEYS,
+    the item's keys merged over it."""
+    first = role[0] if isinstance(role, list) and role else role
+    engine = {k: v for k, v in (first if isinstance(first, dict) else {}).items()
+              if k not in PER_ENGINE_KEYS}
+    return [_merged(engine, item) for item in engines]
+
+
+def is_baseline(config: dict, changes: tuple[tuple[str, Value], ...],
+                levers: tuple[Lever, ...]) -> bool:
+    """Whether the changes leave the config as it is (a layout equal to the config's own)."""
+    return apply_changes(config, changes, levers) == config
 
 
 def candidates(space: Space, config: dict) -> list[Candidate]:
@@ -288,9 +368,10 @@ def candidates(space: Space, config: dict) -> list[Candidate]:
     else:
         changes = [((lv.path, v),) for lv in space.levers for v in lv.values
                    if v != base[lv.path]]
-    seen: set[tuple] = set()
+    seen: set[str] = set()
     for c in changes:
-        if c and c not in seen:
-            seen.add(c)
+        key = _canonical([list(x) for x in c])
+        if c and key not in seen and not is_baseline(config, c, space.levers):
+            seen.add(key)
             out.append(Candidate(f"c{len(out)}", c))
     return out

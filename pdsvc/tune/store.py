@@ -107,7 +107,8 @@ class Outcome:
 
 def changes_key(changes: tuple[tuple[str, Value], ...] | list[tuple[str, Value]]) -> str:
     """The changes as one canonical string (sorted by path): the candidate's identity."""
-    return json.dumps(sorted([p, v] for p, v in changes), separators=(",", ":"))
+    return json.dumps(sorted(([p, v] for p, v in changes), key=lambda x: x[0]),
+                      separators=(",", ":"), sort_keys=True)
 
 
 #: the baseline's key: no changes
