@@ -357,6 +357,23 @@ def test_a_step_deregisters_drains_then_restarts_and_waits_for_the_canary(tmp_pa
     assert said[-1].startswith("  took (s): out and drained ")
 
 
+@pytest.mark.parametrize(("metrics", "said_of_it"), [
+    ((0, ""), "not answering (no engine running): nothing to drain"),  # a crashed candidate
+    ((200, "# no gauge\n"), "no sglang:num_running_reqs (metrics off?)"),
+])
+def test_the_drain_says_why_nothing_is_left_to_wait_for(tmp_path, metrics, said_of_it) -> None:
+    r, units = decode_0_changed(tmp_path)
+    host = FakeHost(units["dsv4-decode-0.service"], engines_but(units, "dsv4-decode-0.service"))
+    real = host.http
+    host.http = lambda method, url, *a, **k: metrics if url.endswith("/metrics") \
+        else real(method, url, *a, **k)  # type: ignore[method-assign]
+    said: list[str] = []
+    Executor(units, host, Bounds(10, 10, 0.5), said.append).run_step(r.steps[0])
+    drained = [line for line in said if line.startswith("  dsv4-decode-0.service: n")]
+    assert drained == [f"  dsv4-decode-0.service: {said_of_it}" + (
+        ": SGLang's own SIGTERM drain finishes what runs" if metrics[0] else "")], said
+
+
 def engines_but(units: dict[str, Unit], name: str) -> list[Unit]:
     return [u for n, u in units.items() if u.kind == "engine" and n != name]
 

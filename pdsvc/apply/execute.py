@@ -303,17 +303,15 @@ class Executor:
         deadline = self.host.now() + self.bounds.drain_secs
         while True:
             counts: dict[str, int | None] = {}
+            down: list[str] = []  # nothing answered: no engine runs there, nothing to drain
             for u in engines:
                 code, body = self.host.http("GET", f"{u.url}/metrics")
                 counts[u.name] = running_requests(body) if code == 200 else None
+                if code == 0:
+                    down.append(u.name)
             busy = {n: c for n, c in counts.items() if c}
             if not busy:
-                unknown = [n for n, c in counts.items() if c is None]
-                if unknown:
-                    self.say(f"  {', '.join(unknown)}: no sglang:num_running_reqs (metrics off?):"
-                             " SGLang's own SIGTERM drain finishes what runs")
-                elif engines:
-                    self.say(f"  {', '.join(counts)}: no request in flight")
+                self._drained(counts, down)
                 return
             if self.host.now() >= deadline:
                 self.say(f"  drain bound ({self.bounds.drain_secs:g} s) reached with "
@@ -324,6 +322,21 @@ class Executor:
             for u in unheld:
                 self.router.deregister(u)
             self.host.sleep(self.bounds.poll_secs)
+
+
+    def _drained(self, counts: dict[str, int | None], down: list[str]) -> None:
+        """Say why nothing is left to wait for: no request in flight, the engine down (a
+        crashed one: nothing runs), or no gauge to read (SGLang's own drain finishes)."""
+        unknown = [n for n, c in counts.items() if c is None and n not in down]
+        if down:
+            self.say(f"  {', '.join(down)}: not answering (no engine running): nothing to "
+                     "drain")
+        if unknown:
+            self.say(f"  {', '.join(unknown)}: no sglang:num_running_reqs (metrics off?):"
+                     " SGLang's own SIGTERM drain finishes what runs")
+        idle = [n for n, c in counts.items() if c is not None]
+        if idle:
+            self.say(f"  {', '.join(idle)}: no request in flight")
 
 
 #: How each kind of step runs (rollout.StepKind; the supervisord kinds, order.py, restart).

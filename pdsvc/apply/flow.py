@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pdsvc.apply import events
 from pdsvc.apply.bounds import DRAIN_SECS, STEP_SECS, Bounds
 from pdsvc.apply.bundles import (
     APPLIED,
@@ -26,6 +27,7 @@ from pdsvc.apply.bundles import (
     running_config,
     save_applied,
 )
+from pdsvc.apply.events import ApplyEvent, InstallFailed, StepDone, StepStarted
 from pdsvc.apply.execute import Executor, StepFailed
 from pdsvc.apply.host import LocalHost
 from pdsvc.apply.hosts import bundle_units, hosts_of
@@ -62,6 +64,11 @@ class Frontend(Protocol):
 
     def say(self, text: str) -> None:
         """Progress (stderr)."""
+        ...
+
+    def event(self, e: ApplyEvent) -> None:
+        """A step started, done or failed, the install failed (events.py): typed, for a
+        program to decide on; a terminal prints ``words(e)``."""
         ...
 
     def confirm(self, question: str) -> bool | None:
@@ -204,29 +211,28 @@ def _install(opts: Options, source: Source, old: dict[str, str], manager: str, b
     for line in lines:
         fe.say(f"  {line}")
     if rc != 0:
-        fe.say(f"pdsvc apply: install.sh failed ({rc}); no unit was restarted. To go back: "
-               f"{back}")
+        fe.event(InstallFailed(rc))
+        fe.say(f"pdsvc apply: to go back: {back}")
         return FAILED
     return 0
 
 
 def _run_steps(executor: Executor, mine: list[tuple[int, Step]], total: int, back: str,
-               say: Callable[[str], None]) -> bool:
+               fe: Frontend) -> bool:
     """Each step in turn; False once one failed (the rest left as they were)."""
     for i, step in mine:
-        say(f"pdsvc apply: step {i}/{total}: {step.action} {', '.join(step.units)}"
-            + (f" (with {', '.join(step.takes)})" if step.takes else ""))
+        fe.event(StepStarted(i, total, step.action, tuple(step.units), tuple(step.takes)))
         try:
             secs = executor.run_step(step)
         except StepFailed as e:
             left = [u for j, s in mine if j > i for u in s.units]
-            say(f"pdsvc apply: step {i}/{total} failed: {e}")
+            fe.event(events.StepFailed(i, total, tuple(step.units), str(e)))
             if left:
-                say(f"pdsvc apply: stopped; not restarted (still the previous definition): "
-                    f"{', '.join(left)}")
-            say(f"pdsvc apply: to go back: {back}")
+                fe.say(f"pdsvc apply: stopped; not restarted (still the previous definition): "
+                       f"{', '.join(left)}")
+            fe.say(f"pdsvc apply: to go back: {back}")
             return False
-        say(f"pdsvc apply: step {i}/{total} done in {secs:.1f} s")
+        fe.event(StepDone(i, total, secs))
     return True
 
 
@@ -249,7 +255,7 @@ def _run(opts: Options, new: dict[str, str], rollout: Rollout, back: str,
         fe.say(f"pdsvc apply: on {opts.on_host}: steps {_numbers(mine)} of {total}")
     executor.lease.start()  # renews every hold while apply runs (pdsvc/apply/lease.py)
     try:
-        return _run_steps(executor, mine, total, back, fe.say)
+        return _run_steps(executor, mine, total, back, fe)
     finally:  # never leave a hold behind: failed, interrupted (Ctrl-C) or done
         executor.lease.stop()
         released = executor.release_all()

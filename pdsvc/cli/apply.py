@@ -11,6 +11,7 @@ import click
 
 from pdsvc.apply.bounds import DRAIN_SECS, STEP_SECS
 from pdsvc.apply.bundles import PREVIOUS, previous_files, previous_origin_config
+from pdsvc.apply.events import ApplyEvent, words
 from pdsvc.apply.flow import Options, Source, apply_rollout
 from pdsvc.cli.kit import (
     DEFAULT_OUTPUT,
@@ -44,6 +45,9 @@ class _Terminal:
 
     def say(self, text: str) -> None:
         click.echo(text, err=True)
+
+    def event(self, e: ApplyEvent) -> None:
+        self.say(f"pdsvc apply: {words(e)}")
 
     def confirm(self, question: str) -> bool | None:
         if not sys.stdin.isatty():

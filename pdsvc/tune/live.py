@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdsvc.apply.bundles import as_bundle, read_bundle
+from pdsvc.apply.events import FAILURES, ApplyEvent, words
 from pdsvc.apply.flow import FAILED, Options, Source, apply_rollout
 from pdsvc.apply.order import plan as plan_apply
 from pdsvc.bench.gates import read_pairs
@@ -40,21 +41,30 @@ PAIR_POLL_S = 1.0
 
 class _Frontend:
     """apply's Frontend for tune: the plan kept quiet, progress passed on, never a question
-    (tune decides about outages before it switches), the failed step's line remembered."""
+    (tune decides about outages before it switches), the first failure kept as apply's
+    typed event (apply/events.py), never read back from a printed line."""
 
     def __init__(self, say: Say, installer: Path | None) -> None:
         self._say, self._installer = say, installer
-        self.failed = ""
+        self.failure: ApplyEvent | None = None
+
+    @property
+    def failed(self) -> str:
+        """What failed, in apply's words ("" when nothing did)."""
+        return words(self.failure) if self.failure is not None else ""
 
     def echo(self, text: str) -> None:  # the plan: tune says what it switches to
         pass
 
-    def say(self, text: str) -> None:
+    def say(self, text: str) -> None:  # apply's details (drains, registrations, timings)
         line = text.removeprefix("pdsvc apply: ")
-        if " failed" in line and not self.failed:
-            self.failed = line
-        if line.startswith(("step ", "installing", "nothing to do", "  ")) or " failed" in line:
+        if line.startswith(("installing", "nothing to do", "  ")):
             self._say(line)
+
+    def event(self, e: ApplyEvent) -> None:
+        if isinstance(e, FAILURES) and self.failure is None:
+            self.failure = e
+        self._say(words(e))
 
     def confirm(self, question: str) -> bool | None:
         return True
