@@ -14,7 +14,7 @@ from pdsvc.apply.bundles import read_bundle, recorded_config_sha, running_config
 from pdsvc.apply.order import host_sequence, host_steps, plan
 from pdsvc.cli.commands import main
 from pdsvc.cli.kit import load_plan
-from pdsvc.cli.render import per_host
+from pdsvc.render.hosts_bundle import per_host
 from pdsvc.render.systemd import render_systemd
 
 REPO = Path(__file__).resolve().parent.parent

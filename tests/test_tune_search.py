@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pdsvc.cli.apply import render_for
+from pdsvc.render.hosts_bundle import render_for
 from pdsvc.topology import load_topology_file
 from pdsvc.tune.check import Checker
 from pdsvc.tune.search import Interrupted, Limits, StuckError, Switched, Tuner

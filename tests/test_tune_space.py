@@ -13,9 +13,9 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pdsvc.cli.apply import render_for
 from pdsvc.cli.commands import main
 from pdsvc.errors import ConfigError
+from pdsvc.render.hosts_bundle import render_for
 from pdsvc.topology import load_topology_file
 from pdsvc.tune.check import (
     RACE_RUNS,

@@ -19,11 +19,11 @@ from conftest import REPO
 from pdsvc.apply.rollout import plan_rollout
 from pdsvc.cli.commands import main
 from pdsvc.cli.kit import load_plan
-from pdsvc.cli.render import per_host
 from pdsvc.config.load import parse_config
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import build_plan
 from pdsvc.plan.connections import connections
+from pdsvc.render.hosts_bundle import per_host
 from pdsvc.render.systemd import render_systemd
 from pdsvc.topology import load_topology_file
 

@@ -7,6 +7,7 @@ command works on older venvs too), run by the deployment's ``runtime.python``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -114,3 +115,35 @@ def bench_env(target: Target, base: Mapping[str, str]) -> dict[str, str]:
 
 def current_env() -> dict[str, str]:
     return dict(os.environ)
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """Why the router at the plan's URL is not (yet) this deployment serving."""
+
+    why: str
+    engine_down: bool = False  # the router lists the model, an engine's /health failed
+
+
+def foreign(target: Target) -> Foreign | None:
+    """Why the router at the plan's URL is not this deployment (None: it is): it lists the
+    plan's model, and each of the plan's engines answers /health."""
+    from pdsvc.status.collect import http_get
+
+    models = http_get(f"{target.url}/v1/models", timeout=5)
+    if not models.ok:
+        return Foreign(f"{target.url}/v1/models: {models.summary()}")
+    try:
+        ids = [m.get("id") for m in json.loads(models.body).get("data", [])]
+    except (ValueError, AttributeError):
+        ids = []
+    if target.served_name not in ids and target.model_path not in ids:
+        return Foreign(f"{target.url} serves {ids or 'no model'}, not the plan's "
+                       f"{target.served_name!r}")
+    for name, url in target.engines:
+        health = http_get(f"{url}/health", timeout=5)
+        if not health.ok:
+            return Foreign(f"the plan's engine {name} at {url}: /health {health.summary()}",
+                           engine_down=True)
+    return None
+

@@ -24,11 +24,9 @@ from pdsvc.cli.kit import (
     topology_option,
     warn_plan,
 )
-from pdsvc.cli.render import install_script, per_host, shown
+from pdsvc.cli.render import install_script, shown
 from pdsvc.errors import ConfigError
-from pdsvc.plan.build import Plan
-from pdsvc.render.kit import File
-from pdsvc.render.systemd import render_systemd
+from pdsvc.render.hosts_bundle import render_for
 
 APPLY_EPILOG = """\b
 Exit codes: 0 applied, or nothing to do · 1 the install or a step failed (the rollout
@@ -155,10 +153,3 @@ def _previous(output: Path) -> Source:
                           hint="restore that config and run pdsvc apply -c IT")
     return Source(files, config_path, previous_origin_config(output, config_path))
 
-
-def render_for(plan: Plan, command: str) -> list[File]:
-    """The bundle `pdsvc render` writes for this plan (one per host with `hosts:`)."""
-    if plan.format == "supervisord":
-        from pdsvc.render.supervisord import render_supervisord
-        return per_host(plan, command, lambda p: render_supervisord(p, command))
-    return per_host(plan, command, lambda p: render_systemd(p, command))

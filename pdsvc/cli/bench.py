@@ -14,7 +14,7 @@ import click
 from pdsvc.bench import report
 from pdsvc.bench.runner import RunResult, Slo
 from pdsvc.bench.session import Session, state_dir_of
-from pdsvc.bench.target import Load, Target, bench_argv, target_from_plan
+from pdsvc.bench.target import Load, Target, bench_argv, foreign, target_from_plan
 from pdsvc.cli.kit import (
     config_option,
     handle_errors,
@@ -23,7 +23,6 @@ from pdsvc.cli.kit import (
     sysfs_option,
     topology_option,
 )
-from pdsvc.status.collect import http_get
 
 BENCH_EPILOG = """\b
 Examples:
@@ -78,25 +77,6 @@ def parse_range(ctx: click.Context | None, param: object, text: str) -> tuple[fl
 
 def say(msg: str) -> None:
     click.echo(msg, err=True)
-
-
-def owns(target: Target) -> str | None:
-    """Why the router at the plan's URL is not this deployment (None: it is): it lists the
-    plan's model, and each of the plan's engines answers /health."""
-    models = http_get(f"{target.url}/v1/models", timeout=5)
-    if not models.ok:
-        return f"{target.url}/v1/models: {models.summary()}"
-    try:
-        ids = [m.get("id") for m in json.loads(models.body).get("data", [])]
-    except (ValueError, AttributeError):
-        ids = []
-    if target.served_name not in ids and target.model_path not in ids:
-        return f"{target.url} serves {ids or 'no model'}, not the plan's {target.served_name!r}"
-    for name, url in target.engines:
-        health = http_get(f"{url}/health", timeout=5)
-        if not health.ok:
-            return f"the plan's engine {name} at {url}: /health {health.summary()}"
-    return None
 
 
 @click.command(epilog=BENCH_EPILOG)
@@ -201,9 +181,9 @@ def _print_commands(target: Target, loads: list[Load], output_dir: Path) -> None
 
 def _refuse_foreign(target: Target, config_path: Path) -> None:
     """Exit (EXIT_CANNOT) when the plan's URL answers as another deployment than the config's."""
-    why = owns(target)
-    if why is not None:
-        say(f"pdsvc: error: not loading {target.url}: {why}; this is not the deployment "
+    other = foreign(target)
+    if other is not None:
+        say(f"pdsvc: error: not loading {target.url}: {other.why}; this is not the deployment "
             f"of {config_path} (pass --url URL to load another endpoint)")
         sys.exit(EXIT_CANNOT)
 

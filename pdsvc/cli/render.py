@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,7 +25,8 @@ from pdsvc.cli.kit import (
     warn_plan,
 )
 from pdsvc.plan.build import Plan
-from pdsvc.render.bundle import Origin, diff_bundle, hosts_index, write_bundle
+from pdsvc.render.bundle import Origin, diff_bundle, write_bundle
+from pdsvc.render.hosts_bundle import per_host
 from pdsvc.render.kit import INSTALLER_DIR, RUNTIME_DIR, File, key_fetch_command
 from pdsvc.render.systemd import render_systemd
 
@@ -237,12 +236,3 @@ def hosts_next_step(plan: Plan, run: str, bundles: str) -> str:
                  f"start {t} (returns once the stack serves)")
     return "\n".join(lines)
 
-
-def per_host(plan: Plan, command: str, render_one: Callable[[Plan], list[File]]) -> list[File]:
-    """One bundle, or with `hosts:` one per host (HOST/…, each its own) plus hosts.list."""
-    if not plan.hosts:
-        return render_one(plan)
-    files = [hosts_index(plan, command)]
-    for h in plan.hosts:
-        files += [replace(f, path=f"{h.name}/{f.path}") for f in render_one(plan.for_host(h.name))]
-    return files

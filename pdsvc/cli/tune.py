@@ -16,7 +16,6 @@ from pathlib import Path
 import click
 
 from pdsvc.apply.bounds import DRAIN_SECS, STEP_SECS
-from pdsvc.cli.apply import render_for
 from pdsvc.cli.kit import (
     DEFAULT_OUTPUT,
     canonical_command,
@@ -32,6 +31,7 @@ from pdsvc.cli.kit import (
 from pdsvc.cli.render import install_script
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
+from pdsvc.render.hosts_bundle import render_for
 from pdsvc.status import runstate
 from pdsvc.tune import report
 from pdsvc.tune.check import SETTLE_S, Checked, Checker, bisect_runs, total_seconds
@@ -170,8 +170,8 @@ def _say(line: str) -> None:
 def _refuse(plan: Plan, config_path: Path) -> None:
     """What tune cannot measure: a bundle pdsvc apply does not roll, several hosts, a router
     that does not serve this deployment."""
-    from pdsvc.bench.target import target_from_plan
-    from pdsvc.cli.bench import EXIT_CANNOT, owns
+    from pdsvc.bench.target import foreign, target_from_plan
+    from pdsvc.cli.bench import EXIT_CANNOT
 
     if plan.format not in ("systemd", "supervisord"):
         raise ConfigError(f"{config_path}: format is {plan.format}; pdsvc tune switches "
@@ -181,18 +181,18 @@ def _refuse(plan: Plan, config_path: Path) -> None:
                           "switches one host's deployment",
                           hint="tune a one-host copy of it, then apply the answer per host")
     target = target_from_plan(plan)
-    why = owns(target)
+    other = foreign(target)
     deadline = time.monotonic() + OWNS_WAIT_S
-    if why is not None and "engine" in why:  # the router answers: an engine may be restarting
-        _say(f"pdsvc tune: waiting up to {OWNS_WAIT_S:g} s: {why}")
-        while why is not None and time.monotonic() < deadline:
+    if other is not None and other.engine_down:  # the router serves it: an engine restarts?
+        _say(f"pdsvc tune: waiting up to {OWNS_WAIT_S:g} s: {other.why}")
+        while other is not None and time.monotonic() < deadline:
             time.sleep(1)
-            why = owns(target)
-    if why is not None:
+            other = foreign(target)
+    if other is not None:
         start = (f"systemctl start {plan.name}-pd.target" if plan.format == "systemd" else
                  "its supervisord")
-        _say(f"pdsvc: error: not tuning: {why}; is the deployment of {config_path} running? "
-             f"({start})")
+        _say(f"pdsvc: error: not tuning: {other.why}; is the deployment of {config_path} "
+             f"running? ({start})")
         raise SystemExit(EXIT_CANNOT)
 
 
