@@ -1,7 +1,7 @@
-"""docs/lifecycle.md stays true to the runtime it describes: the transitions it lists are
-states.TRANSITIONS, its diagram and its state sections name every state in order, its endings
-table says each Ending's phase and exit status, and it names every timing, every state-file kind
-and every option the config owns."""
+"""docs/lifecycle.md and its pages (docs/lifecycle/) stay true to the runtime they describe:
+the transitions listed are states.TRANSITIONS, the diagram and the state sections name every
+state in order, the endings table says each Ending's phase and exit status, and they name every
+timing, every state-file kind and every option the config owns."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from pdsvc.ship.runtime.options import Options
 from pdsvc.ship.runtime.statefile import Kind
 from pdsvc.ship.runtime.states import TRANSITIONS, State
 
-DOC = (REPO / "docs" / "lifecycle.md").read_text()
+#: docs/lifecycle.md and its pages (docs/lifecycle/*.md), a page's title its section's heading
+PAGES = {p.stem: p.read_text() for p in sorted((REPO / "docs" / "lifecycle").glob("*.md"))}
+DOC = "\n".join([(REPO / "docs" / "lifecycle.md").read_text(),
+                 *(text.replace("# ", "## ", 1) for text in PAGES.values())])
 
 
 def fenced(info: str) -> list[str]:
@@ -27,8 +30,15 @@ def fenced(info: str) -> list[str]:
 def section(title: str) -> str:
     """The text under the level-2 heading ``title``, up to the next one."""
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", DOC, re.S | re.M)
-    assert match, f"docs/lifecycle.md lost its section {title!r}"
+    assert match, f"docs/lifecycle.md and its pages lost the section {title!r}"
     return match.group(1)
+
+
+def test_the_pages_are_the_index_s_and_each_links_its_neighbours() -> None:
+    index = (REPO / "docs" / "lifecycle.md").read_text()
+    assert all(f"](lifecycle/{name}.md)" in index for name in PAGES), sorted(PAGES)
+    for name, text in PAGES.items():
+        assert text.splitlines()[2].startswith("[Lifecycle](../lifecycle.md)"), name
 
 
 def test_the_listed_transitions_are_the_table_the_code_enforces() -> None:

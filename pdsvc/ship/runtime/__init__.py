@@ -21,5 +21,6 @@ One idea a module:
   launch     the router launcher with its key fleet      heals and cures across hosts
   front      a router in and out of HAProxy
 
-docs/lifecycle.md tells the whole story by state, with a timeline per fault.
+docs/lifecycle.md and its pages tell the whole story by state, with a timeline per fault
+(docs/lifecycle/faults.md).
 """

@@ -2,7 +2,7 @@
 
 A unit's runtime writes its state into the unit's ``StateDirectory=`` (``--state-dir``) as
 NAME.KIND.json; `pdsvc status`, `pdsvc apply`, the textfile metrics and the other runtimes of
-the deployment read them (docs/lifecycle.md, "State files", lists each file's writer, readers,
+the deployment read them (docs/lifecycle/state-files.md lists each file's writer, readers,
 fields and when it is removed). `pdsvc apply` replaces the runtime while older runtimes and a
 newer `pdsvc status` read the same files, so every file says its ``format``: a reader that
 meets a newer one says so in one line and reads nothing from it, rather than guess. A file

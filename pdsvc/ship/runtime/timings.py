@@ -2,7 +2,7 @@
 
 What an operator may tune is not here but in options.py (a flag of the runtime, its default
 there; the config's lifecycle section passes it). What is here paces the runtime's own loops
-and bounds its own calls; docs/lifecycle.md names them in each fault's timeline.
+and bounds its own calls; docs/lifecycle/faults.md names them in each fault's timeline.
 """
 
 from __future__ import annotations
