@@ -437,22 +437,24 @@ class Tuner:
 
 def drifted(before: list[Outcome], again: Outcome, space: Space) -> str:
     """Why the baseline measured again is not the baseline measured at the start: its
-    interval (the highest rate that met the SLO, the lowest that missed it) apart from every
-    earlier one, a move beyond what the search can tell apart; or it could not be measured
-    again. "" when it is within them."""
+    interval (from the highest rate that met the SLO to the lowest that missed it) apart from
+    every earlier one by at least a step of the search, a move beyond what the search can tell
+    apart; or it could not be measured again. "" when it is within them. Intervals that only
+    touch (the same rate met once and missed once) are the search's resolution, not a drift."""
     if again.status not in RATED and again.status != Result.NO_RATE:
         return f"was {again.status} ({again.why}), so a drift cannot be ruled out"
     valid = [o for o in before if o.counted and o.status != Result.BELOW]
     met, missed = again.rate or 0.0, again.above
     tops = [o.above if o.above is not None else space.rate_high for o in valid]
-    if valid and again.status != Result.NO_RATE and met >= max(tops) and \
+    if valid and again.status != Result.NO_RATE and met > max(tops) and \
             all(o.status != Result.LOWER_BOUND for o in valid):
-        return (f"met the SLO at {met:.3g} req/s, where each measurement at the start "
+        return (f"met the SLO at {met:.3g} req/s, above where each measurement at the start "
                 f"missed it (at {', '.join(f'{t:.3g}' for t in tops)}): the host got faster")
-    lows = [o.rate or space.rate_low for o in valid]
-    if valid and missed is not None and missed <= min(lows):
-        return (f"missed the SLO at {missed:.3g} req/s, where each measurement at the start "
-                f"met it (up to {', '.join(f'{x:.3g}' for x in lows)}): the host got slower")
+    lows = [o.rate or 0.0 for o in valid]
+    if valid and missed is not None and missed < min(lows):
+        return (f"missed the SLO at {missed:.3g} req/s, below where each measurement at the "
+                f"start met it (up to {', '.join(f'{x:.3g}' for x in lows)}): the host got "
+                "slower")
     return ""
 
 

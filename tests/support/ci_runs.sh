@@ -27,6 +27,8 @@ while [ $# -gt 0 ]; do
 done
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# every run tests the commit HEAD is now, even if the checkout moves on meanwhile
+sha="$(git -C "$here" rev-parse HEAD)"
 rev="$(git -C "$here" rev-parse --short HEAD)"
 logs="${PDSVC_CI_RUNS_DIR:-/var/log/pdsvc-ci-runs}"
 mkdir -p "$logs"
@@ -35,7 +37,7 @@ for i in $(seq 1 "$n"); do
     stamp="$(date -u +%Y%m%dT%H%M%SZ)"
     dir="/opt/pdsvc-ci-run-$stamp-$i"
     log="$logs/$stamp-$i.log"
-    git clone -q "$here" "$dir"
+    git clone -q "$here" "$dir" && git -C "$dir" checkout -q "$sha"
     start=$(date +%s)
     cmd=(bash .ci/run)
     [ "$busy" -eq 0 ] || cmd=(bash tests/support/busy.sh "$busy" bash .ci/run)
