@@ -38,6 +38,7 @@ def test_a_prefill_killed_in_the_first_seconds_is_followed_by_its_decode(three: 
     prefill's start + the decode's + 5 s."""
     gpu_a, gpu_b = three.hosts["gpu-a"], three.hosts["gpu-b"]
     before = gpu_b.show("e2e-decode.service", "InvocationID")["InvocationID"]
+    restarts = int(gpu_b.show("e2e-decode.service", "NRestarts")["NRestarts"])
     t0 = time.monotonic()
     gpu_a.run(["kill", "-9", str(engine_pid(gpu_a, "e2e-prefill.service"))])  # at once
     gpu_b.wait_for(lambda: gpu_b.show("e2e-decode.service", "InvocationID")["InvocationID"]
@@ -50,13 +51,11 @@ def test_a_prefill_killed_in_the_first_seconds_is_followed_by_its_decode(three: 
     start = 1 + 3  # one stand-in engine's start (FAKE_SGLANG_LOAD_SECS 1): python, load, join
     print(f"\nBENCH [{three.plan['router']['package']}] across hosts: kill -9 prefill engine "
           f"-> serving: {seconds:.1f} s (goal {2 * start + 5} s)")
-    # the mechanism: the decode reloaded while the prefill did (its new start came before
-    # the prefill was active again), not after it; the seconds are the figure above
-    decode_started = int(gpu_b.show("e2e-decode.service", "ExecMainStartTimestampMonotonic")[
-        "ExecMainStartTimestampMonotonic"])
-    prefill_ready = int(gpu_a.show("e2e-prefill.service", "ActiveEnterTimestampMonotonic")[
-        "ActiveEnterTimestampMonotonic"])
-    assert decode_started < prefill_ready, (decode_started, prefill_ready)
+    # the mechanism: the decode's peer watch saw its prefill go (the journal line above) and
+    # the decode restarted once, with it: no second restart (a heal) once both were back.
+    # Whether its reload overlapped the prefill's is a matter of speed (a busy machine can
+    # have the prefill back first): the seconds above are that figure, not a verdict here
+    assert int(gpu_b.show("e2e-decode.service", "NRestarts")["NRestarts"]) == restarts + 1
     within(seconds, 2 * start + 5, "serving again after the prefill's kill")
 
 
