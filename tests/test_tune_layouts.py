@@ -75,6 +75,7 @@ def test_a_candidate_s_identity_does_not_depend_on_key_order() -> None:
     ("  decode: [{tp: 2, gpus: [4, 5]}, {gpus: [4, 5], tp: 2}]\n", "lists a value twice"),
     ("  decode.args: [{when: 2026-12-06}]\n", "a value is a string, number, boolean, null, or"),
     ("  router: [{policy: random}]\n", "levers.router: not a config path"),
+    ("  prefill: [2026-12-06]\n", "datetime.date(2026, 12, 6)\": a value at a role's path"),
 ])
 def test_a_bad_layout_is_one_line_naming_the_lever(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -261,7 +261,7 @@ def _check_value(v: Any, where: str, whole_role: bool) -> None:
 
 def _canonical(v: Value) -> str:
     """A value as one canonical string (mappings' keys sorted): equal values, equal strings."""
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    return json.dumps(v, sort_keys=True, separators=(",", ":"), default=repr)
 
 
 # ------------------------------------------------------------------ the candidates

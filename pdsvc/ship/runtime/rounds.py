@@ -92,23 +92,24 @@ def sample_sum(text: str, names: Sequence[str]) -> float | None:
     return total if found else None
 
 
+def metric_sum(metrics_url: str, names: Sequence[str]) -> float | None:
+    """One look at an engine's /metrics: the sum of ``names`` there, or None (no answer, no
+    --enable-metrics, or none of them)."""
+    reply = http_call(metrics_url, START_PROBE_TIMEOUT_S)
+    if reply.status != 200:
+        return None
+    return sample_sum(reply.body.decode("utf-8", errors="replace"), names)
+
+
 def own_failures(metrics_url: str) -> Callable[[], float | None]:
     """A look at this engine's failure counters (None: no /metrics, or not those)."""
-    def look() -> float | None:
-        reply = http_call(metrics_url, START_PROBE_TIMEOUT_S)
-        if reply.status != 200:
-            return None
-        return failure_count(reply.body.decode("utf-8", errors="replace"))
-    return look
+    return lambda: metric_sum(metrics_url, FAILURE_COUNTERS)
 
 
 def queued(engine: str) -> float | None:
     """The requests waiting in an engine's queue (QUEUE_GAUGE at ``engine``/metrics, the
     engine's main port), or None when it cannot be read (no --enable-metrics, no answer)."""
-    reply = http_call(f"{engine.rstrip('/')}/metrics", START_PROBE_TIMEOUT_S)
-    if reply.status != 200:
-        return None
-    return sample_sum(reply.body.decode("utf-8", errors="replace"), (QUEUE_GAUGE,))
+    return metric_sum(f"{engine.rstrip('/')}/metrics", (QUEUE_GAUGE,))
 
 
 class CanaryThread:
