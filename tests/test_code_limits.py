@@ -23,7 +23,7 @@ MAX_RUNTIME_MODULE_LINES = 450
 MODULES_OVER: dict[str, str] = {}
 
 #: Functions over MAX_FUNCTION_LINES while they are split, "path:name" (a method:
-#: "path:Class.name") -> why; empty since Unit.duties and liveness_loop were split.
+#: "path:Class.name") -> why; empty since Unit.duties was split and liveness_loop became watch.step.
 FUNCTIONS_OVER: dict[str, str] = {}
 
 

@@ -15,9 +15,11 @@ from runtime_procs import FakeClock
 from pdsvc.ship.runtime import timings
 from pdsvc.ship.runtime.cascade import Cascade, Heal, is_cascade, marker_path
 from pdsvc.ship.runtime.endings import Ending
+from pdsvc.ship.runtime.events import CureDue
 from pdsvc.ship.runtime.hold import hold_path, write_hold
 from pdsvc.ship.runtime.policy import RestartPolicy
 from pdsvc.ship.runtime.statefile import Kind, state_path
+from pdsvc.ship.runtime.watch import Watch, step
 
 ENGINES = {"dep-prefill-0": "prefill", "dep-prefill-1": "prefill",
            "dep-decode-0": "decode", "dep-decode-1": "decode"}
@@ -180,7 +182,8 @@ def test_a_hold_suppresses_the_marker_and_acting_on_one(tmp_path: Path) -> None:
 
 
 def test_the_engine_runtime_restarts_its_engine_on_a_newer_marker(tmp_path: Path) -> None:
-    """The wiring: SERVING's duties end with Ending.HEAL (a heal's path) on the marker."""
+    """The wiring: SERVING's cure poller posts CureDue on the marker, which ends SERVING
+    with Ending.HEAL (a heal's path)."""
     from pdsvc.ship.runtime.cli import parse_args
     from pdsvc.ship.runtime.lifecycle import Unit
     args, command = parse_args([
@@ -191,14 +194,15 @@ def test_the_engine_runtime_restarts_its_engine_on_a_newer_marker(tmp_path: Path
     assert unit.cascade is None  # no pairs: nothing to cure
     unit.began = time.time()  # its engine process started
     unit.cascade = Cascade(str(tmp_path), "dep", "dep-decode-0", RESTART_ALL, print)
-    duties = unit.serving().duties
-    assert duties(True) is None  # no marker
+    cure = unit.serving().cure  # the cure poller's call
+    assert cure() is None  # no marker
     Path(marker_path(str(tmp_path), "dep")).write_text(json.dumps(
         {"at": unit.began - 0.1, "by": "dep-prefill-0", "why": "x"}))
     unit.cascade.next_look = 0.0
-    assert duties(True) is None  # a marker older than this engine's process: done already
+    assert cure() is None  # a marker older than this engine's process: done already
     Path(marker_path(str(tmp_path), "dep")).write_text(json.dumps(
         {"at": unit.began + 0.1, "by": "dep-prefill-0", "why": "x"}))
     unit.cascade.next_look = 0.0
-    out = duties(True)
-    assert out is not None and out.kind == Ending.HEAL and "restarts together" in out.detail
+    out = cure()
+    assert isinstance(out, CureDue) and "restarts together" in out.detail
+    assert step(Watch(0.0), out).outcome.kind is Ending.HEAL  # SERVING ends in a heal

@@ -16,7 +16,8 @@ from runtime_procs import FakeClock
 from pdsvc.ship.runtime import canary, membership, probe, timings
 from pdsvc.ship.runtime import rounds as canary_rounds
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
-from pdsvc.ship.runtime.membership import Membership, Worker
+from pdsvc.ship.runtime.cascade import Cascade, marker_path
+from pdsvc.ship.runtime.membership import Membership, Routers, Worker
 from pdsvc.ship.runtime.notify import Notifier
 from pdsvc.ship.runtime.options import Options
 from pdsvc.ship.runtime.policy import RestartPolicy
@@ -506,3 +507,51 @@ def test_engines_of_one_role_heal_one_at_a_time(monkeypatch) -> None:
     assert second.not_my_turn(timings.HEAL_STAGGER_S) is None  # D is back and listed
     alone = serving([], 0, second.membership)
     assert alone.not_my_turn(0.0) is None  # the only engine of its role waits for no one
+
+
+def deadlock_lab(tmp_path, up: dict[str, bool], listed: list[tuple[str, str]]):
+    """D1's SERVING, 2P2D (prefills P0, P1; decodes D, D1), the router listing ``listed``
+    (url, role), each engine up or not as ``up`` says, on a clock the test moves."""
+    router = FakeRouter()
+    for url, role in listed:
+        router.workers.append({"id": url, "url": url, "worker_type": role, "is_healthy": True})
+    pairs = [Pair(P0, 8998, D1), Pair(P1, 8999, D1)]
+    clock = FakeClock(100.0)
+    s = Serving(Options(sibling=[D], heal_turn=0, role="decode"), print, Notifier(print),
+                RestartPolicy(None, restart_delay=1, max_delay=1, reset_after=1, attempts=1),
+                Routers(["http://r"], Worker(D1, "decode", None), "k", print, call=router),
+                Cascade(str(tmp_path), "dep", "dep-decode-1", "systemctl restart dep-engines",
+                        print),
+                Canary(D1, pairs, failures_to_act=3, log=print), None, None, clock=clock,
+                up=lambda urls, timeout: {u: up.get(u, True) for u in urls})
+    return s, clock, marker_path(str(tmp_path), "dep")
+
+
+def test_a_stale_side_dead_lock_is_cured_once_it_has_held(tmp_path) -> None:
+    """The stale sides (P1, D1) serve; P0 and D are up and left out, each stale toward one of
+    them: D1 cannot heal (the router lists no other decode). Held DEADLOCK_S, it writes the
+    cure (every engine restarts together) instead of waiting for the last resort."""
+    s, clock, marker = deadlock_lab(tmp_path, {}, [(P1, "prefill"), (D1, "decode")])
+    said = s.decide_heal("pair stale", 9.0)
+    assert said.wait and "no other healthy engine" in said.wait
+    assert said.again == timings.DEADLOCK_S and not Path(marker).exists()
+    clock.now += timings.DEADLOCK_S / 2
+    assert s.decide_heal("pair stale", 19.0).wait  # not yet: held for half of it
+    clock.now += timings.DEADLOCK_S / 2
+    cured = s.decide_heal("pair stale", 29.0)
+    assert cured.wait is None and "stale-side dead-lock in deployment dep" in cured.detail
+    assert Path(marker).exists() and f"not {P0}" in cured.detail
+
+
+@pytest.mark.parametrize("up, listed", [
+    ({D: False}, [(P1, "prefill"), (D1, "decode")]),  # the sibling loads: its heal under way
+    ({P0: False}, [(P1, "prefill"), (D1, "decode")]),  # a peer loads
+    ({}, [(P0, "prefill"), (P1, "prefill"), (D1, "decode")]),  # no peer left out
+])
+def test_no_dead_lock_while_a_load_can_end_it(tmp_path, up, listed) -> None:
+    s, clock, marker = deadlock_lab(tmp_path, up, listed)
+    for _ in range(4):
+        said = s.decide_heal("pair stale", 9.0)
+        assert said.wait and "no other healthy engine" in said.wait
+        clock.now += timings.DEADLOCK_S
+    assert not Path(marker).exists()

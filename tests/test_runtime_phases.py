@@ -1,5 +1,5 @@
-"""The runtime's loops (pdsvc/ship/runtime/phases.py): the start phase, liveness and the peer
-watch, in-process on a fake clock.
+"""The runtime's loops (pdsvc/ship/runtime/phases.py): the start phase and the peer watch,
+in-process on a fake clock (SERVING's liveness: test_runtime_watch.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from runtime_procs import (
     FakeClock,
 )
 
-from pdsvc.ship.runtime.phases import Outcome, PeerWatch, liveness_loop, wait_until_healthy
+from pdsvc.ship.runtime.phases import Outcome, PeerWatch, wait_until_healthy
 from pdsvc.ship.runtime.probe import NoAnswerKind, ProbeResult
 
 
@@ -54,40 +54,6 @@ def test_wait_until_healthy_returns_child_exit():
     assert outcome == Outcome("exited", 3)
 
 
-def test_liveness_loop_pings_only_on_200():
-    clock = FakeClock()
-    results = iter([True, False, False, True])
-    sent: list[tuple[str, ...]] = []
-    lines: list[str] = []
-
-    def child_wait(timeout: float):
-        clock.now += timeout
-        return 0 if clock.now > 4.5 else None
-
-    outcome = liveness_loop(
-        lambda: (
-            ProbeResult(True, "HTTP 200")
-            if next(results)
-            else ProbeResult(False, "timed out after 20 s")
-        ),
-        child_wait,
-        interval=1.0,
-        log=lines.append,
-        notify=lambda *fields: sent.append(fields),
-        serving_status="serving",
-        should_stop=lambda: False,
-        clock=clock,
-    )
-    assert outcome == Outcome("exited", 0)
-    pings = [fields for fields in sent if "WATCHDOG=1" in fields]
-    assert len(pings) == 2
-    assert lines == [
-        "liveness probe failed: timed out after 20 s",
-        "liveness probe failed: timed out after 20 s",
-        "liveness probe OK again after 2 failure(s)",
-    ]
-
-
 # ---------------------------------------------------------------------------------------------
 # --restart-with: a peer on another host restarted
 
@@ -125,25 +91,6 @@ def test_peer_watch_tells_a_restart_from_slowness(script, restarts_at) -> None:
     if at:
         assert ("http://10.0.0.2:30000/health failed 3 probes in a row and its port was "
                 "closed" in said[at - 1])
-
-
-def test_liveness_loop_ends_when_a_duty_says_a_peer_restarted() -> None:
-    clock = FakeClock()
-
-    def child_wait(timeout: float):
-        clock.now += timeout
-        return None
-
-    watch = PeerWatch(["http://p/health"], down_after=1, timeout=1,
-                          probe=_peer(["ok", "refused", "ok"]))
-    outcome = liveness_loop(
-        lambda: ProbeResult(True, "HTTP 200"), child_wait, interval=1.0, log=lambda m: None,
-        notify=lambda *f: None, serving_status="serving", should_stop=lambda: False,
-        clock=clock,
-        duties=lambda alive: (Outcome("peer", detail=why) if (why := watch.check())
-                              else None),
-    )
-    assert outcome.kind == "peer" and "http://p/health failed 1 probes" in outcome.detail
 
 
 def test_peer_probes_run_at_once_so_many_dead_peers_cost_one_timeout() -> None:
@@ -198,15 +145,15 @@ def test_serving_confirms_a_peers_death_within_a_second_and_a_blip_at_the_pace()
                                   attempts=1), None, None, None, None, None, clock=clock)
         s.peers = PeerWatch(["http://10.0.0.2:30000/health"], down_after=3, timeout=1,
                             probe=_peer(script))
-        s.next_peer = 0.0
         return s, clock
 
     def run(s: Serving, clock: FakeClock) -> float | None:
-        """Call the duty every 50 ms (DUTY_SLICE_S) for 10 s: when it said restart."""
-        for _ in range(200):
-            if s.watch_peers(clock.now) is not None:
+        """The peers poller for 10 s: a check, then its pace (events.Poller): when it said
+        restart."""
+        while clock.now < 10:
+            if s.watch_peers() is not None:
                 return clock.now
-            clock.now += 0.05
+            clock.now += s.peer_pace()
         return None
 
     s, clock = serving(["ok", "refused", "refused", "refused", "ok"])

@@ -54,7 +54,7 @@ from pdsvc.render.supervisord import (
     sv_word,
 )
 from pdsvc.ship.runtime.endings import Exit
-from pdsvc.ship.runtime.phases import liveness_loop, wait_for_urls
+from pdsvc.ship.runtime.phases import wait_for_urls
 from pdsvc.ship.runtime.probe import ProbeResult
 from pdsvc.topology import load_topology_file
 
@@ -258,43 +258,6 @@ def test_bundle_files_carry_provenance_and_rewrite_cleanly(tmp_path: Path) -> No
 
 
 # --------------------------------------------------------------------------- the runtime
-
-
-def test_liveness_loop_gives_up_at_the_watchdog_bound():
-    clock = FakeClock()
-    budgets: list[float] = []
-
-    def hung_probe(left: float):
-        budgets.append(left)
-        clock.now += min(left, 30.0)  # a probe blocks until its timeout
-        return ProbeResult(False, "timed out")
-
-    def child_wait(timeout: float):
-        clock.now += timeout
-
-    lines: list[str] = []
-    outcome = liveness_loop(
-        hung_probe, child_wait, interval=10.0, log=lines.append, notify=lambda *f: None,
-        serving_status="s", should_stop=lambda: False, clock=clock, hang_after=60.0)
-    assert outcome.kind == "hung"
-    assert outcome.elapsed == pytest.approx(60.0)  # not 10 + 30 + 30 (two whole probes)
-    assert budgets == [pytest.approx(50.0), pytest.approx(20.0)]  # the last cut to the bound
-
-
-def test_liveness_loop_bound_restarts_after_each_good_probe():
-    clock = FakeClock()
-    answers = iter([True, True, True] + [False] * 100)
-
-    def probe(left: float):
-        clock.now += 0.5
-        return ProbeResult(next(answers), "x")
-
-    outcome = liveness_loop(
-        probe, lambda t: setattr(clock, "now", clock.now + t), interval=10.0,
-        log=lambda line: None, notify=lambda *f: None, serving_status="s",
-        should_stop=lambda: False, clock=clock, hang_after=25.0)
-    # the third good probe ended at 30.5 s; nothing good for 25 s after it
-    assert outcome.kind == "hung" and clock.now == pytest.approx(55.5)
 
 
 def test_wait_for_urls_waits_for_all_of_them_and_stops_on_request():

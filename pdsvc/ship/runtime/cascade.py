@@ -162,30 +162,47 @@ class Cascade:
         at once), else None (a repeat within CURE_WINDOW_S is only reported)."""
         if held(self.state_dir):
             return None
-        if self.remote is not None:
-            # read now, not a second ago: two hosts whose heals complete one cascade within
-            # the same second would both cure it
-            self.remote.refresh()
-        now = self.clock()
-        last = self.last_cure()
+        self.read_remote()
         remote = self.remote.heals() if self.remote is not None else []
-        why = is_cascade(sorted([*heals(self.state_dir), *remote], key=lambda h: h.at), now,
-                         since=last)
-        if why is None:
+        why = is_cascade(sorted([*heals(self.state_dir), *remote], key=lambda h: h.at),
+                         self.clock(), since=self.last_cure())
+        return None if why is None else self.cure("heal cascade", why)
+
+    def after_deadlock(self, why: str) -> str | None:
+        """A stale-side dead-lock (serving.Serving.deadlocked): each role's serving engines are
+        the stale side of a pair with an engine of the other role that the router does not
+        list, and a heal of either would leave its role with no engine listed, so neither
+        heals, and the engines left out are not admitted while their stale peers serve. The
+        same cure as a cascade's, without waiting for the heals (or the last resort) that
+        would make one. The cure's reason, or None (held; a cure within CURE_WINDOW_S)."""
+        if held(self.state_dir):
             return None
+        self.read_remote()
+        return self.cure("stale-side dead-lock", why)
+
+    def read_remote(self) -> None:
+        """Read the other hosts now, not a second ago: two hosts that find one cascade within
+        the same second would both cure it."""
+        if self.remote is not None:
+            self.remote.refresh()
+
+    def cure(self, kind: str, why: str) -> str | None:
+        """Write the marker that restarts every engine together, unless a cure came within
+        CURE_WINDOW_S (then say once what the operator's cure is)."""
+        now, last = self.clock(), self.last_cure()
         if now - last < CURE_WINDOW_S:
             if self.reported != last:
                 self.reported = last
-                self.log(f"heal cascade again: {why}, {(now - last) / 60:.0f} min after every "
+                self.log(f"{kind} again: {why}, {(now - last) / 60:.0f} min after every "
                          f"engine was restarted together; {CAUSE}. Not restarting everything "
-                         f"again within {CURE_WINDOW_S / 60:g} min: heals go on one by one; "
-                         f"to cure it, run `{self.restart_all}`")
+                         f"again within {CURE_WINDOW_S / 60:g} min: heals go on one by one; to "
+                         f"cure it, run `{self.restart_all}`")
             return None
-        cure = (f"heal cascade in deployment {self.deployment or '?'}: {why}; {CAUSE}. The "
-                f"cure: one restart of every engine together, so that no new process meets "
-                f"an old one (the same as `{self.restart_all}`)")
+        cure = (f"{kind} in deployment {self.deployment or '?'}: {why}; {CAUSE}. The cure: one "
+                f"restart of every engine together, so that no new process meets an old one "
+                f"(the same as `{self.restart_all}`)")
         write_state(marker_path(self.state_dir, self.deployment),
-                   {"at": now, "by": self.name, "why": cure})
+                    {"at": now, "by": self.name, "why": cure})
         self.log(f"{cure}: wrote {marker_path(self.state_dir, self.deployment)}")
         return cure
 
@@ -207,6 +224,13 @@ class Cascade:
         if monotonic < self.next_look or began is None:
             return None
         self.next_look = monotonic + MARKER_LOOK_S
+        return self.due_now(began)
+
+    def due_now(self, began: float | None) -> str | None:
+        """``due`` without waiting for its next look: a heal about to be recorded asks first,
+        so that an engine whose cure is due restarts with the cure, not on its own."""
+        if began is None:
+            return None
         self.take_fleet_cure(began)
         marker = read_marker(self.state_dir, self.deployment)
         if marker is None:

@@ -122,6 +122,8 @@ class Child:
         self.stop_time: float | None = None
         self.tap: StderrTap | None = None
         self.forwarded = False  # the stop signal went to the child
+        # SERVING's loop wakes on it (events.Inbox.post: safe in a signal handler)
+        self.on_stop: Callable[[int], None] | None = None
 
     def install_signal_handlers(self) -> None:
         for signo in STOP_SIGNALS:
@@ -140,6 +142,8 @@ class Child:
             self.stop_time = time.monotonic()
             # notify() directly: Notifier may log, which a signal handler must not do.
             notify("STOPPING=1", f"STATUS=stopping ({name})", env=self.notifier.env)
+            if self.on_stop is not None:
+                self.on_stop(signo)
         process = self.process
         if self.forwarded and process is not None and process.returncode is None:
             self.log.from_signal_handler(

@@ -18,6 +18,7 @@ from .canary import Canary, Pair
 from .cascade import Cascade
 from .child import Child
 from .endings import Ending, Exit
+from .events import StopAsked, watch_child
 from .fleet import share
 from .gpu import GpuWait, wait_gpus_idle
 from .hold import Hold
@@ -25,7 +26,7 @@ from .jitlock import JitLock, engine_fingerprint
 from .membership import Routers, Worker, call_timeout, read_key
 from .notify import Log, Notifier, watchdog_hint, watchdog_secs
 from .options import Options
-from .phases import End, Outcome, liveness_loop, wait_for_urls, wait_until_healthy
+from .phases import End, Outcome, wait_for_urls, wait_until_healthy
 from .policy import RestartPolicy, gave_up_engines
 from .probe import (
     ProbeResult,
@@ -368,19 +369,17 @@ class Unit:
         if not self.gave_up:
             log(f"healthy after {healthy.elapsed:.1f} s")
         watchdog_hint(a.liveness_interval, a.liveness_timeout, log)
-        self.outcome = liveness_loop(
-            lambda left=a.liveness_timeout: http_probe(
-                liveness_url, max(LIVENESS_PROBE_MIN_S, round(min(a.liveness_timeout, left), 2))
-            ),
-            self.child.wait,
-            interval=a.liveness_interval,
-            log=log,
-            notify=self.notifier,
-            serving_status=serving,
-            should_stop=self.child.stopping,
-            hang_after=a.watchdog_secs,
-            duties=self.serving().duties,
-        )
+        serving_ = self.serving()
+        self.child.on_stop = lambda signo: serving_.inbox.post(StopAsked(signo))
+        if self.child.stopping():  # a stop that came before the hook
+            serving_.inbox.post(StopAsked(self.child.stop_signal or 0))
+        assert self.child.process is not None
+        watch_child(self.child.process, serving_.inbox)
+        self.outcome = serving_.run(
+            lambda: http_probe(liveness_url, max(LIVENESS_PROBE_MIN_S, a.liveness_timeout)),
+            serving_status=serving, hang_after=a.watchdog_secs, stopping=self.child.stopping,
+            reap=self.child.reap_adopted if a.kill_tree else None)
+        self.child.on_stop = None
         return State.STOPPING  # SERVING -> STOPPING
 
     # ---------------------------------------------------------------- the stop

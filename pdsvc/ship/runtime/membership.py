@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -268,6 +269,10 @@ class Routers:
     def __init__(self, routers: list[str], worker: Worker, key: str | None,
                  log: Callable[[str], None], **kw: Any) -> None:
         self.each = [Membership(r, worker, key, log, **kw) for r in routers]
+        # SERVING's membership poller and its heal question call from threads of their own,
+        # the stop path from the main one: one call at a time, and none joins after a leave
+        self.lock = threading.Lock()
+        self.left = False
 
     @property
     def admit(self) -> Callable[[set[str]], str | None] | None:
@@ -285,21 +290,34 @@ class Routers:
 
     def join(self) -> bool:
         """Join every router; True when one took it (the engine is routable)."""
-        return any([m.join() for m in self.each])
+        with self.lock:
+            return not self.left and any([m.join() for m in self.each])
 
     def check(self, engine_healthy: bool) -> None:
-        for m in self.each:
-            m.check(engine_healthy)
+        with self.lock:
+            if self.left:
+                return
+            for m in self.each:
+                m.check(engine_healthy)
 
     def lists_any(self, urls: list[str]) -> bool:
         """Whether every router that answers lists one of ``urls`` healthy (and one answers):
         a heal that takes this engine out must leave each router a pair to serve with."""
-        seen = [m.lists_any(urls) for m in self.each]
+        with self.lock:
+            seen = [m.lists_any(urls) for m in self.each]
         return any(x is not None for x in seen) and all(x for x in seen if x is not None)
 
+    def listed(self) -> set[str]:
+        """The healthy workers any router listed at its last look."""
+        return {url for m in self.each for url in m.listed}
+
     def leave(self) -> None:
-        for m in self.each:
-            m.leave()
+        """Leave every router, for good: a check or join still in progress ends first, and
+        none after this one re-adds the engine while it drains."""
+        with self.lock:
+            self.left = True
+            for m in self.each:
+                m.leave()
 
 
 def read_key(spec: str | None, env: dict[str, str] | None = None) -> str | None:

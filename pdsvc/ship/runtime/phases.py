@@ -1,4 +1,4 @@
-"""The start phase, the liveness phase and the peer watch: loops that end in an Outcome."""
+"""The start phase and the peer watch: loops that end in an Outcome, and what SERVING's ends in."""
 
 from __future__ import annotations
 
@@ -140,7 +140,11 @@ def wait_until_healthy(
         if returncode is not None:
             return Outcome(End.EXITED, returncode)
         attempt_at = clock()
-        result = probe()
+        # aside: a stop is seen within DUTY_SLICE_S while a probe of a hung engine waits out
+        # its timeout (the probe is left to end on its own)
+        result = aside(probe, should_stop, DUTY_SLICE_S)
+        if result is None:
+            return Outcome(End.STOP)
         if result.ok:
             return Outcome(End.HEALTHY, elapsed=clock() - started)
         now = clock()
@@ -149,95 +153,15 @@ def wait_until_healthy(
             log(line)
             status(line)
             next_log = now + progress_every
-        returncode = child_wait(max(0.0, attempt_at + poll_interval - clock()))
-        if returncode is not None:
-            return Outcome(End.EXITED, returncode)
-
-
-def liveness_loop(
-    probe: Callable[..., ProbeResult],
-    child_wait: ChildWait,
-    *,
-    interval: float,
-    log: Callable[[str], None],
-    notify: Callable[..., None],
-    serving_status: str,
-    should_stop: Callable[[], bool],
-    clock: Clock = time.monotonic,
-    hang_after: float | None = None,
-    duties: Callable[[bool], Outcome | None] | None = None,
-) -> Outcome:
-    """Probe every ``interval`` s; ``WATCHDOG=1`` only after a 200. ``duties``: called every
-    DUTY_SLICE_S with whether the last liveness probe passed (the peer watch, router
-    membership, the pair canary's verdicts); an Outcome it returns ends the loop.
-
-    A failed probe is logged and not pinged; once ``WatchdogSec=`` passes without a ping,
-    systemd kills and restarts the unit. Returns when the child exits or a stop arrives.
-
-    ``hang_after`` is that watchdog for managers without one (supervisord): once no probe has
-    succeeded for that long since the last good one (or since healthy), return ``"hung"``.
-    ``probe`` is then called with the seconds left until that deadline, to cap its timeout, so
-    that one slow probe cannot stretch the bound.
-    """
-    watch = Liveness(log, notify, serving_status, clock(), hang_after)
-    next_probe = clock() + interval
-    while True:
-        most = CHILD_WAIT_SLICE_S if duties is None else DUTY_SLICE_S
-        left = watch.left(clock())
-        returncode = child_wait(min(most, max(0.0, next_probe - clock()), max(0.0, left)))
-        if returncode is not None:
-            return Outcome(End.EXITED, returncode)
-        if should_stop():
-            return Outcome(End.STOP)
-        if watch.left(clock()) <= 0:
-            return Outcome(Ending.HUNG, elapsed=clock() - watch.last_ok)
-        ended = duties(watch.alive) if duties is not None else None
-        if ended is not None:
-            return ended
-        if clock() < next_probe:
-            continue
-        next_probe = clock() + interval
-        left = watch.left(clock())
-        # aside: a stop is seen within DUTY_SLICE_S while a probe of a hung engine waits out
-        # its timeout (the probe is left to end on its own)
-        result = aside(probe if hang_after is None else functools.partial(probe, left),
-                       should_stop, DUTY_SLICE_S)
-        if result is None or should_stop():
-            return Outcome(End.STOP)
-        watch.record(result, clock())
-
-
-class Liveness:
-    """What the liveness probes said so far: failures in a row, the last good one, and the
-    watchdog's deadline (``hang_after`` after it; none without)."""
-
-    def __init__(self, log: Callable[[str], None], notify: Callable[..., None],
-                 serving_status: str, now: float, hang_after: float | None) -> None:
-        self.log, self.notify, self.serving_status = log, notify, serving_status
-        self.hang_after = hang_after
-        self.failures = 0
-        self.last_ok = now
-        self.alive = True
-
-    def left(self, now: float) -> float:
-        """Seconds until the watchdog's deadline."""
-        return float("inf") if self.hang_after is None else self.last_ok + self.hang_after - now
-
-    def record(self, result: ProbeResult, now: float) -> None:
-        """A probe's result: WATCHDOG=1 after a 200, a log line and a status after a failure."""
-        if result.ok:
-            if self.failures:
-                self.log(f"liveness probe OK again after {self.failures} failure(s)")
-                self.notify("WATCHDOG=1", f"STATUS={self.serving_status}")
-            else:
-                self.notify("WATCHDOG=1")
-            self.failures, self.last_ok, self.alive = 0, now, True
-            return
-        self.alive = False
-        self.failures += 1
-        self.log(f"liveness probe failed: {result.detail}")
-        self.notify(f"STATUS=liveness probe failing ({self.failures}x, no watchdog ping): "
-                    f"{result.detail}")
+        while True:  # until the next probe, a stop seen within DUTY_SLICE_S
+            left = attempt_at + poll_interval - clock()
+            returncode = child_wait(max(0.0, min(left, DUTY_SLICE_S)))
+            if returncode is not None:
+                return Outcome(End.EXITED, returncode)
+            if left <= DUTY_SLICE_S:
+                break
+            if should_stop():
+                return Outcome(End.STOP)
 
 
 def wait_for_urls(

@@ -114,8 +114,8 @@ def queued(engine: str) -> float | None:
 
 class CanaryThread:
     """Runs the rounds off the main loop (a generation may take seconds; the main loop must
-    keep feeding the watchdog), all pairs at once; each finished round is handed over through
-    ``results`` for the main loop to decide on.
+    keep feeding the watchdog), all pairs at once; each finished round is kept in ``results``
+    until SERVING's loop asks for each as it ends (``deliver``).
 
     A round runs at once (this engine just became ready), then every ``interval`` s while
     rounds are good; after a round that failed or could not be judged, every ``retry`` s
@@ -142,6 +142,8 @@ class CanaryThread:
         self.queue = queue  # an engine's URL -> the requests in its queue (queued), or None
         self.clock = clock
         self.results: list[list[Round]] = []
+        # once SERVING's loop runs: each round handed to it as it ends (deliver), not kept
+        self.on_round: Callable[[list[Round]], None] | None = None
         self.bad_rounds = 0  # rounds in a row that failed or could not be judged
         self.waiting_rounds = 0  # rounds in a row that found peers not up yet
         self._lock = threading.Lock()
@@ -154,10 +156,13 @@ class CanaryThread:
     def stop(self) -> None:
         self._stop.set()
 
-    def take(self) -> list[list[Round]]:
-        with self._lock:
-            done, self.results = self.results, []
-        return done
+    def deliver(self, to: Callable[[list[Round]], None]) -> None:
+        """From now on hand each round to ``to`` as it ends (on this thread), the rounds that
+        ended before first."""
+        with self._lock:  # held: a round ending meanwhile is handed over after these
+            self.on_round, done, self.results = to, self.results, []
+            for rounds in done:
+                to(rounds)
 
     def next_delay(self, rounds: Sequence[Round]) -> float:
         """Seconds until the next round, given the one just run."""
@@ -276,6 +281,10 @@ class CanaryThread:
                 if self._stop.is_set():
                     return
                 with self._lock:
-                    self.results.append(rounds)
+                    to = self.on_round
+                    if to is None:
+                        self.results.append(rounds)
+                if to is not None:
+                    to(rounds)
                 due = self.clock() + self.next_delay(rounds)
             self._stop.wait(max(0.0, min(self.watch, due - self.clock())))

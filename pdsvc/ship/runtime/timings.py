@@ -10,9 +10,8 @@ from __future__ import annotations
 # ---------------------------------------------------------------- the main loop (lifecycle.py)
 #: longest a loop blocks on the child before it looks again for a stop request
 CHILD_WAIT_SLICE_S = 1.0
-#: how often the serving loop looks whether one of its duties is due, and whether a stop came
-#: (its child wait blocks this long): a stop's delay before the engine leaves the router and
-#: gets the signal, and a finished canary round's before it is recorded (apply waits on both)
+#: STARTING (and a stop's judgment): how often a stop is looked for while a probe runs on a
+#: thread of its own or the wait between probes goes on (SERVING blocks on its inbox instead)
 DUTY_SLICE_S = 0.05
 #: how often BACKOFF looks for a stop while it waits out the restart policy's delay
 BACKOFF_LOOK_S = 0.2
@@ -79,6 +78,11 @@ COUNTERS_LOOK_S = 2.0
 #: seconds between the heals of engines of one role that found the same peer stale at once
 #: (their rounds start on the same event): each waits its turn x this, then asks the router
 HEAL_STAGGER_S = 3.0
+#: a stale-side dead-lock (serving.Serving.deadlocked) is cured once it has held this long:
+#: an engine of each role up but not listed, none down, and this engine's heal waiting for a
+#: sibling to be listed. Longer than an engine's admission after its start (one good canary
+#: round), shorter than the canary's steady interval; its heal's turn is asked again after it
+DEADLOCK_S = 20.0
 
 # ---------------------------------------------------------------- heals (policy.py, cascade.py)
 #: the heal budget's window: heals within it that brought no pair back count against it
