@@ -539,7 +539,8 @@ def test_a_stale_side_dead_lock_is_cured_once_it_has_held(tmp_path) -> None:
     assert s.decide_heal("pair stale", 19.0).wait  # not yet: held for half of it
     clock.now += timings.DEADLOCK_S / 2
     cured = s.decide_heal("pair stale", 29.0)
-    assert cured.wait is None and "stale-side dead-lock in deployment dep" in cured.detail
+    assert cured.wait is None
+    assert "heal cascade (a stale-side dead-lock) in deployment dep" in cured.detail
     assert Path(marker).exists() and f"not {P0}" in cured.detail
 
 

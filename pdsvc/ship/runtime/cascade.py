@@ -178,7 +178,7 @@ class Cascade:
         if held(self.state_dir):
             return None
         self.read_remote()
-        return self.cure("stale-side dead-lock", why)
+        return self.cure("heal cascade (a stale-side dead-lock)", why)
 
     def read_remote(self) -> None:
         """Read the other hosts now, not a second ago: two hosts that find one cascade within
