@@ -7,9 +7,9 @@ finds it and cures it, and the cure reaches the other host: every engine restart
 and the deployment settles. The seconds and heals are printed.
 
 The host lab's fast lifecycle (a canary round every second), as tests/test_e2e_heal_cascade.py
-on one host. With the shipped lifecycle, failed rounds slow down (doubling after six) to the
-steady 30 s, and the fresh prefill's last resort that starts this cascade comes after 30
-rounds: some 11 minutes, on one host as across hosts."""
+on one host. The heals stop short of a cascade in a stale-side dead-lock, cured once it has
+held DEADLOCK_S (serving.Serving.deadlocked); benchmarks/cascade_hosts.py times it with the
+shipped lifecycle too (before the rule: some 11 minutes, the fresh prefill's last resort)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,10 @@ The rule (read from the engines' own restart state files, NAME.restart.json in t
   its canary meets an old process. Restarting a loading engine costs the deployment nothing:
   every other engine loads from the marker on as well. A marker older than ``MARKER_ACT_S``
   is not acted on (an engine that was held, or down, starts fresh anyway).
+* **A stale-side dead-lock** is the same fault stopped short of a cascade: the engines the
+  router lists are the stale sides of pairs with engines it leaves out, and each waits for a
+  sibling to be listed (serving.Serving.deadlocked judges it). ``after_deadlock`` writes the
+  same cure, under the same rules, without waiting for the last resort to add the heals.
 * **Once**: a cascade within ``CURE_WINDOW_S`` (1 h) of the last cure is reported, with the
   command that restarts the whole deployment, and nothing more is done than the heals
   themselves (each still within the heal budget).
