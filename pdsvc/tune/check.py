@@ -7,8 +7,10 @@ would cost.
 * **Outage**: switching the deployment from the baseline to it stops serving (the rollout
   `pdsvc apply` would run has a step that leaves no pair: a pair-incompatible change on
   1P1D, say): skipped unless --allow-outage.
-* Else it is measured: the seconds that costs are estimated from the restarts its rollout
-  makes (each an engine load, space.engine_load_secs, plus SETTLE_S) and its race
+* Else it is measured: the seconds that costs are estimated from the steps its rollout
+  makes (a step that restarts or starts engines: one engine load, space.engine_load_secs,
+  since a step's engines restart together, plus SETTLE_S; a step of the router's or the
+  front's: SETTLE_S) and its race
   (search.to_beat): RACE_RUNS runs, each ``num_prompts`` at the middle rate of the range. The
   candidates that take the lead are searched above the rate to beat too (as `pdsvc bench
   --slo` bisects: ``bisect_runs``): total_seconds counts the leaders a search expects.
@@ -23,7 +25,7 @@ from typing import Literal
 
 import yaml
 
-from pdsvc.apply.rollout import plan_rollout
+from pdsvc.apply.rollout import Step, StepKind, plan_rollout
 from pdsvc.config.load import parse_config
 from pdsvc.errors import ConfigError, TopologyError
 from pdsvc.plan.build import Plan, build_plan
@@ -47,6 +49,7 @@ class Checked:
     why: str  # the refusal, or the step that stops serving; "" otherwise
     restarts: tuple[str, ...]  # the units its rollout restarts (or starts)
     seconds: float  # its estimated cost if measured (0: refused)
+    loads: int = 0  # the engine loads its rollout waits for, one after another
 
 
 def bisect_runs(space: Space) -> int:
@@ -84,6 +87,7 @@ class Checker:
         base_plan = build_plan(parse_config(config_text, source), topology,
                                config_source=source, config_text=config_text)
         self.base_bundle = bundle_of(base_plan)
+        self.base_engines = engine_units(base_plan)
 
     def text_of(self, c: Candidate) -> str:
         """The candidate's config as YAML text: the baseline's own text, or it with the
@@ -111,12 +115,31 @@ class Checker:
         rollout = plan_rollout(self.base_bundle, self.bundle_of(plan))
         units = tuple(u for s in rollout.steps for u in s.units)
         stops = [s for s in rollout.steps if s.serving_stops]
-        cost = len(units) * (space.engine_load_secs + SETTLE_S) + RACE_RUNS * one_run_seconds(
-            space)
+        engines = self.base_engines | engine_units(plan)
+        loads = sum(1 for s in rollout.steps if loads_engines(s, engines))
+        cost = loads * space.engine_load_secs + len(rollout.steps) * SETTLE_S + \
+            RACE_RUNS * one_run_seconds(space)
         if stops:  # measured only with --allow-outage: its cost is the same
             return Checked(c, "outage", f"serving stops while {', '.join(stops[0].units)} "
-                           f"{stops[0].action}s (no pair left): {stops[0].why}", units, cost)
-        return Checked(c, "measure", "", units, cost)
+                           f"{stops[0].action}s (no pair left): {stops[0].why}", units, cost,
+                           loads)
+        return Checked(c, "measure", "", units, cost, loads)
+
+
+def engine_units(plan: Plan) -> set[str]:
+    """The names a rollout's steps may give an engine: its unit, its supervisord program."""
+    return {n for e in plan.engines for n in (e.unit, e.name)}
+
+
+def loads_engines(step: Step, engines: set[str]) -> bool:
+    """Whether ``step`` waits for an engine's load: it restarts or starts one (its engines
+    restart together: PartOf=, a half, a pair-incompatible group). The router's restart, the
+    front's reload and the switch between halves load none."""
+    return step.action not in NO_LOAD and any(u in engines for u in step.down)
+
+
+#: steps that load no engine
+NO_LOAD = frozenset({StepKind.SWITCH_HALVES, StepKind.RELOAD_FRONT, StepKind.RESTART_ROUTER})
 
 
 def check(space: Space, candidates: list[Candidate], config_text: str, source: str,
@@ -135,8 +158,7 @@ def total_seconds(space: Space, checked: list[Checked]) -> float:
     measured = [c for c in checked if c.verdict != "refused"]
     others = len([c for c in measured if c.verdict != "baseline"])
     searched = leaders(others) * run_seconds(space)
-    switch = max((len(c.restarts) for c in measured), default=0) * (space.engine_load_secs
-                                                                   + SETTLE_S)
+    switch = max((c.loads for c in measured), default=0) * (space.engine_load_secs + SETTLE_S)
     best_again = (space.repeats - 1) * run_seconds(space) if others else 0.0
     drift = switch + run_seconds(space) if others else 0.0
     return sum(c.seconds for c in measured) + searched + best_again + drift + switch
