@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -301,3 +302,44 @@ def test_the_loop_wakes_for_a_question_due_again() -> None:
     state = Watch(last_ok=0.0, ask_at=5.0)
     assert wake_at(state, None) == 5.0 and wake_at(state, 3.0) == 3.0
     assert wake_at(Watch(last_ok=0.0), None) is None
+
+
+def until(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether ``predicate`` held within ``seconds`` (looked at every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_rounds_before_the_loop_are_handed_over_first_then_each_as_it_ends() -> None:
+    """The canary's thread runs from READY=1 on, before SERVING's loop asks for its rounds
+    (CanaryThread.deliver): the rounds that ended before are handed over first, in order,
+    and none is kept after."""
+    from pdsvc.ship.runtime import rounds as canary_rounds
+    from pdsvc.ship.runtime.canary import Canary, Pair, Round
+
+    pair = Pair("http://p:1", 8998, "http://d:2")
+    answers = iter([True, False] + [True] * 1000)
+    more = threading.Event()
+
+    def probe(p: Pair, peer: str, timeout: float) -> Round:
+        ok = next(answers)
+        if not ok:
+            more.wait(10)  # the third round waits until the loop asked for the rounds
+        return Round(p, ok)
+
+    c = Canary("http://p:1", [pair], failures_to_act=3, log=lambda s: None)
+    t = canary_rounds.CanaryThread(c, 0.01, 5.0, probe=probe, reachable=lambda url: True)
+    t.start()
+    try:
+        assert until(lambda: bool(t.results)), "no round ran"
+        got: list[bool] = []
+        t.deliver(lambda rs: got.extend(r.ok for r in rs))
+        more.set()
+        assert until(lambda: len(got) >= 4), got
+        assert got[:3] == [True, False, True] and not t.results
+    finally:
+        t.stop()
