@@ -243,7 +243,7 @@ class Serving:
             if cure:
                 return HealSaid(why, detail=cure, at=now)
             return HealSaid(why, wait=self.turn_words(turn), status="pair failing, heal waits",
-                            again=DEADLOCK_S if turn is Turn.ALONE else None, at=now)
+                            again=self.look_again(now) if turn is Turn.ALONE else None, at=now)
         self.no_deadlock()
         with self.policy_lock:
             heal, wait = self.policy.may_heal(self.args.canary_heals)
@@ -315,6 +315,15 @@ class Serving:
                 f"none of {', '.join(siblings)} (this engine's role) and not "
                 f"{', '.join(out)} (the other role), and this engine's heal waits for a "
                 "sibling to be listed: the stale sides of both roles wait on each other")
+
+    def look_again(self, now: float) -> float:
+        """When a heal that waits for a sibling asks again, whatever the rounds' pace (failed
+        rounds slow to the steady interval): when a dead-lock seen will have held DEADLOCK_S,
+        else soon (HEAL_STAGGER_S), so that one forming is seen within seconds."""
+        since = self.deadlock[0]
+        if since is None:
+            return HEAL_STAGGER_S
+        return max(MEMBERSHIP_RETRY_S, since + DEADLOCK_S - now)
 
     def no_deadlock(self) -> None:
         self.deadlock = (None, None)

@@ -81,7 +81,7 @@ HEAL_STAGGER_S = 3.0
 #: a stale-side dead-lock (serving.Serving.deadlocked) is cured once it has held this long:
 #: an engine of each role up but not listed, none down, and this engine's heal waiting for a
 #: sibling to be listed. Longer than an engine's admission after its start (one good canary
-#: round), shorter than the canary's steady interval; its heal's turn is asked again after it
+#: round), shorter than the canary's steady interval (serving.Serving.look_again)
 DEADLOCK_S = 20.0
 
 # ---------------------------------------------------------------- heals (policy.py, cascade.py)
