@@ -211,8 +211,16 @@ def test_stop_leaves_no_process_not_even_an_escaped_child(stack: Stack) -> None:
     stack.c.wait_for(lambda: stack.processes_of_user() == [], timeout_stop + 5, interval=0.2,
                      what="no process of the stack left")
     assert time.monotonic() - t0 <= timeout_stop + 5
-    stack.c.wait_for(lambda: all(stack.prop(u, "ActiveState") == "inactive" for u in stack.units),
-                     timeout_stop, interval=0.2, what="all units inactive")
+    try:
+        stack.c.wait_for(lambda: all(stack.prop(u, "ActiveState") == "inactive"
+                                     for u in stack.units),
+                         timeout_stop, interval=0.2, what="all units inactive")
+    except AssertionError as e:  # which unit, in what state, and what its runtime said last
+        states = {u: (stack.prop(u, "ActiveState"), stack.prop(u, "SubState"),
+                      stack.prop(u, "Result")) for u in stack.units}
+        said = {u: stack.c.journal(u, lines=15) for u in stack.units
+                if states[u][0] != "inactive"}
+        raise AssertionError(f"{e}: {states}\n{said}") from None
     for role in ("prefill", "decode", "router"):
         # SGLang's SIGTERM -> SIGKILL-itself exit (137) is a clean stop, not a failure
         assert stack.prop(stack.unit(role), "ActiveState") == "inactive", role
