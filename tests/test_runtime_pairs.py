@@ -284,8 +284,9 @@ def test_failure_counters_are_read_from_the_engines_own_metrics() -> None:
             'sglang:num_transfer_failed_reqs_total{model_name="m",engine_type="decode"} 3.0\n'
             "sglang:num_bootstrap_failed_reqs_total 2\n"
             'sglang:num_requests_total{model_name="m"} 99.0\n')
-    assert canary_rounds.failure_count(text) == 5.0
-    assert canary_rounds.failure_count("sglang:num_requests_total 9\n") is None  # metrics off
+    counters = canary_rounds.FAILURE_COUNTERS
+    assert canary_rounds.sample_sum(text, counters) == 5.0
+    assert canary_rounds.sample_sum("sglang:num_requests_total 9\n", counters) is None  # off
 
 
 def test_real_traffic_failing_gets_a_round_at_once_even_mid_interval(monkeypatch) -> None:

@@ -123,15 +123,12 @@ class Poller:
     """One duty's I/O on a thread of its own: ``work()`` after ``first`` s, then again
     ``pace()`` s after each call began (at once after a call that took longer: a probe that
     waited out its timeout is followed by the next, as the watchdog's bound assumes); what it
-    returns (an Event) is posted. ``stop`` ends it at its next pause (a
-    call in progress ends on its own; the thread is a daemon). ``lock`` is held around each
-    call, so that the stop path can wait for one in progress (membership: no re-join after
-    the leave)."""
+    returns (an Event) is posted. ``stop`` ends it at its next pause (a call in progress ends
+    on its own; the thread is a daemon)."""
 
     def __init__(self, name: str, inbox: Inbox, work: Callable[[], Event | None],
                  pace: Callable[[], float], *, first: float = 0.0) -> None:
         self.inbox, self.work, self.pace, self.first = inbox, work, pace, first
-        self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -147,10 +144,7 @@ class Poller:
             return
         while True:
             began = time.monotonic()
-            with self.lock:
-                if self.stopped.is_set():
-                    return
-                event = self.work()
+            event = self.work()
             if event is not None and not self.stopped.is_set():
                 self.inbox.post(event)
             if self.stopped.wait(max(0.0, began + self.pace() - time.monotonic())):

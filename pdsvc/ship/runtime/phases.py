@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import enum
 import functools
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from .endings import Ending
-from .probe import NoAnswerKind, ProbeResult, aside, http_probe
+from .probe import NoAnswerKind, ProbeResult, aside, at_once, http_probe
 from .timings import CHILD_WAIT_SLICE_S, DUTY_SLICE_S, START_PROBE_TIMEOUT_S
 
 if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
@@ -78,17 +77,8 @@ class PeerWatch:
         """Probe every peer once, all at once (many unreachable peers cost one timeout, not
         one each, so they cannot starve this engine's own watchdog); the reason to restart,
         or None."""
-        results: dict[str, ProbeResult] = {}
-
-        def one(url: str) -> None:
-            results[url] = self.probe(url, self.timeout)
-
-        threads = [threading.Thread(target=one, args=(url,), daemon=True) for url in self.urls]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + self.timeout + 1.0
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        results = at_once({u: functools.partial(self.probe, u, self.timeout) for u in self.urls},
+                          self.timeout + 1.0)
         for url in self.urls:
             result = results.get(url) or ProbeResult(False, f"timed out after {self.timeout:g} s")
             if not result.ok:

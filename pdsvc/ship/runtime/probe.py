@@ -13,7 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from .timings import START_PROBE_TIMEOUT_S
 
@@ -158,6 +158,28 @@ def http_probe(
     reply = http_call(url, timeout, body, headers, opener=opener)
     return ProbeResult(reply.status == 200, reply.detail,
                        reply.no_answer.kind if reply.no_answer is not None else None)
+
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+def at_once(calls: Mapping[K, Callable[[], T]], bound: float) -> dict[K, T]:
+    """Each call on a thread of its own, all at once, waited for together up to ``bound`` s:
+    the results of those that ended by then (many slow peers cost one timeout, not one each;
+    a call still running is left to end on its own: its thread is a daemon)."""
+    done: dict[K, T] = {}
+
+    def one(key: K, call: Callable[[], T]) -> None:
+        done[key] = call()
+
+    threads = [threading.Thread(target=one, args=item, daemon=True) for item in calls.items()]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + bound
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return dict(done)
 
 
 def aside(call: Callable[[], ProbeResult], should_stop: Callable[[], bool],

@@ -7,6 +7,7 @@ mean, and who heals, is canary.py's.
 
 from __future__ import annotations
 
+import functools
 import random
 import socket
 import threading
@@ -15,7 +16,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 
 from .canary import Canary, Pair, Round
-from .probe import HttpReply, NoAnswerKind, http_call, judge_generation
+from .probe import HttpReply, NoAnswerKind, at_once, http_call, judge_generation
 from .timings import (
     CANARY_PEER_RETRY_S,
     CANARY_RETRY_S,
@@ -41,17 +42,9 @@ def probe_pair(pair: Pair, peer: str, timeout: float,
     if health.status != 200:
         return Round(pair, False, skipped=f"peer {peer} /health: {health.detail}")
     body, headers = pair.body(room()), {"Content-Type": "application/json"}
-    replies: dict[str, HttpReply] = {}
-
-    def send(side: str, url: str) -> None:
-        replies[side] = call(f"{url}/generate", timeout, body, headers)
-
-    threads = [threading.Thread(target=send, args=(side, url), daemon=True)
-               for side, url in (("prefill", pair.prefill), ("decode", pair.decode))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 1.0)
+    replies = at_once({side: functools.partial(call, f"{url}/generate", timeout, body, headers)
+                       for side, url in (("prefill", pair.prefill), ("decode", pair.decode))},
+                      timeout + 1.0)
     decode = replies.get("decode")
     if decode is None:
         return Round(pair, False, f"decode: no reply within {timeout:g} s", timed_out=True)
@@ -68,11 +61,6 @@ def port_open(url: str, timeout: float = PORT_CONNECT_TIMEOUT_S) -> bool:
             return True
     except OSError:
         return False
-
-
-def failure_count(text: str) -> float | None:
-    """The sum of FAILURE_COUNTERS in a Prometheus text exposition, or None without them."""
-    return sample_sum(text, FAILURE_COUNTERS)
 
 
 def sample_sum(text: str, names: Sequence[str]) -> float | None:
@@ -218,18 +206,11 @@ class CanaryThread:
         return out
 
     def probes(self) -> list[Round]:
-        rounds: list[Round] = []
-
-        def one(pair: Pair, out: list[Round] = rounds) -> None:
-            out.append(self.probe(pair, self.canary.peer(pair), self.timeout))
-
-        workers = [threading.Thread(target=one, args=(p,), daemon=True)
-                   for p in self.probed()]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(self.timeout + START_PROBE_TIMEOUT_S + 2.0)
-        return list(rounds)
+        pairs = self.probed()
+        done = at_once({i: functools.partial(self.probe, p, self.canary.peer(p), self.timeout)
+                        for i, p in enumerate(pairs)},
+                       self.timeout + START_PROBE_TIMEOUT_S + 2.0)
+        return [done[i] for i in range(len(pairs)) if i in done]
 
     def replaced_peers(self, seen: dict[str, bool]) -> list[str]:
         """Look at every peer's port once; the peers whose port opened again since it was

@@ -22,6 +22,7 @@ The first Outcome ends SERVING (SERVING -> STOPPING, lifecycle.Unit.serve).
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from .notify import Notifier
 from .options import Options
 from .phases import Outcome, PeerWatch
 from .policy import RestartPolicy
-from .probe import ProbeResult, http_probe
+from .probe import ProbeResult, at_once, http_probe
 from .rounds import CanaryThread
 from .timings import (
     CHILD_WAIT_SLICE_S,
@@ -73,17 +74,9 @@ class Turn(enum.Enum):
 
 def health(urls: list[str], timeout: float) -> dict[str, bool]:
     """Whether each engine answers /health 200, all asked at once."""
-    found: dict[str, bool] = {}
-
-    def one(url: str) -> None:
-        found[url] = http_probe(f"{url}/health", timeout).ok
-
-    threads = [threading.Thread(target=one, args=(u,), daemon=True) for u in urls]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 1.0)
-    return {u: found.get(u, False) for u in urls}
+    found = at_once({u: functools.partial(http_probe, f"{u}/health", timeout) for u in urls},
+                    timeout + 1.0)
+    return {u: u in found and found[u].ok for u in urls}
 
 
 @dataclass
