@@ -11,11 +11,19 @@ to the cure (and which rule found it: a stale-side dead-lock, or a cascade of he
 settled (every engine listed, every pair good, a generation through the router, no restart
 for 20 s; the 20 s are not counted), the heals before the cure, and the stand-ins' load.
 
+The time on one pair: from the moment the dead-lock formed (the cure says since when every
+engine has been up while the stale sides waited on each other) to the first moment every
+engine is listed, every pair good and a generation passes, with no restart after it. The
+cure restarts every engine together, so that span holds one engine load; the goal is at most
+one load + 30 s (it was some 11 min before the rule).
+
     sudo python benchmarks/cascade_hosts.py     # needs root, systemd-nspawn, .venv-serve
+    sudo python benchmarks/cascade_hosts.py shipped     # only the named profiles
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 import time
@@ -53,6 +61,7 @@ PROFILES = {
                 "router.health_check": SHIPPED["router"]["health_check"]},
 }
 DEADLOCK = "stale-side dead-lock"  # in the cure's words: the rule that found it
+HELD = re.compile(r"for (\d+) s every engine has been up")  # ... and since when it held
 
 
 def run(package: str, profile: dict) -> str:
@@ -74,15 +83,22 @@ def run(package: str, profile: dict) -> str:
         t0, wall0 = time.monotonic(), time.time()
         fleet.hosts["gpu-a"].run(["systemctl", "restart", "e2e-prefill-1.service"])
         last = [count(lines(fleet, RESTART)), t0]
+        good: list[float] = []  # the first moment all served, since the last restart
 
         def settled() -> bool:
             n = count(lines(fleet, RESTART))
             if n != last[0]:
                 last[:] = [n, time.monotonic()]
+                good.clear()
                 return False
-            return (time.monotonic() - last[1] >= QUIET and canaries_ok(fleet)
-                    and sum(1 for w in fleet.workers() if w[3]) == len(ENGINES)
-                    and fleet.generate()[0])
+            now = time.monotonic()
+            serves = (canaries_ok(fleet) and sum(1 for w in fleet.workers() if w[3])
+                      == len(ENGINES) and fleet.generate()[0])
+            if serves and not good:
+                good.append(now)
+            elif not serves:
+                good.clear()
+            return serves and now - last[1] >= QUIET
 
         fleet.hosts["lb"].wait_for(settled, BOUND, interval=1.0, what="settled")
         when = found_at(fleet, found0)
@@ -90,16 +106,29 @@ def run(package: str, profile: dict) -> str:
         heals = count(lines(fleet, RESTART, but=CASCADE)) - count(heals0)
         cure = f"{when[0][0] - wall0:.0f} s ({'dead-lock' if DEADLOCK in rule else 'cascade'})" \
             if when else "none"
-        return (f"cure after {cure}, settled after {last[1] - t0:.0f} s, {heals} heals "
-                f"before it")
+        held = HELD.search(rule)
+        served = good[0] - t0
+        one_pair = (f"; on one pair {served - (when[0][0] - wall0 - int(held[1])):.0f} s "
+                    f"(dead-lock formed at {when[0][0] - wall0 - int(held[1]):.0f} s) = load + "
+                    f"{served - (when[0][0] - wall0 - int(held[1])) - LOAD:.0f} s"
+                    ) if when and held else ""
+        return (f"cure after {cure}, last restart after {last[1] - t0:.0f} s, every pair "
+                f"serving after {served:.0f} s, {heals} heals before it{one_pair}")
     finally:
         fleet.down()
 
 
 def main() -> None:
+    wanted = sys.argv[1:] or list(PROFILES)
+    unknown = [w for w in wanted if w not in PROFILES]
+    if unknown:
+        sys.exit(f"cascade_hosts.py: no profile {', '.join(unknown)}; the profiles: "
+                 f"{', '.join(repr(p) for p in PROFILES)}")
     print(f"stand-in load {LOAD:g} s; one prefill of 2P2D restarted; both stale-pair bugs")
     for package in ("sglang-router", "smg"):  # 0.3.2 and 1.13.0 (tests/conftest.py)
         for name, profile in PROFILES.items():
+            if name not in wanted:
+                continue
             print(f"{package:14} {name:13} {run(package, profile)}", flush=True)
 
 
