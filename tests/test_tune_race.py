@@ -141,3 +141,82 @@ def test_the_grid_races_each_candidate_at_the_leaders_rate_and_finds_the_best(
             assert o.status == Result.MEASURED and (o.rate or 0) >= (race or 0), o
     lost = [o for o in outcomes.values() if o.status == Result.BELOW]
     assert len(lost) >= len(firsts) // 2, [(o.name, o.status) for o in outcomes.values()]
+
+
+# ---------------------------------------------------------------- repeats: confirm_rate
+def confirm(s: Designed, near: tuple[float, float | None], race: float | None = None
+            ) -> float | None:
+    return s.search(SPACE.rate_low, SPACE.rate_high, SPACE.precision, Load(1, 16, 8, 16),
+                    race=race, near=near)
+
+
+def test_a_repeat_that_measures_as_before_costs_two_runs(tmp_path: Path) -> None:
+    s = Designed(tmp_path, capacity=10.0)
+    assert confirm(s, (9.5, 10.4)) == 9.5
+    assert [r.load.rate for r in s.runs] == [9.5, 10.4]
+    o = outcome_of(s.runs, 9.5, SLO, SPACE)
+    assert o.status == Result.MEASURED and o.rate == 9.5 and o.above == 10.4
+
+
+def test_a_repeat_that_does_better_is_searched_above_where_it_missed(tmp_path: Path) -> None:
+    s = Designed(tmp_path, capacity=30.0)
+    best = confirm(s, (9.5, 10.4))
+    rates = [r.load.rate for r in s.runs]
+    assert rates[:2] == [9.5, 10.4] and all(r > 10.4 for r in rates[2:])
+    assert best is not None and 10.4 < best <= 30.0
+    o = outcome_of(s.runs, best, SLO, SPACE)
+    assert o.above is not None and o.above > 30.0 and o.above / best <= 1 + SPACE.precision
+
+
+def test_a_repeat_that_does_worse_is_searched_below_where_it_met(tmp_path: Path) -> None:
+    s = Designed(tmp_path, capacity=5.0)
+    best = confirm(s, (9.5, 10.4))
+    rates = [r.load.rate for r in s.runs]
+    assert rates[0] == 9.5 and all(r < 9.5 for r in rates[1:])  # 9.5 is not run again
+    assert best is not None and best <= 5.0
+    o = outcome_of(s.runs, best, SLO, SPACE)
+    assert o.above is not None and o.above > 5.0 and o.above / best <= 1 + SPACE.precision
+
+
+def test_a_repeat_at_the_top_costs_one_run_and_an_invalid_one_is_invalid(
+        tmp_path: Path) -> None:
+    s = Designed(tmp_path, capacity=100.0)
+    assert confirm(s, (64.0, None)) == 64.0 and len(s.runs) == 1
+    assert outcome_of(s.runs, 64.0, SLO, SPACE).status == Result.LOWER_BOUND
+    bad = Designed(tmp_path, capacity=10.0, invalid=(9.5,))
+    assert confirm(bad, (9.5, 10.4)) is None and len(bad.runs) == 1
+    assert outcome_of(bad.runs, None, SLO, SPACE).status == Result.INVALID
+
+
+def test_a_raced_repeat_that_does_worse_stops_at_the_rate_to_beat(tmp_path: Path) -> None:
+    """The best's repeats are raced at the baseline's rate to beat: one below it is
+    ``below`` after the run where it ended before and the one at the rate to beat."""
+    s = Designed(tmp_path, capacity=10.0)
+    assert confirm(s, (20.0, 21.5), race=12.0) is None
+    assert [r.load.rate for r in s.runs] == [20.0, 12.0]
+    o = outcome_of(s.runs, None, SLO, SPACE, race=12.0)
+    assert o.status == Result.BELOW and o.above == 12.0
+    # between the rate to beat and where it met before: searched there only
+    mid = Designed(tmp_path, capacity=15.0)
+    best = confirm(mid, (20.0, 21.5), race=12.0)
+    rates = [r.load.rate for r in mid.runs]
+    assert rates[:2] == [20.0, 12.0] and all(12.0 < r < 20.0 for r in rates[2:])
+    assert best is not None and 12.0 <= best <= 15.0
+
+
+def test_bisection_up_to_a_rate_known_to_miss_does_not_run_it() -> None:
+    tried: list[float] = []
+
+    def meets(rate: float) -> bool:
+        tried.append(rate)
+        return True
+
+    good, bad = bisect_rate(1, 10, 0.1, meets, hi_missed=True)
+    assert 10 not in tried and bad == 10 and good is not None and 10 / good <= 1.1
+
+
+def test_a_raced_repeat_missing_where_it_met_which_is_the_rate_to_beat_costs_one_run(
+        tmp_path: Path) -> None:
+    s = Designed(tmp_path, capacity=10.0)
+    assert confirm(s, (12.0, 13.0), race=12.0) is None and len(s.runs) == 1
+    assert outcome_of(s.runs, None, SLO, SPACE, race=12.0).status == Result.BELOW

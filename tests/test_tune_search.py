@@ -57,6 +57,7 @@ class Fake:
         self.measures: list[str] = []
         self.repeat: dict[str, int] = {}
         self.races: list[tuple[str, float | None]] = []  # each measure: (name, rate to beat)
+        self.nears: list[tuple[str, tuple | None]] = []  # each measure: (name, where it starts)
 
     def runs(self, config: Path) -> bool:
         return config.name == self.running
@@ -82,10 +83,11 @@ class Fake:
         return slots * 0.5 * factor
 
     def measure(self, name: str, config: Path, bench_dir: Path, say, *,
-                race: float | None = None) -> Outcome:
+                race: float | None = None, near: tuple | None = None) -> Outcome:
         assert self.running == config.name, (self.running, config.name)  # measures what runs
         self.measures.append(name)
         self.races.append((name, race))
+        self.nears.append((name, near))
         if self.interrupt_at == len(self.measures):
             raise KeyboardInterrupt
         if len(self.measures) in self.invalid_at:
@@ -331,8 +333,8 @@ def test_a_gain_within_the_precision_is_not_a_win(tmp_path: Path) -> None:
     fake = Fake()
     real = fake.measure
 
-    def measure(name, config, bench_dir, say, race=None):  # noqa: ANN001, ANN202
-        o = real(name, config, bench_dir, say, race=race)
+    def measure(name, config, bench_dir, say, race=None, near=None):  # noqa: ANN001, ANN202
+        o = real(name, config, bench_dir, say, race=race, near=near)
         if name == "baseline":
             return Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5)
         return Outcome("", "", [], 0, Result.MEASURED, rate=9.0, above=10.0) if o.rate else o
@@ -370,8 +372,8 @@ def test_the_baseline_measured_again_after_the_search_must_not_have_moved(
     fake = Fake()
     real = fake.measure
 
-    def measure(name, config, bench_dir, say, race=None):  # noqa: ANN001, ANN202
-        o = real(name, config, bench_dir, say, race=race)
+    def measure(name, config, bench_dir, say, race=None, near=None):  # noqa: ANN001, ANN202
+        o = real(name, config, bench_dir, say, race=race, near=near)
         if name == "baseline":  # 8..9.5 at the start, then ``again``
             n = fake.measures.count("baseline")
             return Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5) \
@@ -408,3 +410,29 @@ def test_a_baseline_below_the_range_at_the_start_and_at_the_end_has_not_drifted(
         assert drifted(start, again, s) == "", again
     far = Outcome("", "", [], 1, Result.MEASURED, rate=24.0, above=144.0)
     assert drifted(start, far, s).endswith("the host got faster")
+
+
+def test_repeats_start_where_the_configs_first_measurement_ended(tmp_path: Path) -> None:
+    """The baseline's repeats, the baseline once more after the search and the best's repeats
+    each start at the rate the config's first measurement met (confirm_rate); every first
+    measurement is a search of its own."""
+    fake = Fake()
+    t, first = tuner(tmp_path, fake)
+    answer = t.run(first)
+    base = [near for name, near in fake.nears if name == "baseline"]
+    assert base == [None] + [(8.0, None)] * REPEATS  # 16 slots: 8 req/s
+    best = [near for name, near in fake.nears if name == answer.best.name]
+    assert best == [None] + [(20.0, None)] * (REPEATS - 1)
+    others = {name for name, _ in fake.nears} - {"baseline", answer.best.name}
+    assert others and all(near is None for name, near in fake.nears if name in others)
+
+
+def test_a_repeat_does_not_start_from_a_first_measurement_without_a_rate(
+        tmp_path: Path) -> None:
+    """A first measurement invalid twice has no end to start from: its repeat (here the
+    baseline's) is a whole search."""
+    fake = Fake(invalid_at=(1, 2))  # the baseline's first measurement, and its second try
+    t, first = tuner(tmp_path, fake)
+    t.run(first)
+    # the first (twice), then each repeat: all whole searches
+    assert fake.nears[:REPEATS + 1] == [("baseline", None)] * (REPEATS + 1)

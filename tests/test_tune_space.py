@@ -18,6 +18,7 @@ from pdsvc.errors import ConfigError
 from pdsvc.render.hosts_bundle import render_for
 from pdsvc.topology import load_topology_file
 from pdsvc.tune.check import (
+    CONFIRM_RUNS,
     RACE_RUNS,
     bisect_runs,
     check,
@@ -147,9 +148,26 @@ def test_the_estimate_counts_a_whole_search_only_for_the_leaders_expected() -> N
     switch = 2 * (s.engine_load_secs + 10)
     races = sum(c.seconds for c in out[1:])
     assert races == pytest.approx(4 * (switch + RACE_RUNS * one_run_seconds(s)))
-    drift = switch + run_seconds(s)  # the baseline once more after the search
+    # the baseline once more after the search: a repeat, started where its first ended
+    drift = switch + CONFIRM_RUNS * one_run_seconds(s)
     assert total_seconds(s, out) == pytest.approx(out[0].seconds + races + leaders(4)
                                                   * run_seconds(s) + drift + switch)
+
+
+def test_the_estimate_counts_a_repeat_as_the_two_runs_that_confirm_the_first() -> None:
+    """A repeat starts where the config's first measurement ended (confirm_rate): 2 runs,
+    not a whole search, for the baseline's repeats and the best's."""
+    two = yaml.safe_load((REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text())
+    text = ("slo: {ttft_ms: 1, itl_ms: 1}\nrepeats: 3\n"
+            "levers: {decode.args.cuda-graph-max-bs-decode: [64]}\n")
+    s, out = checked_for(two, text)
+    repeat = CONFIRM_RUNS * one_run_seconds(s)
+    assert repeat < run_seconds(s)
+    assert out[0].seconds == pytest.approx(run_seconds(s) + 2 * repeat)
+    switch = 2 * (s.engine_load_secs + 10)
+    assert total_seconds(s, out) == pytest.approx(
+        out[0].seconds + out[1].seconds + leaders(1) * run_seconds(s) + 2 * repeat
+        + switch + repeat + switch)
 
 
 def run_cli(runner, *args: str, space_text: str = SPACE, tmp_path: Path):

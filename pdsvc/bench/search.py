@@ -5,15 +5,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+Meets = Callable[[float], bool | None]
 
-def bisect_rate(lo: float, hi: float, precision: float,
-                meets: Callable[[float], bool | None], *,
-                lo_met: bool = False) -> tuple[float | None, float | None]:
+
+def bisect_rate(lo: float, hi: float, precision: float, meets: Meets, *,
+                lo_met: bool = False, hi_missed: bool = False
+                ) -> tuple[float | None, float | None]:
     """(best rate that met, lowest rate that did not) within [lo, hi], to ``precision``
     (stop when fail/pass ≤ 1 + precision). ``meets(rate)``: True, False, or None to stop
     (an invalid run). Runs: about log2(ln(hi/lo) / ln(1 + precision)); the ends are run
     only when every midpoint on their side went their way. ``lo_met``: ``lo`` is known to
-    meet it already (a run before this search): it is not run again."""
+    meet it already (a run before this search): it is not run again; ``hi_missed``: ``hi``
+    is known to miss it, likewise."""
     good: float | None = lo if lo_met else None
     bad: float | None = None
     a, b = lo, hi
@@ -32,6 +35,8 @@ def bisect_rate(lo: float, hi: float, precision: float,
             good = lo
         elif verdict is False:
             bad = lo
+    elif bad is None and hi_missed:
+        bad = hi
     elif bad is None:  # every midpoint met it: does the highest?
         verdict = meets(hi)
         if verdict:
@@ -39,3 +44,39 @@ def bisect_rate(lo: float, hi: float, precision: float,
         elif verdict is False:
             bad = hi
     return good, bad
+
+
+def confirm_rate(lo: float, hi: float, precision: float, meets: Meets,
+                 near: tuple[float, float | None], *, floor: float | None = None
+                 ) -> tuple[float | None, float | None]:
+    """bisect_rate's answer for a config measured before, started where that measurement
+    ended: ``near`` = (the rate that met the SLO, the lowest above it that missed; None: the
+    range's top met it). Both are run first; when they go as before, that is the answer in 2
+    runs (1 at the top) instead of a whole search. A config that does better now is searched
+    above the rate that missed, one that does worse below the rate that met, so the answer is
+    as precise as a search from scratch and never taken on trust. ``floor``: a rate to beat
+    (racing): when ``near``'s rate is missed, that is run next, and missed too, the search
+    ends there (the goodput is below it)."""
+    met, missed = near
+    verdict = meets(met)
+    if verdict is None:
+        return None, None
+    if not verdict:  # worse than before: below the rate that met
+        if floor is not None and floor >= met:  # that was the rate to beat: below it
+            return None, met
+        if floor is not None and lo < floor:
+            verdict = meets(floor)
+            if not verdict:
+                return None, floor if verdict is False else None
+            return bisect_rate(floor, met, precision, meets, lo_met=True, hi_missed=True)
+        if met <= lo:
+            return None, met
+        return bisect_rate(lo, met, precision, meets, hi_missed=True)
+    if missed is None or met >= hi:
+        return met, None
+    verdict = meets(missed)
+    if verdict is None:
+        return met, None
+    if not verdict:
+        return met, missed
+    return bisect_rate(missed, hi, precision, meets, lo_met=True)  # better than before

@@ -14,7 +14,7 @@ from pdsvc.status.collect import http_get
 
 from .gates import read_pairs
 from .runner import RunResult, Slo, run_once
-from .search import bisect_rate
+from .search import bisect_rate, confirm_rate
 from .target import Load, Target, current_env
 
 if TYPE_CHECKING:
@@ -119,14 +119,17 @@ class Session:
             time.sleep(DRAIN_POLL_S)
 
     def search(self, lo: float, hi: float, precision: float, shape: Load, *,
-               race: float | None = None) -> float | None:
+               race: float | None = None, near: tuple[float, float | None] | None = None
+               ) -> float | None:
         """The highest rate in lo..hi meeting the session's SLO (bisect_rate), each run
         ``shape``'s lengths and prompts at the rate tried; None when none does or a run was
         invalid (its gate is in self.runs).
 
         ``race``: a rate to run first, the rate to beat (`pdsvc tune`'s racing). Missed there,
         the search ends at once (None: the goodput is below it, one run spent); met, the
-        search bisects race..hi only."""
+        search bisects race..hi only. ``near``: where an earlier measurement of the same
+        config ended (the rate that met, the one above that missed): the search starts there
+        (confirm_rate: 2 runs when nothing moved); a race then only bounds it from below."""
         slo = self.slo
         assert slo is not None
 
@@ -134,10 +137,14 @@ class Session:
             return meets_slo(self.one(Load(rate, shape.input_len, shape.output_len,
                                            shape.num_prompts)), slo)
 
-        if race is not None and lo < race <= hi:
-            if not meets(race):
+        floor = race if race is not None and lo < race <= hi else None
+        if near is not None and lo <= near[0] <= hi and (floor is None or near[0] >= floor):
+            best, _ = confirm_rate(lo, hi, precision, meets, near, floor=floor)
+            return best
+        if floor is not None:
+            if not meets(floor):
                 return None
-            best, _ = bisect_rate(race, hi, precision, meets, lo_met=True)
+            best, _ = bisect_rate(floor, hi, precision, meets, lo_met=True)
             return best
         best, _ = bisect_rate(lo, hi, precision, meets)
         return best

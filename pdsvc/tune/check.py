@@ -40,6 +40,9 @@ RUN_OVERHEAD_S = 15.0
 #: the runs a candidate's race costs in the estimate: the run at the rate to beat (a loser's
 #: only one) and one more (measured again after an invalid run, or a leader's first above it)
 RACE_RUNS = 2
+#: the runs a repeat costs in the estimate: it starts where the config's first measurement
+#: ended, at the rate that met and at the one that missed (bench/search.confirm_rate)
+CONFIRM_RUNS = 2
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,11 @@ def one_run_seconds(space: Space) -> float:
 def run_seconds(space: Space) -> float:
     """One SLO search over the whole range: its runs."""
     return bisect_runs(space) * one_run_seconds(space)
+
+
+def repeat_seconds(space: Space) -> float:
+    """One repeat of a config measured before: started where the first ended."""
+    return CONFIRM_RUNS * one_run_seconds(space)
 
 
 def leaders(n: int) -> float:
@@ -101,7 +109,8 @@ class Checker:
         """The candidate's verdict (module docstring)."""
         space = self.space
         if not c.changes:
-            return Checked(c, "baseline", "", (), space.repeats * run_seconds(space))
+            return Checked(c, "baseline", "", (), run_seconds(space) +
+                           (space.repeats - 1) * repeat_seconds(space))
         text = self.text_of(c)
         source = f"{self.source} with {c.describe()}"
         try:
@@ -153,12 +162,13 @@ def check(space: Space, candidates: list[Candidate], config_text: str, source: s
 def total_seconds(space: Space, checked: list[Checked]) -> float:
     """The estimate for the candidates in ``checked`` (those to measure): each raced once,
     the leaders among them searched above the rate to beat, the baseline and the best
-    ``space.repeats`` times, the baseline once more after the search (the drift check: a
-    switch to it and a search), and the way back to the best (or the baseline) at the end."""
+    ``space.repeats`` times (a search, then repeats started where it ended), the baseline
+    once more after the search (the drift check: a switch to it and a repeat), and the way
+    back to the best (or the baseline) at the end."""
     measured = [c for c in checked if c.verdict != "refused"]
     others = len([c for c in measured if c.verdict != "baseline"])
     searched = leaders(others) * run_seconds(space)
     switch = max((c.loads for c in measured), default=0) * (space.engine_load_secs + SETTLE_S)
-    best_again = (space.repeats - 1) * run_seconds(space) if others else 0.0
-    drift = switch + run_seconds(space) if others else 0.0
+    best_again = (space.repeats - 1) * repeat_seconds(space) if others else 0.0
+    drift = switch + repeat_seconds(space) if others else 0.0
     return sum(c.seconds for c in measured) + searched + best_again + drift + switch

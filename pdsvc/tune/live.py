@@ -127,7 +127,8 @@ class Live:
         return "; ".join(bad)
 
     def measure(self, name: str, config: Path, bench_dir: Path, say: Say, *,
-                race: float | None = None) -> Outcome:
+                race: float | None = None, near: tuple[float, float | None] | None = None
+                ) -> Outcome:
         space = self.space
         plan = self.plan_of(config)
         target = target_from_plan(plan)
@@ -145,7 +146,7 @@ class Live:
         session = Session(target, bench_dir, slo, self.max_error_rate, plan, directory, said)
         best = session.search(space.rate_low, space.rate_high, space.precision,
                               Load(space.rate_low, space.input_len, space.output_len,
-                                   space.num_prompts), race=race)
+                                   space.num_prompts), race=race, near=near)
         return outcome_of(session.runs, best, slo, space, race)
 
     def _pairs_proven(self, plan: Plan, directory: Path | None, say: Say) -> str:
@@ -185,7 +186,7 @@ def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space
         return Outcome("", "", [], 0, Result.INVALID,
                        why=f"run at {r.load.rate:g} req/s: {why}", points=points)
     missed = [r.load.rate for r in runs if meets_slo(r, slo) is False]
-    if best is None and race is not None and missed == [race]:
+    if best is None and race is not None and race in missed:  # nothing met, the race missed
         return Outcome("", "", [], 0, Result.BELOW, why=f"missed the SLO at {race:g} req/s, "
                        "the rate to beat", above=race, points=points)
     if best is None:

@@ -19,6 +19,10 @@ measured, the best measured again, and the deployment left on the answer.
   more after the search; an interval apart from all of its first ones (the host got faster
   or slower), or no valid measurement, blocks the win (drifted), and the best's repeats
   are not run.
+* **Repeats start where the first ended**: a config's repeats (and the baseline's once more
+  after the search) run first at the rate its first measurement met and at the one it missed
+  (bench/search.confirm_rate): 2 runs, not a whole search, when nothing moved; a config that
+  does better or worse now is searched on from there, so nothing is taken on trust.
 * **Noise**: the baseline is measured ``space.repeats`` times, and so is the best once found;
   only valid measurements count (store.COUNTED); the best wins only when it has every one of
   its repeats and its lowest beats the baseline's highest. Else the answer is the current
@@ -49,6 +53,7 @@ from .space import Candidate, Space, Value, current, is_baseline
 from .store import BASELINE_KEY, RATED, Outcome, Result, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
+Near = tuple[float, "float | None"]  # a measurement's end: the rate that met, the one that missed
 
 
 @dataclass(frozen=True)
@@ -69,10 +74,11 @@ class Deployment(Protocol):
         ...
 
     def measure(self, name: str, config: Path, bench_dir: Path, say: Say, *,
-                race: float | None = None) -> Outcome:
+                race: float | None = None, near: Near | None = None) -> Outcome:
         """Once its pairs are proven, the SLO search (first at ``race``, the rate to beat,
-        when given: missed there, the outcome is ``below``); key, name, changes, repeat are
-        the caller's to fill."""
+        when given: missed there, the outcome is ``below``; started at ``near``, where the
+        config's first measurement ended, when given: a repeat); key, name, changes, repeat
+        are the caller's to fill."""
         ...
 
 
@@ -306,7 +312,7 @@ class Tuner:
                 self._go_back()
                 self._row(cand, o, "")
                 return o
-        measured = self._measured(cand, path, repeat, race)
+        measured = self._measured(cand, path, repeat, race, self._near(key, repeat))
         o = dataclasses.replace(measured, key=key, name=cand.name, changes=list(cand.changes),
                                 repeat=repeat, apply_seconds=applied,
                                 seconds=self.clock() - t0)
@@ -320,23 +326,34 @@ class Tuner:
             self._row(cand, o, "")
         return o
 
+    def _near(self, key: str, repeat: int) -> Near | None:
+        """Where a repeat's search starts: the config's first measurement's end, when it was
+        rated (a lost race, no rate, or an invalid first one: a whole search)."""
+        first = self.store.get(key, 0) if repeat else None
+        if first is None or first.status not in RATED or not first.rate:
+            return None
+        return first.rate, first.above
+
     def _measured(self, cand: Candidate, path: Path, repeat: int,
-                  race: float | None) -> Outcome:
+                  race: float | None, near: Near | None = None) -> Outcome:
         """One measurement on the running ``cand`` (raced at ``race``: to_beat); an invalid
         one is measured once more (the deployment's measure waits for every pair to be
         proven first): a transient is not a verdict. Invalid twice: written off, both
         reasons said."""
         if race is not None:
             self.say(f"tune: {cand.name}: racing: first at {race:g} req/s, the rate to beat")
+        if near is not None:
+            self.say(f"tune: {cand.name}: from where its first measurement ended: "
+                     f"{near[0]:g} req/s met" + (f", {near[1]:g} missed" if near[1] else ""))
         first = self.deployment.measure(cand.name, path, self.store.bench_dir(cand.name, repeat),
-                                        self._progress(cand.name), race=race)
+                                        self._progress(cand.name), race=race, near=near)
         if first.status != Result.INVALID:
             return first
         self.say(f"tune: {cand.name}: invalid ({first.why}); measuring it once more: one "
                  "transient is not a verdict")
         again = self.deployment.measure(cand.name, path,
                                         self.store.bench_dir(cand.name, repeat, again=True),
-                                        self._progress(cand.name), race=race)
+                                        self._progress(cand.name), race=race, near=near)
         if again.status == Result.INVALID:
             return dataclasses.replace(again, why=f"invalid twice: {first.why}; then {again.why}")
         return dataclasses.replace(again, again=first.why)
