@@ -220,3 +220,14 @@ def test_a_raced_repeat_missing_where_it_met_which_is_the_rate_to_beat_costs_one
     s = Designed(tmp_path, capacity=10.0)
     assert confirm(s, (12.0, 13.0), race=12.0) is None and len(s.runs) == 1
     assert outcome_of(s.runs, None, SLO, SPACE, race=12.0).status == Result.BELOW
+
+
+def test_a_repeat_of_a_measurement_that_missed_nothing_above_is_searched_above(
+        tmp_path: Path) -> None:
+    s = Designed(tmp_path, capacity=10.0)
+    best = confirm(s, (9.0, None))
+    rates = [r.load.rate for r in s.runs]
+    assert rates[0] == 9.0 and all(r > 9.0 for r in rates[1:]) and len(rates) > 1
+    assert best is not None and 9.0 <= best <= 10.0
+    o = outcome_of(s.runs, best, SLO, SPACE)
+    assert o.above is not None and o.above > 10.0

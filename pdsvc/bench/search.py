@@ -50,8 +50,8 @@ def confirm_rate(lo: float, hi: float, precision: float, meets: Meets,
                  near: tuple[float, float | None], *, floor: float | None = None
                  ) -> tuple[float | None, float | None]:
     """bisect_rate's answer for a config measured before, started where that measurement
-    ended: ``near`` = (the rate that met the SLO, the lowest above it that missed; None: the
-    range's top met it). Both are run first; when they go as before, that is the answer in 2
+    ended: ``near`` = (the rate that met the SLO, the lowest above it that missed; None: none
+    missed above it). Both are run first; when they go as before, that is the answer in 2
     runs (1 at the top) instead of a whole search. A config that does better now is searched
     above the rate that missed, one that does worse below the rate that met, so the answer is
     as precise as a search from scratch and never taken on trust. ``floor``: a rate to beat
@@ -72,8 +72,10 @@ def confirm_rate(lo: float, hi: float, precision: float, meets: Meets,
         if met <= lo:
             return None, met
         return bisect_rate(lo, met, precision, meets, hi_missed=True)
-    if missed is None or met >= hi:
+    if met >= hi:
         return met, None
+    if missed is None:  # nothing above it was run before: search above it
+        return bisect_rate(met, hi, precision, meets, lo_met=True)
     verdict = meets(missed)
     if verdict is None:
         return met, None
