@@ -6,6 +6,9 @@ import math
 from collections.abc import Callable
 
 Meets = Callable[[float], bool | None]
+#: where a measurement ended: the rate that met the SLO, the lowest above it that missed
+#: (None: none missed above it)
+Near = tuple[float, float | None]
 
 
 def bisect_rate(lo: float, hi: float, precision: float, meets: Meets, *,
@@ -47,7 +50,7 @@ def bisect_rate(lo: float, hi: float, precision: float, meets: Meets, *,
 
 
 def confirm_rate(lo: float, hi: float, precision: float, meets: Meets,
-                 near: tuple[float, float | None], *, floor: float | None = None
+                 near: Near, *, floor: float | None = None
                  ) -> tuple[float | None, float | None]:
     """bisect_rate's answer for a config measured before, started where that measurement
     ended: ``near`` = (the rate that met the SLO, the lowest above it that missed; None: none

@@ -14,7 +14,7 @@ from pdsvc.status.collect import http_get
 
 from .gates import read_pairs
 from .runner import RunResult, Slo, run_once
-from .search import bisect_rate, confirm_rate
+from .search import Near, bisect_rate, confirm_rate
 from .target import Load, Target, current_env
 
 if TYPE_CHECKING:
@@ -119,8 +119,7 @@ class Session:
             time.sleep(DRAIN_POLL_S)
 
     def search(self, lo: float, hi: float, precision: float, shape: Load, *,
-               race: float | None = None, near: tuple[float, float | None] | None = None
-               ) -> float | None:
+               race: float | None = None, near: Near | None = None) -> float | None:
         """The highest rate in lo..hi meeting the session's SLO (bisect_rate), each run
         ``shape``'s lengths and prompts at the rate tried; None when none does or a run was
         invalid (its gate is in self.runs).

@@ -21,6 +21,7 @@ from pdsvc.apply.flow import FAILED, Options, Source, apply_rollout
 from pdsvc.apply.order import plan as plan_apply
 from pdsvc.bench.gates import read_pairs
 from pdsvc.bench.runner import RunResult, Slo
+from pdsvc.bench.search import Near
 from pdsvc.bench.session import Session, meets_slo, state_dir_of
 from pdsvc.bench.target import Load, target_from_plan
 from pdsvc.plan.build import Plan
@@ -127,8 +128,7 @@ class Live:
         return "; ".join(bad)
 
     def measure(self, name: str, config: Path, bench_dir: Path, say: Say, *,
-                race: float | None = None, near: tuple[float, float | None] | None = None
-                ) -> Outcome:
+                race: float | None = None, near: Near | None = None) -> Outcome:
         space = self.space
         plan = self.plan_of(config)
         target = target_from_plan(plan)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pdsvc.bench.search import Near
 from pdsvc.errors import PdsvcError
 
 from .check import Checked, Checker
@@ -53,7 +54,6 @@ from .space import Candidate, Space, Value, current, is_baseline
 from .store import BASELINE_KEY, RATED, Outcome, Result, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
-Near = tuple[float, "float | None"]  # a measurement's end: the rate that met, the one that missed
 
 
 @dataclass(frozen=True)
