@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO
+from ports import free_port
 
 from pdsvc.config.load import parse_config
 from pdsvc.doctor.routerkey import check_router_key
@@ -106,11 +107,7 @@ def test_a_missing_key_is_a_warning_a_malformed_one_fails(router: int, tmp_path:
 
 
 def test_an_unreachable_router_is_a_warning(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     ((status, detail, fix),) = rows_for(tmp_path, port, ROUTER_KEY)
     assert status == "warning" and detail.startswith(
         f"cannot reach the router at http://127.0.0.1:{port} (")

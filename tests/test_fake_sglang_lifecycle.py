@@ -264,7 +264,7 @@ def test_nnodes_rank0_waits_for_the_others_and_a_lost_rank_is_fatal(engines):
     worker = engines("prefill", args=[*multi, "--node-rank", "1"])
     leader.wait_healthy(timeout=8)
     assert "node rank 1 joined from 127.0.0.1" in leader.stderr
-    assert status_or_none(worker.port) is None  # ranks > 0 serve no HTTP
+    assert leader.listens(leader.port) and not worker.listens(worker.port)  # ranks > 0: no HTTP
     assert "no HTTP server (rank 0 serves" in worker.stderr
     worker.proc.kill()
     assert leader.wait_exit(timeout=8) == 1
@@ -290,5 +290,5 @@ def test_http_after_load_keeps_the_port_closed_while_loading(engines):
     eng = engines("prefill", env={"FAKE_SGLANG_LOAD_SECS": "1.5",
                                   "FAKE_SGLANG_HTTP_AFTER_LOAD": "1"})
     time.sleep(0.5)
-    assert eng.proc.poll() is None and status_or_none(eng.port) is None  # refused: not bound
+    assert eng.proc.poll() is None and not eng.listens(eng.port)  # not bound while loading
     eng.wait_healthy(timeout=6)

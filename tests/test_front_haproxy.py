@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require
+from ports import free_port
 
 from pdsvc.config.load import parse_config
 from pdsvc.plan.build import build_plan
@@ -27,12 +28,6 @@ from pdsvc.render.front import front_config
 from pdsvc.ship.runtime.front import Front, run_front
 
 HAPROXY = "/usr/sbin/haproxy"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from runtime_procs import FakeClock
 
 from pdsvc.ship.runtime import timings
@@ -22,12 +23,6 @@ from pdsvc.ship.runtime.policy import RestartPolicy
 from pdsvc.ship.runtime.statefile import FORMAT, Kind, NewerFormat, state_path
 
 KEY = "k3y-of-the-deployment"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def record_heal(state: Path, name: str, role: str, clock: FakeClock) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO
+from ports import HIGH, bindable
 from sysfs import SEED, Host, build_sysfs
 
 from pdsvc import doctor as dr
@@ -130,15 +130,6 @@ def write_proc(root: Path, driver: bool = True, memlock_hard: str = "unlimited",
     return root
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_block() -> int:
     """A base B with B…B+299 free on 127.0.0.1: HTTP/bootstrap/router ports B…B+4,
     dist-init bases B+100 and B+200 (and the 99 ports above each). Each xdist worker looks in
@@ -146,9 +137,9 @@ def free_block() -> int:
     TIME_WAIT on the other's planned ports), and a port in TIME_WAIT is not free (the bind
     sets no SO_REUSEADDR, as doctor's own does)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    for base in range(21000 + 1300 * (int(worker) % 8 if worker.isdigit() else 0), 60000,
+    for base in range(HIGH + 1300 * (int(worker) % 8 if worker.isdigit() else 0), 60000,
                       1300 * 8):
-        if all(_bindable(p) for p in range(base, base + 300)):
+        if all(bindable(p) for p in range(base, base + 300)):
             return base
     raise RuntimeError("no free port block on 127.0.0.1")
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from ports import free_ports
 
+from pdsvc.doctor.ports import port_use
+
 SUPPORT = Path(__file__).resolve().parent
 FAKE = SUPPORT / "fake_sglang.py"
 
@@ -112,6 +114,13 @@ class Engine:
         )
         assert self.proc.poll() is None, f"engine exited {self.proc.returncode}:\n{self.stderr}"
         return time.monotonic() - t0
+
+    def listens(self, port: int) -> bool:
+        """Whether this engine's own process holds a listening socket on ``port``, read from
+        /proc. Asking the port over HTTP cannot tell: once nothing of ours binds it, another
+        test's server may take it (CI saw a 404 there from a neighbour)."""
+        use = port_use(Path("/proc"), port)
+        return "0A" in use.states and any(pid == self.proc.pid for pid, _ in use.holders)
 
     def wait_exit(self, timeout: float) -> int:
         try:
