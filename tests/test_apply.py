@@ -56,6 +56,13 @@ def bundle(tmp_path: Path, text: str, name: str = "c.yaml") -> dict[str, str]:
     return {f.path: f.content for f in render_systemd(plan, "pdsvc render")}
 
 
+def bundle_on(tmp_path: Path, text: str, topology: Path, name: str) -> dict[str, str]:
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    return {f.path: f.content for f in render_systemd(load_plan(cfg, None, topology),
+                                                      "pdsvc render")}
+
+
 def rollout(tmp_path: Path, old: str, new: str) -> Rollout:
     return plan_rollout(bundle(tmp_path, old, "old.yaml"), bundle(tmp_path, new, "new.yaml"))
 
@@ -115,7 +122,8 @@ def test_a_prefill_restart_takes_its_partof_decodes_along_and_says_serving_stops
         tmp_path) -> None:
     """NIXL with two prefills: no decode is PartOf= a prefill, so each prefill restarts alone
     and serving never stops; a decode set to restart with every prefill (sglang #33789) is
-    taken along by each, and the plan says serving stops instead of promising capacity."""
+    taken along by each, and the plan says serving stops instead of promising capacity:
+    both prefills then restart in one step, one outage instead of two."""
     change = ", args: {chunked-prefill-size: 4096}"
     (tmp_path / "auto").mkdir()
     (tmp_path / "coupled").mkdir()
@@ -126,10 +134,64 @@ def test_a_prefill_restart_takes_its_partof_decodes_along_and_says_serving_stops
     coupled = ", restart_with_prefill: true"
     r = rollout(tmp_path / "coupled", two_two(d=coupled, backend="nixl"),
                 two_two(p=change, d=coupled, backend="nixl"))
-    assert [(s.units, s.takes) for s in r.steps] == [
-        (("dsv4-prefill-0.service",), ("dsv4-decode-0.service", "dsv4-decode-1.service")),
-        (("dsv4-prefill-1.service",), ("dsv4-decode-0.service", "dsv4-decode-1.service"))]
-    assert all(s.serving_stops for s in r.steps)
+    assert [(s.action, s.units, s.takes) for s in r.steps] == [
+        (StepKind.RESTART_TOGETHER, ("dsv4-prefill-0.service", "dsv4-prefill-1.service"),
+         ("dsv4-decode-0.service", "dsv4-decode-1.service"))]
+    assert r.steps[0].serving_stops and "one engine load instead of 2" in r.steps[0].why
+
+
+TWO_ONE = """\
+name: dsv4
+model: {path: /srv/models/x}
+prefill:
+  - {gpus: [0, 1], tp: 2}
+  - {gpus: [2, 3], tp: 2}
+decode: {gpus: [4, 5, 6, 7]}
+"""
+
+
+def test_a_layout_on_1p1d_starts_the_new_engines_with_the_restart_in_one_step(
+        tmp_path) -> None:
+    """1P1D -> 2P1D (the seed's layout lever): the decode's pairs are with the new prefills,
+    so restarting it before they run could never prove them (its step failed at its bound,
+    test_e2e_apply_layout.py); and serving stops anyway: one step, one load."""
+    r = rollout(tmp_path, ONE_ONE % "", TWO_ONE)
+    assert [(s.action, s.units) for s in r.steps] == [
+        (StepKind.RESTART_TOGETHER, ("dsv4-prefill-0.service", "dsv4-prefill-1.service",
+                                     "dsv4-decode.service")),
+        (StepKind.RESTART_ROUTER, ("dsv4-router.service",))]
+    assert r.steps[0].serving_stops and r.steps[0].pairs_left == 0
+    assert "one engine load instead of 2" in r.steps[0].why
+
+
+def test_new_engines_start_first_together_while_the_others_serve(tmp_path) -> None:
+    """A third prefill on 2P2D: it starts first (nothing is taken out for it),
+    then the engines whose pairs now include it restart one at a time, each while the others
+    serve."""
+    three = two_two().replace("decode:", "  - {gpus: [8, 9]}\ndecode:")
+    topo = json.loads(TOPO.read_text())
+    more = [dict(g, index=g["index"] + 8, pci_bus_id=g["pci_bus_id"][:-4] + "1.0")
+            for g in topo["gpus"][:2]]
+    topo["gpus"] += more
+    (tmp_path / "topo.json").write_text(json.dumps(topo))
+    old = bundle_on(tmp_path, two_two(), tmp_path / "topo.json", "old.yaml")
+    new = bundle_on(tmp_path, three, tmp_path / "topo.json", "new.yaml")
+    r = plan_rollout(old, new)
+    first, *rest = r.steps
+    assert (first.action, first.units) == (StepKind.START, ("dsv4-prefill-2.service",))
+    assert not first.serving_stops and first.pairs_left == 4
+    assert [s.action for s in rest][:-1] == [StepKind.RESTART] * (len(rest) - 1)
+    assert not any(s.serving_stops for s in rest[:-1])
+
+
+def test_a_layout_that_renames_every_engine_says_serving_stops(tmp_path) -> None:
+    """Every engine new (1P1D -> 2P2D): the installer removes the old ones, so no pair serves
+    until the new ones do. The plan said "serving never stops" while it counted only pairs
+    among engines that ran before."""
+    r = rollout(tmp_path, ONE_ONE % "", two_two())
+    assert [(s.action, len(s.units)) for s in r.steps] == [(StepKind.START, 4),
+                                                           (StepKind.RESTART_ROUTER, 1)]
+    assert r.steps[0].serving_stops and r.steps[0].pairs_left == 0
 
 
 def test_one_prefill_one_decode_warns_of_the_outage(tmp_path) -> None:
@@ -556,3 +618,4 @@ def test_a_peer_round_from_before_the_new_run_proves_nothing(tmp_path) -> None:
     with pytest.raises(StepFailed, match="prefill.service: pair canary not good yet"):
         Executor(units, host, Bounds(10, 5, 0.1), lambda s: None).run_step(r.steps[0])
     assert not any(line.startswith("POST") for line in host.log)
+

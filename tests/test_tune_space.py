@@ -273,13 +273,14 @@ def test_a_dry_run_of_outages_says_what_allow_outage_would_cost(runner, tmp_path
 
 
 def test_the_estimate_counts_a_load_per_engine_step_and_none_for_the_router() -> None:
-    """A layout (two TP2 prefills instead of one TP4): the decode restarts, each new prefill
-    starts (a load each, one after another), and the router restarts (no engine load)."""
+    """A layout (two TP2 prefills instead of one TP4) on 1P1D: the new prefills start and the
+    decode restarts in one step (serving stops anyway: one load, apply/rollout.py
+    _one_outage), then the router restarts (no engine load)."""
     text = ("slo: {ttft_ms: 1, itl_ms: 1}\nlevers:\n  prefill:\n"
             "    - [{gpus: [0, 1], tp: 2}, {gpus: [2, 3], tp: 2}]\n")
     s, out = checked_for(SEED, text)
     layout = out[1]
     assert layout.verdict == "outage" and len(layout.restarts) == 4, layout
-    assert layout.loads == 3
-    assert layout.seconds == pytest.approx(3 * s.engine_load_secs + 4 * 10
+    assert layout.loads == 1
+    assert layout.seconds == pytest.approx(1 * s.engine_load_secs + 2 * 10
                                            + RACE_RUNS * one_run_seconds(s))

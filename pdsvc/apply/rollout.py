@@ -15,6 +15,14 @@ Rules, each for a reason:
   decodes along (their PartOf= on it), which then need no step of their own.
 * A unit's restart also restarts the units that are PartOf= it (systemd.unit(5)): a step
   says which, and the pairs it takes out count them.
+* New engines (a layout with more engines, or other names) start first, all in one step:
+  a new engine takes nothing out of serving, and its canary proves its pairs with the
+  engines that run. An engine restarted before its new peers run could never prove its
+  pairs with them, and its step would fail at its bound. With a pair-incompatible change
+  they start after it instead: they pair only with engines of the new definition.
+* When serving stops during an engine step anyway (no pair left: on 1P1D every engine
+  step), the engine steps of the rollout, on one host, become one step: the outage is one
+  engine load instead of one per step, and nothing that served is lost by it.
 * The router changes last: the engines register themselves again when it is back.
 """
 
@@ -242,11 +250,13 @@ def _coupled(name: str, units: dict[str, Unit]) -> set[str]:
 
 
 class _Capacity:
-    """Which pairs serve while a set of units is down."""
+    """Which pairs of the new bundle serve while a set of units is down. An engine new to
+    the bundle runs only from its start step on: the planner counts it down until then."""
 
-    def __init__(self, units: dict[str, Unit]) -> None:
+    def __init__(self, units: dict[str, Unit], running: set[str]) -> None:
         engines = [u for u in units.values() if u.kind == "engine"]
         by_url = {u.url: u.name for u in engines if u.url}
+        self.new = {u.name for u in engines if u.name not in running}
         self.pairs: list[tuple[str, str, str]] = []  # (label, prefill unit, decode unit)
         for p, d in dict.fromkeys(pair for u in engines for pair in u.pairs):
             self.pairs.append((f"{p} -> {d}", by_url.get(p, p), by_url.get(d, d)))
@@ -317,7 +327,7 @@ class _Planner:
         """A step that restarts (or starts) `names`; serving stops when `stops`, or when no
         pair is left (a router restart: always, no pair is routed meanwhile)."""
         takes, down = self._down(names)
-        lost, left = self.capacity.during(down)
+        lost, left = self.capacity.during(down | (self.capacity.new - self.done))
         stops = stops or (bool(self.capacity.pairs) and left == 0)
         if kind is StepKind.RELOAD_FRONT:
             lost, left, stops = (), len(self.capacity.pairs), False
@@ -393,9 +403,40 @@ def _one_by_one(plan: _Planner, restart: list[Change], group: set[str]) -> None:
 
 
 def _new_engines(plan: _Planner, changes: list[Change]) -> None:
-    for c in changes:
-        if c.action == "start" and c.role in ("prefill", "decode"):
-            plan.add(StepKind.START, [c.unit], "a new engine")
+    """Every new engine in one step (they take nothing out; the module's doc says why they
+    come first)."""
+    new = [c.unit for c in changes if c.action == "start" and c.role in ("prefill", "decode")]
+    if new:
+        plan.add(StepKind.START, new, "new engine" + "s, together" * (len(new) > 1) +
+                 ": nothing is taken out for them, and they run before the engines that "
+                 "pair with them restart")
+
+
+#: the engine steps an outage merges into one (not the halves: they never stop serving)
+MERGED_BY_OUTAGE = frozenset({StepKind.START, StepKind.RESTART, StepKind.RESTART_TOGETHER})
+
+
+def _one_outage(plan: _Planner) -> None:
+    """When some engine step leaves no pair, the engine steps become one (module's doc):
+    serving stops for that step whatever the others do, so the others' loads, one after
+    another, only make the rollout and the outage longer. Not across hosts: each host runs
+    its part of a step on its own (order.py)."""
+    steps = [s for s in plan.steps if s.action in MERGED_BY_OUTAGE]
+    hosts = {n.rpartition("/")[0] for s in steps for n in s.down}
+    if len(steps) < 2 or not any(s.serving_stops for s in steps) or len(hosts) > 1:
+        return
+    names = sorted(dict.fromkeys(n for s in steps for n in s.units),
+                   key=lambda n: (ROLE_ORDER[plan.units[n].role], n))
+    plan.steps = [s for s in plan.steps if s not in steps]
+    plan.add(StepKind.RESTART_TOGETHER, names, f"serving stops during {_steps(steps)} anyway "
+             f"(no pair left): these {len(steps)} steps' engines restart (or start) as one, "
+             f"one engine load instead of {len(steps)}", stops=True)
+
+
+def _steps(steps: list[Step]) -> str:
+    stopping = [s for s in steps if s.serving_stops]
+    return ("each of them" if len(stopping) == len(steps) else
+            " and ".join(f"{s.action} {', '.join(s.units)}" for s in stopping))
 
 
 def _front(plan: _Planner, changes: list[Change]) -> None:
@@ -450,18 +491,24 @@ def _routers_replaced(changes: list[Change]) -> bool:
 
 def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
     """The rollout from the running bundle `old` to `new` (each: path in the bundle -> text):
-    a pair-incompatible change first (by halves or together), then the other engines one by
-    one, new engines, and the router last."""
+    new engines first, then the other engines one by one (a pair-incompatible change: it
+    first, by halves or together, and new engines after the others), one step for all of
+    them when serving stops anyway, and the router last."""
     old_units, new_units = _units(old), _units(new)
     runtime = {p for p in old.keys() | new.keys() if p.startswith(RUNTIME_PREFIX)}
     runtime_changed = sum(old.get(p) != new.get(p) for p in runtime)
     changes = _changes(old_units, new_units, runtime_changed)
     changes += _config_files(old, new, new_units, changes)
     restart = [c for c in changes if c.action == "restart" and c.role in ("prefill", "decode")]
-    plan = _Planner(new_units, _Capacity({n: u for n, u in new_units.items() if n in old_units}))
-    group = _pair_incompatible(plan, restart)
-    _one_by_one(plan, restart, group)
-    _new_engines(plan, changes)
+    plan = _Planner(new_units, _Capacity(new_units, set(old_units)))
+    if any(c.pair_breaking for c in restart):
+        group = _pair_incompatible(plan, restart)
+        _one_by_one(plan, restart, group)
+        _new_engines(plan, changes)
+    else:
+        _new_engines(plan, changes)
+        _one_by_one(plan, restart, set())
+    _one_outage(plan)
     _front(plan, changes)
     _router(plan, changes)
     _vip(plan, changes)
