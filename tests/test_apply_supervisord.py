@@ -159,3 +159,34 @@ def test_supervisord_regroups_removing_the_old_group_before_adding_any() -> None
     assert rc == 0
     assert api.log == ["reloadConfig", "stopProcessGroup dsv4-pd", "removeProcessGroup dsv4-pd",
                        "addProcessGroup p", "addProcessGroup d"]
+
+
+ONE_ONE = """\
+name: dsv4
+format: supervisord
+model: {path: /srv/models/x}
+prefill: %s
+decode: {gpus: [4, 5, 6, 7]}
+"""
+
+
+def test_a_layout_is_one_step_that_removes_the_old_program_before_adding_the_new(
+        tmp_path) -> None:
+    """1P1D -> 2P1D under supervisord: one step (serving stops anyway, apply/rollout.py), in
+    which supervisord's re-read drops the old prefill's group before the new prefills' are
+    added (their GPUs were the old one's), and re-creates the decode's with its new pairs."""
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(ONE_ONE % "{gpus: [0, 1, 2, 3]}")
+    new.write_text(ONE_ONE % "[{gpus: [0, 1], tp: 2}, {gpus: [2, 3], tp: 2}]")
+    r = plan(*({f.path: f.content for f in render_supervisord(load_plan(c, None, TOPO), "r")}
+               for c in (old, new)))
+    engines = ("dsv4-prefill-0", "dsv4-prefill-1", "dsv4-decode")
+    assert [(s.action, s.units) for s in r.steps][0] == ("restart together", engines)
+    api = FakeSupervisor({"dsv4-prefill": "dsv4-prefill", "dsv4-decode": "dsv4-decode"},
+                         ["dsv4-decode"], added=engines[:2], removed=("dsv4-prefill",))
+    rc, _ = Supervisord(api=lambda: api).act("restart", list(engines), 10)
+    assert rc == 0
+    assert api.log == ["reloadConfig", "stopProcessGroup dsv4-prefill",
+                       "removeProcessGroup dsv4-prefill", "addProcessGroup dsv4-prefill-0",
+                       "addProcessGroup dsv4-prefill-1", "stopProcessGroup dsv4-decode",
+                       "removeProcessGroup dsv4-decode", "addProcessGroup dsv4-decode"]
