@@ -45,9 +45,12 @@ def steps(stderr: str) -> list[str]:
 
 
 def listed(stack: Stack) -> set[str]:
+    """The engines the router lists healthy (none while it does not answer)."""
     code, body = stack.workers(timeout=5)
-    assert code == 200, body
-    return {str(w.get("url", "")).rstrip("/") for w in json.loads(body)["workers"]}
+    if code != 200:
+        return set()
+    return {str(w.get("url", "")).rstrip("/") for w in json.loads(body)["workers"]
+            if w.get("is_healthy") is not False}
 
 
 def applied(stack: Stack, cfg: dict) -> None:
@@ -72,7 +75,10 @@ def apply_layout(stack: Stack, cfg: dict, ran: list[str], engines: int) -> str:
     r = stack.apply(cfg, "--yes", *TIMEOUTS, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     assert steps(r.stderr) == [*ran, "restart router e2e-router.service"], r.stderr
-    assert len(listed(stack)) == engines
+    # the router's restart is the last step: the engines register themselves again once it
+    # serves (their runtimes' membership), each when it next looks; so wait for that
+    stack.c.wait_for(lambda: len(listed(stack)) == engines, 90, interval=0.5,
+                     what=f"the router lists all {engines} engines")
     applied(stack, cfg)
     stack.wait_serving(60)
     return r.stdout
