@@ -434,6 +434,7 @@ def _one_outage(plan: _Planner) -> None:
 
 
 def _steps(steps: list[Step]) -> str:
+    """Which of ``steps`` stop serving, in words."""
     stopping = [s for s in steps if s.serving_stops]
     return ("each of them" if len(stopping) == len(steps) else
             " and ".join(f"{s.action} {', '.join(s.units)}" for s in stopping))
@@ -501,13 +502,12 @@ def plan_rollout(old: dict[str, str], new: dict[str, str]) -> Rollout:
     changes += _config_files(old, new, new_units, changes)
     restart = [c for c in changes if c.action == "restart" and c.role in ("prefill", "decode")]
     plan = _Planner(new_units, _Capacity(new_units, set(old_units)))
-    if any(c.pair_breaking for c in restart):
-        group = _pair_incompatible(plan, restart)
-        _one_by_one(plan, restart, group)
+    breaking = any(c.pair_breaking for c in restart)
+    if not breaking:
         _new_engines(plan, changes)
-    else:
+    _one_by_one(plan, restart, _pair_incompatible(plan, restart))
+    if breaking:
         _new_engines(plan, changes)
-        _one_by_one(plan, restart, set())
     _one_outage(plan)
     _front(plan, changes)
     _router(plan, changes)

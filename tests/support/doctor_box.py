@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO
-from ports import HIGH, bindable
+from ports import HIGH, SLICES, bindable, worker_slice
 from sysfs import SEED, Host, build_sysfs
 
 from pdsvc import doctor as dr
@@ -136,9 +136,7 @@ def free_block() -> int:
     blocks of its own (two doctor tests at once once took the same block: one's servers left
     TIME_WAIT on the other's planned ports), and a port in TIME_WAIT is not free (the bind
     sets no SO_REUSEADDR, as doctor's own does)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    for base in range(HIGH + 1300 * (int(worker) % 8 if worker.isdigit() else 0), 60000,
-                      1300 * 8):
+    for base in range(HIGH + 1300 * worker_slice(), 60000, 1300 * SLICES):
         if all(bindable(p) for p in range(base, base + 300)):
             return base
     raise RuntimeError("no free port block on 127.0.0.1")

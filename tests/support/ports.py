@@ -13,6 +13,7 @@ doctor's port blocks (tests/support/doctor_box.py free_block) start at HIGH, abo
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import socket
@@ -22,11 +23,15 @@ LOW, HIGH = 10000, 21000  # [LOW, HIGH): below doctor's blocks and the ephemeral
 SLICES = 8  # xdist workers beyond 8 share a slice with worker n % 8 (bindable is still checked)
 
 
-def _slice() -> range:
+def worker_slice() -> int:
+    """This xdist worker's slice, 0..SLICES-1 (0 outside xdist)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    index = int(worker) % SLICES if worker.isdigit() else 0
+    return int(worker) % SLICES if worker.isdigit() else 0
+
+
+def _slice() -> range:
     width = (HIGH - LOW) // SLICES
-    return range(LOW + index * width, LOW + (index + 1) * width)
+    return range(LOW + worker_slice() * width, LOW + (worker_slice() + 1) * width)
 
 
 def bindable(port: int) -> bool:
@@ -43,11 +48,9 @@ def _cursor() -> Iterator[int]:
     """This process's walk over its slice: from a random start (a second pytest run beside
     this one, or a helper process of this test, starts elsewhere), then round and round, so
     that a port comes back only after every other one of the slice was handed out."""
-    ports = _slice()
+    ports = list(_slice())
     start = random.randrange(len(ports))
-    while True:
-        for i in range(len(ports)):
-            yield ports[(start + i) % len(ports)]
+    return itertools.cycle(ports[start:] + ports[:start])
 
 
 _walk = _cursor()
