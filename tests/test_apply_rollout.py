@@ -9,7 +9,7 @@ import json
 
 from apply_bundles import ONE_ONE, TOPO, bundle, rollout, two_two
 
-from pdsvc.apply.rollout import StepKind, format_rollout, plan_rollout
+from pdsvc.apply.rollout import VERBS, Step, StepKind, format_rollout, plan_rollout
 
 
 def test_a_decode_arg_rolls_one_decode_at_a_time_and_serving_never_stops(tmp_path) -> None:
@@ -166,3 +166,14 @@ def test_new_runtime_code_restarts_every_engine_and_the_router(tmp_path) -> None
     assert all(c.reasons == (c.reasons[0],) and c.reasons[0].kind == "runtime"
                for c in r.changes)
     assert r.steps[-1].action == "restart router"
+
+
+def test_a_step_reads_as_a_clause_with_its_verb_agreeing() -> None:
+    def step(kind: StepKind, *units: str) -> Step:
+        return Step(kind, units, (), (), 0, True, "")
+
+    assert step(StepKind.RESTART, "a.service").clause() == "a.service restarts"
+    assert (step(StepKind.RESTART_TOGETHER, "a.service", "b.service").clause()
+            == "a.service, b.service restart together")
+    assert step(StepKind.SWITCH_HALVES, "r.service").clause() == "r.service switches halves"
+    assert set(VERBS) == set(StepKind)  # every kind of step has its verbs

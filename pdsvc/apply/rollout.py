@@ -95,6 +95,26 @@ class Step:
     def down(self) -> tuple[str, ...]:
         return (*self.units, *self.takes)
 
+    def clause(self) -> str:
+        """The step as a clause of a sentence: its units and what they do ("dsv4-decode.service
+        restarts", "dsv4-prefill.service, dsv4-decode.service restart together")."""
+        one, many = VERBS[self.action]
+        return f"{', '.join(self.units)} {one if len(self.units) == 1 else many}"
+
+
+#: each step's verb after one unit, and after several
+VERBS: dict[StepKind, tuple[str, str]] = {
+    StepKind.RESTART: ("restarts", "restart"),
+    StepKind.RESTART_TOGETHER: ("restarts", "restart together"),
+    StepKind.RESTART_HALF: ("restarts, one half held out", "restart, one half held out"),
+    StepKind.SWITCH_HALVES: ("switches halves", "switch halves"),
+    StepKind.START: ("starts", "start"),
+    StepKind.RELOAD_FRONT: ("reloads", "reload"),
+    StepKind.RESTART_ROUTER: ("restarts", "restart"),
+    StepKind.REGROUP: ("regroups", "regroup"),
+    StepKind.UPDATE_GROUP: ("is re-created as a group", "are re-created as a group"),
+}
+
 
 @dataclass(frozen=True)
 class Rollout:

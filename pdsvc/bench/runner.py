@@ -1,18 +1,19 @@
-"""One run: bench_serving as a subprocess, its result file read back, the gates judged."""
+"""One run: bench_serving (in a driver process that imported it once: driver.py), its result
+file read back, the gates judged."""
 
 from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .driver import DRIVERS, DriverFailed, Drivers
 from .gates import Gate, canary_gate, error_gate, kv_gate, read_counters, token_gate
-from .target import Load, Target, bench_argv, bench_env
+from .target import BENCH_MODULE, Load, Target, bench_argv, bench_env
 
 
 @dataclass(frozen=True)
@@ -104,26 +105,31 @@ def judge_requests(res: RunResult, doc: dict[str, Any], slo: Slo | None) -> None
 def run_once(target: Target, load: Load, out_file: Path, *, env: Mapping[str, str],
              slo: Slo | None, max_error_rate: float,
              pairs: Callable[[], list[Any]], log: Callable[[str], None],
-             log_file: Path) -> RunResult:
+             log_file: Path, drivers: Drivers = DRIVERS) -> RunResult:
     """bench_serving at one load; its output goes to ``log_file`` (progress on stderr)."""
     argv = bench_argv(target, load, str(out_file))
     res = RunResult(load, argv)
     out_file.unlink(missing_ok=True)
+    driver = drivers.get(target.python, BENCH_MODULE, bench_env(target, env),
+                         log_file.with_name("bench-driver.log"))
     before = read_counters(target.engines)
     started = time.time()
     try:
-        with open(log_file, "w", encoding="utf-8") as logf:
-            proc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                  env=bench_env(target, env), check=False)
+        assert argv[1:3] == ["-m", BENCH_MODULE]  # the driver runs the module as -m does
+        rc = driver.run(argv[3:], log_file)
     except OSError as e:  # runtime.python missing or not executable
         res.error = f"cannot run {argv[0]}: {e.strerror or e} (runtime.python)"
         return res
+    except DriverFailed as e:  # it could not import bench_serving, or died
+        res.error = f"bench_serving {e}" + (f": {e.tail}" if e.tail else "")
+        log(f"  bench_serving failed (log: {driver.log})")
+        return res
     after = read_counters(target.engines)
     doc = read_result(out_file)
-    if proc.returncode != 0 or doc is None:
+    if rc != 0 or doc is None:
         tail = log_file.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
-        res.error = (f"bench_serving exited {proc.returncode}: " + " | ".join(tail)
-                     if tail else f"bench_serving exited {proc.returncode}")
+        res.error = (f"bench_serving exited {rc}: " + " | ".join(tail)
+                     if tail else f"bench_serving exited {rc}")
         log(f"  bench_serving failed (log: {log_file})")
         return res
     judge_requests(res, doc, slo)

@@ -104,8 +104,8 @@ class Live:
         rollout = plan_apply(read_bundle(self.output), as_bundle(files))
         if rollout.outage and not allow_outage:
             s = rollout.outage[0]
-            return Switched(False, 0.0, f"serving would stop while {', '.join(s.units)} "
-                            f"{s.action}s: {s.why} (--allow-outage measures it)", outage=True)
+            return Switched(False, 0.0, f"serving would stop while {s.clause()}: {s.why} "
+                            "(--allow-outage measures it)", outage=True)
         fe = _Frontend(say, self.installer)
         options = Options(self.output, sysfs_root=self.sysfs_root, topology=self.topology,
                           yes=True, drain_secs=self.drain_secs, step_secs=self.step_secs)
