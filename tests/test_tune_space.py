@@ -199,8 +199,15 @@ def test_the_estimate_uses_the_load_the_engines_took_at_their_last_start(
                       tmp_path=tmp_path)
     plain = run_cli(runner, "--dry-run", "-c", cfg, "--state-dir", str(state),
                     tmp_path=tmp_path)
-    assert "engine load 600 s, from the space file: no engine of this config has served" \
+    assert "(600 s each, from the space file: no engine of this config has served" \
         in plain.output, plain.output
+    # the loads one after another: each measured candidate restarts its decodes in turn,
+    # then the way back for the drift check and the way to the answer
+    doc = json.loads(guessed.output)
+    restarts = [len(c["restarts"]) for c in doc["candidates"] if c["measured"]]
+    assert doc["engine_loads"] == sum(restarts) + 2 * max(restarts)
+    loads = doc["engine_loads"]
+    assert f"of it {loads} engine loads one after another" in plain.output, plain.output
     for name, took in (("dsv4-decode-0", 95.5), ("dsv4-decode-1", 120.0),
                        ("dsv4-prefill-0", 80.0)):
         write_state(state_path(str(state), name, Kind.RESTART),
@@ -209,7 +216,7 @@ def test_the_estimate_uses_the_load_the_engines_took_at_their_last_start(
                 {"phase": "starting", "start_phases": {}})
     r = run_cli(runner, "--dry-run", "-c", cfg, "--state-dir", str(state), tmp_path=tmp_path)
     assert r.exit_code == 0, r.output
-    assert "(engine load 120 s, measured: dsv4-decode-1.service's last start, the slowest)" \
+    assert "(120 s each, measured: dsv4-decode-1.service's last start, the slowest)" \
         in r.output, r.output
     measured = json.loads(run_cli(runner, "--dry-run", "--json", "-c", cfg, "--state-dir",
                                   str(state), tmp_path=tmp_path).output)
@@ -269,7 +276,7 @@ def test_a_dry_run_of_outages_says_what_allow_outage_would_cost(runner, tmp_path
     allowed = run_cli(runner, "--dry-run", "--allow-outage", "-c", cfg, tmp_path=tmp_path)
     estimate = said.split("estimated ", 1)[1].split(";")[0]
     assert "5 of 5 candidates to measure" in allowed.output
-    assert f"; estimated {estimate} (" in allowed.output
+    assert f"; estimated {estimate}, " in allowed.output
     assert "with --allow-outage" not in allowed.output
 
 

@@ -34,7 +34,14 @@ from pdsvc.plan.build import Plan
 from pdsvc.render.hosts_bundle import render_for
 from pdsvc.status import runstate
 from pdsvc.tune import report
-from pdsvc.tune.check import SETTLE_S, Checked, Checker, bisect_runs, total_seconds
+from pdsvc.tune.check import (
+    SETTLE_S,
+    Checked,
+    Checker,
+    bisect_runs,
+    engine_loads,
+    total_seconds,
+)
 from pdsvc.tune.live import Live
 from pdsvc.tune.search import Answer, Limits, Tuner
 from pdsvc.tune.space import Space, candidates, parse_space
@@ -279,7 +286,8 @@ def _document(space: Space, checked: list[Checked], kept: list[Checked]) -> dict
                             "verdict": c.verdict, "why": c.why, "restarts": list(c.restarts),
                             "measured": c.candidate.name in names, "seconds": c.seconds}
                            for c in checked],
-            "estimated_seconds": total_seconds(space, kept)}
+            "estimated_seconds": total_seconds(space, kept),
+            "engine_loads": engine_loads(kept)}
 
 
 def measured_load(plan: Plan, state_dir: Path | None) -> tuple[str, float] | None:
@@ -323,9 +331,11 @@ def _print(space: Space, checked: list[Checked], kept: list[Checked],
                f"{outage} stop serving" + (" (measured: --allow-outage)" * allow_outage)]
     if cut:
         skipped.append(f"{cut} cut by --max-candidates/--max-time")
+    loads = engine_loads(kept)
     click.echo(f"{len(kept) - 1} of {len(checked) - 1} candidates to measure "
-               f"({', '.join(skipped)}); estimated {_duration(total_seconds(space, kept))} "
-               f"(engine load {space.engine_load_secs:.0f} s, "
+               f"({', '.join(skipped)}); estimated {_duration(total_seconds(space, kept))}, "
+               f"{_duration(loads * space.engine_load_secs)} of it {loads} engine loads "
+               f"one after another ({space.engine_load_secs:.0f} s each, "
                + (f"measured: {loaded[0]}'s last start, the slowest)" if loaded
                   else "from the space file: no engine of this config has served here yet)"))
     if outage and not allow_outage:

@@ -168,7 +168,21 @@ def total_seconds(space: Space, checked: list[Checked]) -> float:
     measured = [c for c in checked if c.verdict != "refused"]
     others = len([c for c in measured if c.verdict != "baseline"])
     searched = leaders(others) * run_seconds(space)
-    switch = max((c.loads for c in measured), default=0) * (space.engine_load_secs + SETTLE_S)
+    switch = _back_loads(measured) * (space.engine_load_secs + SETTLE_S)
     best_again = (space.repeats - 1) * repeat_seconds(space) if others else 0.0
     drift = switch + repeat_seconds(space) if others else 0.0
     return sum(c.seconds for c in measured) + searched + best_again + drift + switch
+
+
+def _back_loads(measured: list[Checked]) -> int:
+    """The engine loads of one way back to the baseline (or on to the best): the most any
+    candidate's rollout waits for."""
+    return max((c.loads for c in measured), default=0)
+
+
+def engine_loads(checked: list[Checked]) -> int:
+    """The engine loads total_seconds counts, one after another: each candidate's switch,
+    the way back to the baseline for the drift check, and the way to the answer."""
+    measured = [c for c in checked if c.verdict != "refused"]
+    others = any(c.verdict != "baseline" for c in measured)
+    return sum(c.loads for c in measured) + (2 * _back_loads(measured) if others else 0)
