@@ -20,6 +20,7 @@ from pdsvc.topology import load_topology_file
 from pdsvc.tune.check import (
     CONFIRM_RUNS,
     RACE_RUNS,
+    RUN_OVERHEAD_S,
     bisect_runs,
     check,
     leaders,
@@ -130,11 +131,15 @@ def test_1p1d_switches_stop_serving_and_2p2d_ones_do_not() -> None:
 
 
 def test_the_estimate_counts_the_runs_a_bisection_makes() -> None:
-    s = parse_space("slo: {ttft_ms: 1, itl_ms: 1}\nrates: {low: 1, high: 16, precision: 0.1}\n"
-                    "workload: {num_prompts: 40}\nlevers: {decode.args.x: [1]}\n", "t.yaml")
+    s = parse_space("slo: {ttft_ms: 1000, itl_ms: 20}\n"
+                    "rates: {low: 1, high: 16, precision: 0.1}\n"
+                    "workload: {num_prompts: 40, output_len: 100}\n"
+                    "levers: {decode.args.x: [1]}\n", "t.yaml")
     # log(16) / log(1.1) = 29.1 spans of 10 %: 5 halvings, and the two ends
     assert bisect_runs(s) == 7
-    assert run_seconds(s) == pytest.approx(7 * (40 / 4 + 15))
+    # each: 40 requests at 4 req/s (the range's geometric middle), a warm-up request within
+    # the SLO (1 s to the first token, 99 more at 20 ms), the tokenizer and the gates
+    assert run_seconds(s) == pytest.approx(7 * (40 / 4 + (1 + 99 * 0.02) + RUN_OVERHEAD_S))
     assert total_seconds(s, []) == 0
 
 

@@ -35,8 +35,11 @@ from .space import Candidate, Space, apply_changes
 
 #: what an applied candidate takes beyond its engines' load: proving pairs, registering
 SETTLE_S = 10.0
-#: bench_serving's own start and the gates' reads, per run
-RUN_OVERHEAD_S = 15.0
+#: a run's cost beyond its requests and its warm-up request: bench_serving's tokenizer and
+#: prompts, the gates' reads (3 s a run on the stand-in: the losers' one run each in
+#: benchmarks/results/tune.txt). bench_serving's import is paid once per pdsvc process, not
+#: a run (bench/driver.py)
+RUN_OVERHEAD_S = 3.0
 #: the runs a candidate's race costs in the estimate: the run at the rate to beat (a loser's
 #: only one) and one more (measured again after an invalid run, or a leader's first above it)
 RACE_RUNS = 2
@@ -63,8 +66,12 @@ def bisect_runs(space: Space) -> int:
 
 
 def one_run_seconds(space: Space) -> float:
-    """One bench run: num_prompts at the range's middle rate (geometric), and its start."""
-    return space.num_prompts / math.sqrt(space.rate_low * space.rate_high) + RUN_OVERHEAD_S
+    """One bench run: num_prompts at the range's middle rate (geometric), its warm-up
+    request before them (one request alone: within the SLO's TTFT and ITL bounds) and
+    RUN_OVERHEAD_S."""
+    warmup = (space.ttft_ms + (space.output_len - 1) * space.itl_ms) / 1000
+    return (space.num_prompts / math.sqrt(space.rate_low * space.rate_high) + warmup
+            + RUN_OVERHEAD_S)
 
 
 def run_seconds(space: Space) -> float:
