@@ -9,6 +9,9 @@ the stand-in engines, whose capacity and ITL follow their flags and environment
 * ITL: 10 ms × (1 + slots / 8) × NCCL_PROTO's factor (LL128 0.7, Simple 1.3): with the SLO's
   ITL bound of 45 ms, 32 slots meet it only with LL128 (35 ms; 50 unset, 65 with Simple).
 
+The pair canaries run at the shipped interval, 30 s: a round is a request in each decode's
+queue (a round a second over 4 pairs took a quarter of the baseline's capacity).
+
 So of the 9 candidates (slots 12, 16, 32 × NCCL_PROTO unset, LL128, Simple; the baseline runs
 8 slots, NCCL_PROTO unset) the designed best is 32 slots with LL128, 64 req/s. (Candidates
 far below the rate range cost most: each overloaded run's queue drains before the next.) A side load
@@ -69,6 +72,9 @@ def main() -> None:
         "decode": [{"gpus": [2], "args": {"cuda-graph-max-bs-decode": 8}},
                    {"gpus": [3], "args": {"cuda-graph-max-bs-decode": 8}}],
         "router.policy": "round_robin",
+        # the shipped interval (etc/pdsvc.yaml), not the tests' 1 s: each canary round is a
+        # request in a decode's queue, and 4 pairs a second take 4 of the baseline's 16 req/s
+        "lifecycle.canary_interval_secs": 30,
         "runtime.env.FAKE_SGLANG_SLOT_RATE": 1,
         "runtime.env.FAKE_SGLANG_ITL_SLOTS": 8,
         "runtime.env.FAKE_SGLANG_ITL_BY_NCCL_PROTO": "LL128=0.7,Simple=1.3",
