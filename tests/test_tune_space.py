@@ -297,3 +297,10 @@ def test_the_estimate_counts_a_load_per_engine_step_and_none_for_the_router() ->
     assert layout.loads == 1
     assert layout.seconds == pytest.approx(1 * s.engine_load_secs + 2 * 10
                                            + RACE_RUNS * one_run_seconds(s))
+
+
+def test_durations_read_in_the_unit_that_fits() -> None:
+    from pdsvc.cli.tune import _duration
+
+    assert [_duration(s) for s in (0, 22, 59.4, 59.6, 754, 3599, 3600, 18540)] == [
+        "0 s", "22 s", "59 s", "1 min", "13 min", "1 h 00 min", "1 h 00 min", "5 h 09 min"]

@@ -81,6 +81,9 @@ Exit codes: 0 an answer (also "no candidate beats the current config") · 1 the 
 
 
 def _duration(seconds: float) -> str:
+    """A duration as read: "1 h 05 min", "12 min", "40 s" (under a minute)."""
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
     minutes = round(seconds / 60)
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
