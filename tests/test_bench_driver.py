@@ -6,6 +6,7 @@ for bench_serving here; test_bench.py runs the real one through the driver."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,12 +17,22 @@ from pdsvc.bench.driver import Driver, DriverFailed, Drivers
 #: a module whose import is counted (its "heavy" dependency appends a line on import) and
 #: whose __main__ does what its first argument says
 MAIN = """
-import os, sys
+import os, sys, time
 import heavy
 what = sys.argv[1]
-print("argv", sys.argv[1:], "imports", heavy.count())
+print("argv", sys.argv[1:], "imports", heavy.count(), flush=True)
 if what == "exit":
     sys.exit(int(sys.argv[2]))
+if what == "exit-true":
+    sys.exit(True)
+if what == "stdin":  # what fd 0 gives at once (a pipe with nothing in it: nothing)
+    import select
+    ready = select.select([0], [], [], 0.5)[0]
+    print("stdin", repr(os.read(0, 100) if ready else "nothing yet"))
+if what == "warn":
+    heavy.careful()
+if what == "sleep":
+    time.sleep(60)
 if what == "message":
     sys.exit("bad things")
 if what == "raise":
@@ -39,6 +50,9 @@ with open(MARK, "a") as f:
     f.write("imported\\n")
 def count():
     return len(open(MARK).read().splitlines())
+def careful():
+    import warnings
+    warnings.warn("careful")  # the default filter: once per place, per registry
 """
 
 
@@ -69,6 +83,9 @@ def test_exit_codes_are_what_the_process_would_have_exited_with(driver: Driver,
     log = tmp_path / "run.log"
     assert driver.run(["exit", "2"], log) == 2
     assert driver.run(["exit", "0"], log) == 0
+    assert driver.run(["exit", "256"], log) == 0  # the OS keeps the code modulo 256
+    assert driver.run(["exit", "-1"], log) == 255
+    assert driver.run(["exit-true"], log) == 1
     assert driver.run(["message"], log) == 1
     assert log.read_text().splitlines()[-1] == "bad things"
     assert driver.run(["raise"], log) == 1
@@ -91,6 +108,8 @@ def test_a_driver_that_dies_fails_that_run_and_the_next_starts_another(
     with pytest.raises(DriverFailed) as e:
         driver.run(["die"], log)
     assert e.value.rc == 7
+    # its last words are the run's own, where it wrote them
+    assert e.value.log == log and e.value.tail == "argv ['die'] imports 1"
     assert driver.run(["ok"], log) == 0
     assert log.read_text() == "argv ['ok'] imports 2\n"  # a new process imported it again
 
@@ -123,7 +142,53 @@ def test_one_driver_per_interpreter_module_and_environment(tmp_path: Path) -> No
     log = tmp_path / "d.log"
     a = drivers.get("py", "m", {"A": "1"}, log)
     assert drivers.get("py", "m", {"A": "1"}, tmp_path / "other.log") is a
+    assert a.log == tmp_path / "other.log"  # its own words go beside the runs asking now
     assert drivers.get("py", "m", {"A": "2"}, log) is not a
     assert drivers.get("py2", "m", {"A": "1"}, log) is not a
     drivers.close()
     assert drivers.get("py", "m", {"A": "1"}, log) is not a  # closed: a new one
+
+
+def test_a_run_reads_no_request_from_its_stdin_and_each_run_shows_its_warnings(
+        driver: Driver, tmp_path: Path) -> None:
+    logs = [tmp_path / f"run-{i}.log" for i in range(3)]
+    assert driver.run(["stdin"], logs[0]) == 0
+    assert "stdin b''" in logs[0].read_text()  # /dev/null's end, not the requests' pipe
+    assert driver.run(["warn"], logs[1]) == 0 and driver.run(["warn"], logs[2]) == 0
+    assert all("UserWarning: careful" in log.read_text() for log in logs[1:])
+
+
+def test_an_interrupt_while_it_runs_kills_it_as_subprocess_run_would(
+        driver: Driver, tmp_path: Path) -> None:
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    driver.run(["ok"], tmp_path / "first.log")
+    proc = driver.proc
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            driver.run(["sleep"], tmp_path / "run.log")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert proc is not None and proc.poll() is not None  # no load outlives the run
+    assert driver.proc is None
+    assert driver.run(["ok"], tmp_path / "next.log") == 0  # a new one, in step
+    assert (tmp_path / "next.log").read_text() == "argv ['ok'] imports 2\n"
+
+
+def test_what_the_interpreter_prints_before_the_program_runs_is_passed_over(
+        tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('hello from a sitecustomize')\n")
+    (site / "quiet.py").write_text("print('ran')\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    d = Driver(sys.executable, "quiet", env, tmp_path / "d.log")
+    try:
+        assert d.run([], tmp_path / "run.log") == 0
+        assert (tmp_path / "run.log").read_text() == "ran\n"
+    finally:
+        d.close()

@@ -9,7 +9,8 @@ imported it.
 
 A driver that cannot start, or dies, fails the run it was asked for with the words a
 subprocess's failure would have had (its exit code and the last lines it wrote); the next run
-starts a new one.
+starts a new one. A run interrupted in pdsvc (Ctrl-C; `pdsvc tune`'s SIGTERM) kills its
+driver, as subprocess.run kills its child.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ CLOSE_S = 5.0
 
 
 class DriverFailed(Exception):
-    """The driver could not run the run: its exit code and its last words."""
+    """The driver could not run the run: its exit code, its last words and where they are."""
 
-    def __init__(self, rc: int | None, tail: str) -> None:
+    def __init__(self, rc: int | None, tail: str, log: Path) -> None:
         super().__init__(f"exited {rc}" if rc is not None else "stopped answering")
-        self.rc, self.tail = rc, tail
+        self.rc, self.tail, self.log = rc, tail, log
 
 
 class Driver:
@@ -47,53 +48,73 @@ class Driver:
 
     def start(self) -> None:
         """Start the process and wait until it has imported the module (OSError: the
-        interpreter cannot be run; DriverFailed: the import failed)."""
+        interpreter cannot be run; DriverFailed: the import failed, its words in self.log)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w", encoding="utf-8") as err:
             self.proc = subprocess.Popen(
                 [self.python, "-c", PROGRAM, self.module], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=err, env=self.env, text=True,
-                start_new_session=False)
-        self._answer("ready")
+                stdout=subprocess.PIPE, stderr=err, env=self.env, text=True)
+        self._answer("ready", self.log)
 
     def run(self, argv: list[str], log_file: Path) -> int:
-        """The exit code ``python -m MODULE *argv`` would have had; its output in log_file."""
+        """The exit code ``python -m MODULE *argv`` would have had; its output in log_file.
+        Interrupted while it runs (Ctrl-C, or `pdsvc tune`'s SIGTERM as KeyboardInterrupt),
+        the process is killed, as subprocess.run kills its child, and the interrupt goes on:
+        no load outlives the run that was asked for."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log_file)}) + "\n")
-            self.proc.stdin.flush()
-        except OSError:
-            self._failed()
-        rc = self._answer("rc")
-        if not isinstance(rc, int):
-            self._failed()
+            try:
+                self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log_file)}) + "\n")
+                self.proc.stdin.flush()
+            except OSError:
+                self._failed(log_file)
+            rc = self._answer("rc", log_file)
+        except BaseException as e:
+            if not isinstance(e, DriverFailed):
+                self._kill()
+            raise
+        if not isinstance(rc, int) or isinstance(rc, bool):
+            self._failed(log_file)
         return rc
 
-    def _answer(self, key: str) -> object:
+    def _answer(self, key: str, log: Path) -> object:
+        """The value of ``key`` in the process's next answer. Lines that are not an answer
+        are passed over: a sitecustomize or .pth that prints writes them before the program
+        moves its own output off the answers' way."""
         assert self.proc is not None and self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        try:
-            return json.loads(line)[key]
-        except (ValueError, KeyError, TypeError):
-            self._failed()
+        while line := self.proc.stdout.readline():
+            with contextlib.suppress(ValueError):
+                said = json.loads(line)
+                if isinstance(said, dict) and key in said:
+                    return said[key]
+        self._failed(log)
 
-    def _failed(self) -> NoReturn:
-        """Raise DriverFailed with the process's exit code and the end of its log."""
-        assert self.proc is not None
+    def _failed(self, log: Path) -> NoReturn:
+        """Raise DriverFailed with the process's exit code and the end of ``log`` (the run's,
+        where it died running one; its own, where it died importing)."""
+        proc, self.proc = self.proc, None
+        assert proc is not None
         try:
-            rc: int | None = self.proc.wait(timeout=CLOSE_S)
+            rc: int | None = proc.wait(timeout=CLOSE_S)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            proc.kill()
+            proc.wait()
             rc = None
+        _close_pipes(proc)
         try:
-            said = self.log.read_text(encoding="utf-8", errors="replace")
+            said = log.read_text(encoding="utf-8", errors="replace")
         except OSError:
             said = ""
-        tail = said.strip().splitlines()[-3:]
-        self.proc = None
-        raise DriverFailed(rc, " | ".join(tail))
+        raise DriverFailed(rc, " | ".join(said.strip().splitlines()[-3:]), log)
+
+    def _kill(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            _close_pipes(proc)
 
     def close(self) -> None:
         """End the process: its stdin closed, killed if it does not end within CLOSE_S."""
@@ -108,8 +129,14 @@ class Driver:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+        _close_pipes(proc)
+
+
+def _close_pipes(proc: subprocess.Popen[str]) -> None:
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe:
+            with contextlib.suppress(OSError):
+                pipe.close()
 
 
 class Drivers:
@@ -121,11 +148,14 @@ class Drivers:
         self._drivers: dict[tuple[str, str, str], Driver] = {}
 
     def get(self, python: str, module: str, env: Mapping[str, str], log: Path) -> Driver:
+        """The driver for this interpreter, module and environment; ``log`` is where it
+        writes its own words the next time it starts (beside the runs asking for it)."""
         key = (python, module, json.dumps(sorted(env.items())))
         with self._lock:
             driver = self._drivers.get(key)
             if driver is None:
                 driver = self._drivers[key] = Driver(python, module, env, log)
+            driver.log = log
             return driver
 
     def close(self) -> None:

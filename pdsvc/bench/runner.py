@@ -122,7 +122,7 @@ def run_once(target: Target, load: Load, out_file: Path, *, env: Mapping[str, st
         return res
     except DriverFailed as e:  # it could not import bench_serving, or died
         res.error = f"bench_serving {e}" + (f": {e.tail}" if e.tail else "")
-        log(f"  bench_serving failed (log: {driver.log})")
+        log(f"  bench_serving failed (log: {e.log})")
         return res
     after = read_counters(target.engines)
     doc = read_result(out_file)
