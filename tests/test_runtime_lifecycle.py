@@ -57,6 +57,28 @@ def test_engine_ready_only_after_healthy_then_watchdog_and_sigterm_forwarded(
     assert "Traceback" not in log
 
 
+def test_the_watchdog_is_fed_while_the_engine_drains_after_the_managers_stop(
+        procs, notify_socket, tmp_path):
+    """systemd stops a unit's watchdog as its stop begins, but a WATCHDOG=1 read after that
+    (a ping sent just before the stop, read late on a busy host) arms it again; unfed through
+    a long drain it would kill the runtime (result 'watchdog'). So the pings go on until the
+    engine exits."""
+    port, events = free_port(), tmp_path / "child.jsonl"
+    proc = procs.start(
+        engine_args(port, "dsv4-decode", "--",
+                    *procs.child(port, events, "--healthy-after", "0", "--drain-secs", "3")),
+        notify=notify_socket,
+    )
+    wait_for(lambda: notify_socket.times("WATCHDOG=1"), what="serving")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: [e for e in read_events(events) if e["event"] == "sigterm"],
+             what="the SIGTERM forwarded")
+    stopped_at = time.time()
+    assert procs.wait(proc) == 0
+    # fed while it drained: a ping a CHILD_WAIT_SLICE_S (1 s) of its 3 s
+    assert len([t for t in notify_socket.times("WATCHDOG=1") if t > stopped_at]) >= 2
+
+
 def test_engine_hung_child_gets_no_watchdog_pings(procs, notify_socket, tmp_path):
     port, events = free_port(), tmp_path / "child.jsonl"
     proc = procs.start(

@@ -51,6 +51,7 @@ CHILD_SCRIPT = textwrap.dedent(
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--exit-signal", type=int)
     p.add_argument("--on-sigterm", choices=["exit0", "sigkill"], default="exit0")
+    p.add_argument("--drain-secs", type=float, default=0.0)  # SIGTERM: exit0 after draining
     a = p.parse_args()
     start = time.time()
     lock = threading.Lock()
@@ -64,6 +65,9 @@ CHILD_SCRIPT = textwrap.dedent(
         record("sigterm")
         if a.on_sigterm == "sigkill":  # what SGLang's SIGTERM watchdog does to itself
             os.kill(os.getpid(), signal.SIGKILL)
+        if a.drain_secs:  # still answers /health meanwhile (the server runs in a thread)
+            threading.Timer(a.drain_secs, lambda: os._exit(0)).start()
+            return
         os._exit(0)
 
     def die():

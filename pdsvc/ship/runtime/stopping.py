@@ -92,6 +92,7 @@ class Stopping:
     def wait_child(self, kind: End | Ending, outcome: Outcome, own_stop: bool) -> int:
         """The child's returncode once it is gone, however it was stopped."""
         a, child = self.args, self.child
+        feed = lambda: self.notifier("WATCHDOG=1")  # noqa: E731
         if kind is End.STOP:
             child.forward_stop()
             hung = self.hung_after_stop()
@@ -99,12 +100,17 @@ class Stopping:
                 child.kill_now(hung)
                 returncode = child.wait(KILL_WAIT_S)
                 return -signal.SIGKILL if returncode is None else returncode
-            return child.wait_after_stop(a.progress_every, a.stop_timeout)
+            # systemd stops the unit's watchdog as the stop begins (service.c
+            # service_set_state), but a WATCHDOG=1 it reads after that arms it again
+            # (service_reset_watchdog looks at no state): a liveness ping sent just before the
+            # stop, read late on a busy host. Unfed, that watchdog then kills the runtime
+            # mid-drain (SIGABRT, result 'watchdog'). So keep it fed until the child exits;
+            # TimeoutStopSec= stays the stop's bound.
+            return child.wait_after_stop(a.progress_every, a.stop_timeout, tick=feed)
         if own_stop:
             # our own stop, not the manager's: its watchdog still runs, so keep it fed while
             # the engine drains (bounded by --stop-timeout, which the units pass for this)
-            return child.wait_after_stop(a.progress_every, a.stop_timeout,
-                                         tick=lambda: self.notifier("WATCHDOG=1"))
+            return child.wait_after_stop(a.progress_every, a.stop_timeout, tick=feed)
         if kind is Ending.HUNG:
             returncode = child.wait(KILL_WAIT_S)
             return -signal.SIGKILL if returncode is None else returncode
