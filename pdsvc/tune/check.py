@@ -136,9 +136,8 @@ class Checker:
         cost = loads * space.engine_load_secs + len(rollout.steps) * SETTLE_S + \
             RACE_RUNS * one_run_seconds(space)
         if stops:  # measured only with --allow-outage: its cost is the same
-            return Checked(c, "outage", f"serving stops while {stops[0].clause()} (no pair left): "
-                           f"{stops[0].why}", units, cost,
-                           loads)
+            return Checked(c, "outage", f"serving stops while {stops[0].clause()} (no pair "
+                           f"left): {stops[0].why}", units, cost, loads)
         return Checked(c, "measure", "", units, cost, loads)
 
 

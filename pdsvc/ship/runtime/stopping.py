@@ -92,7 +92,6 @@ class Stopping:
     def wait_child(self, kind: End | Ending, outcome: Outcome, own_stop: bool) -> int:
         """The child's returncode once it is gone, however it was stopped."""
         a, child = self.args, self.child
-        feed = lambda: self.notifier("WATCHDOG=1")  # noqa: E731
         if kind is End.STOP:
             child.forward_stop()
             hung = self.hung_after_stop()
@@ -106,15 +105,18 @@ class Stopping:
             # stop, read late on a busy host. Unfed, that watchdog then kills the runtime
             # mid-drain (SIGABRT, result 'watchdog'). So keep it fed until the child exits;
             # TimeoutStopSec= stays the stop's bound.
-            return child.wait_after_stop(a.progress_every, a.stop_timeout, tick=feed)
+            return child.wait_after_stop(a.progress_every, a.stop_timeout, tick=self.feed_watchdog)
         if own_stop:
             # our own stop, not the manager's: its watchdog still runs, so keep it fed while
             # the engine drains (bounded by --stop-timeout, which the units pass for this)
-            return child.wait_after_stop(a.progress_every, a.stop_timeout, tick=feed)
+            return child.wait_after_stop(a.progress_every, a.stop_timeout, tick=self.feed_watchdog)
         if kind is Ending.HUNG:
             returncode = child.wait(KILL_WAIT_S)
             return -signal.SIGKILL if returncode is None else returncode
         return outcome.returncode if outcome.returncode is not None else 1
+
+    def feed_watchdog(self) -> None:
+        self.notifier("WATCHDOG=1")
 
     def hung_after_stop(self) -> str:
         """Why the engine is hung, once the stop signal is forwarded: its /health gives no
