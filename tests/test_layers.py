@@ -22,7 +22,7 @@ PKG = Path(__file__).resolve().parent.parent / "pdsvc"
 #: or, at the top, the module itself. Leaves are facts every layer may read.
 LEAVES = {"errors", "encode", "topology", "sglang", "routers", "__init__"}
 RANK = {"ship": 0, "config": 1, "plan": 2, "render": 3, "status": 4, "doctor": 4, "bench": 4,
-        "apply": 4, "tune": 5, "cli": 6}
+        "apply": 4, "tune": 5, "profile": 5, "cli": 6}
 
 
 def layer_of(module: str) -> str:
