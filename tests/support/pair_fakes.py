@@ -11,7 +11,10 @@ from pdsvc.ship.runtime.probe import HttpReply, NoAnswer, NoAnswerKind
 
 
 class FakeRouter:
-    """The /workers API of sglang-router 0.3.2 or smg (status, 409 on a re-post)."""
+    """The /workers API of sglang-router 0.3.2 or smg (status, 409 on a re-post); a worker's
+    health checks paused by smg's PATCH (nested ``health``) or 0.3.2's PUT (flat field; no
+    PATCH route: 405), ``checks_off`` says whose; ``listed_twice``: the URLs a 0.3.2 PUT
+    registered once more (its worker_registry appends on every PUT)."""
 
     def __init__(self, smg: bool = False, key: str = "k") -> None:
         self.smg, self.key = smg, key
@@ -21,6 +24,8 @@ class FakeRouter:
         self.waited = 0.0  # the seconds callers spent waiting on it
         self.calls: list[tuple[str, str]] = []
         self.posted: list[dict] = []  # each POST /workers body
+        self.checks_off: set[str] = set()  # worker ids whose health checks are paused
+        self.listed_twice: set[str] = set()
 
     def __call__(self, url: str, timeout: float, body: bytes | None = None,
                  headers: dict | None = None, method: str | None = None) -> HttpReply:
@@ -41,11 +46,15 @@ class FakeRouter:
             wid = url.rsplit("/", 1)[1]
             for w in self.workers:
                 if w["id"] == wid:
+                    self.checks_off.discard(wid)
+                    self.listed_twice.discard(w["url"])
                     if self.smg:
                         w["status"], w["is_healthy"] = "draining", False
                     else:
                         self.workers.remove(w)
             return HttpReply(202, b"{}", "HTTP 202")
+        if method in ("PATCH", "PUT"):
+            return self.update(method, url.rsplit("/", 1)[1], json.loads(body or b"{}"))
         doc = json.loads(body or b"{}")
         self.posted.append(doc)
         if any(w["url"] == doc["url"] for w in self.workers):
@@ -53,6 +62,23 @@ class FakeRouter:
         self.workers.append({"id": f"id{len(self.workers)}", "url": doc["url"],
                              "worker_type": doc["worker_type"], "is_healthy": True,
                              **({"status": "ready"} if self.smg else {})})
+        return HttpReply(202, b"{}", "HTTP 202")
+
+
+    def update(self, method: str, wid: str, doc: dict) -> HttpReply:
+        worker = next((w for w in self.workers if w["id"] == wid), None)
+        if worker is None:
+            return HttpReply(404, b"{}", "HTTP 404")
+        if self.smg and method == "PUT":
+            raise AssertionError("smg's PUT replaces the worker (and probes /health): never")
+        if not self.smg and method == "PATCH":
+            return HttpReply(405, b"", "HTTP 405")
+        off = doc["health"]["disable_health_check"] if self.smg else doc["disable_health_check"]
+        (self.checks_off.add if off else self.checks_off.discard)(wid)
+        worker["is_healthy"] = True  # either makes it healthy: smg Ready, 0.3.2 rebuilt
+        if not self.smg:
+            worker["disable_health_check"] = off
+            self.listed_twice.add(worker["url"])
         return HttpReply(202, b"{}", "HTTP 202")
 
 

@@ -13,7 +13,8 @@ One idea a module:
   phases     start / liveness / peer loops    policy     the restart policy, heal budget
   canary     the pair canary's judgment       rounds     the canary's rounds and thread
   cascade    heal cascades and their cure     membership the router's worker list
-  hold       pdsvc apply's hold               statefile  the state files' contract
+  hold       pdsvc apply's and profile's hold statefile  the state files' contract
+  profiled   a profile hold: liveness excused, the routers' health checks paused
   metrics    the node_exporter textfile       probe      the HTTP client for every probe
   notify     sd_notify and log lines          gpu        the nvidia-smi client
   jitlock    cold JIT compile serialisation   proctree   subreaper and /proc

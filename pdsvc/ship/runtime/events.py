@@ -42,10 +42,12 @@ class StopAsked:
 
 @dataclass(frozen=True)
 class Probed:
-    """A liveness probe ended (``at``: the loop's clock when it did)."""
+    """A liveness probe ended (``at``: the loop's clock when it did); ``excused``: why a
+    failure is not judged now (a profile hold: profiled.py), "" when it is."""
 
     result: ProbeResult
     at: float
+    excused: str = ""
 
 
 @dataclass(frozen=True)

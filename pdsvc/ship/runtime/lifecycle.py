@@ -36,6 +36,7 @@ from .probe import (
     router_start_probe,
 )
 from .proctree import become_subreaper
+from .profiled import Profiled
 from .rounds import CanaryThread, own_failures, queued
 from .serving import Serving
 from .statefile import Kind, state_path
@@ -83,6 +84,7 @@ class Unit:
             attempts=args.start_attempts, log=self.log)
         self.canary_path = state_path(state, args.name, Kind.CANARY) if state else None
         self.hold = Hold.of(state, args.name, self.log)  # pdsvc apply's, while it rolls a change
+        self.profiled: Profiled | None = None  # pdsvc profile's hold (engines with a state dir)
         self.jit: JitLock | None = None
         self.membership: Routers | None = None
         self.canary: Canary | None = None  # the pair canary's judgment (engines with pairs)
@@ -253,7 +255,8 @@ class Unit:
         watchdog = a.watchdog_secs or watchdog_secs()  # supervisord's bound, or systemd's
         membership = Routers(a.router, worker, key, self.log, held=self.hold.out,
                              timeout=call_timeout(watchdog, a.liveness_interval,
-                                                  a.liveness_timeout, len(a.router)))
+                                                  a.liveness_timeout, len(a.router)),
+                             shared=bool(a.sibling))
         if self.cascade is not None:  # heals and cures of the other hosts (fleet.py)
             share(a, key, self.cascade, self.log)
         self.membership = membership
@@ -325,8 +328,14 @@ class Unit:
     # ---------------------------------------------------------------- serving
     def serving(self) -> Serving:
         """SERVING's state and duties (serving.py), from this run's parts."""
-        return Serving(self.args, self.log, self.notifier, self.policy, self.membership,
-                       self.cascade, self.canary, self.rounds, self.began)
+        serving = Serving(self.args, self.log, self.notifier, self.policy, self.membership,
+                          self.cascade, self.canary, self.rounds, self.began)
+        state = self.args.state_dir
+        if self.role == "engine" and state:
+            serving.profiled = self.profiled = Profiled(
+                self.hold, state_path(state, self.args.name, Kind.PROFILE), self.log,
+                self.membership)
+        return serving
 
     def start_canary(self) -> None:
         a = self.args

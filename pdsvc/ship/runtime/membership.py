@@ -9,6 +9,8 @@ the worker is noticed on the next check and the worker is posted again. An entry
 keeps unhealthy for long while the engine itself answers /health is deleted and posted afresh;
 one it still drains after this engine's last stop (smg's ``draining``) is waited out.
 While `pdsvc apply` holds the engine out (hold.py, ``held``), it neither joins nor re-adds it.
+While `pdsvc profile` holds it (profiled.py), the routers stop health-checking its entry
+(``pause``) and membership changes nothing; the checks resume when the hold ends.
 
 Re-posting a registered URL answers 202 on 0.3.2 and 409 ``WORKER_ALREADY_EXISTS`` on smg
 (smg ``model_gateway`` worker routes): both mean "it is there". The control plane needs the
@@ -79,8 +81,10 @@ class Membership:
                  call: Callable[..., HttpReply] = http_call,
                  clock: Callable[[], float] = time.monotonic,
                  held: Callable[[], str | None] = lambda: None,
-                 timeout: float = ROUTER_CALL_TIMEOUT_S) -> None:
+                 timeout: float = ROUTER_CALL_TIMEOUT_S, shared: bool = False) -> None:
         self.router = router.rstrip("/")
+        #: other engines of this role serve: taking this one out for a moment costs nothing
+        self.shared = shared
         self.timeout = timeout
         #: monotonic: until then the router is not called (it did not answer the last call)
         self.dark_until = 0.0
@@ -100,6 +104,8 @@ class Membership:
         self.entries: list[dict[str, Any]] = []
         self.joined = False
         self.unhealthy_since: float | None = None
+        #: sglang-router 0.3.2 took a PUT (pause): register afresh once healthy (``pause``)
+        self.refresh = False
         self._said = ""  # the last problem logged, so a long outage is one line, not hundreds
 
     def _say(self, text: str) -> None:
@@ -208,6 +214,16 @@ class Membership:
             self.join()
             return
         healthy = entry.get("is_healthy") is not False and status != "failed"
+        if self.refresh and healthy and engine_healthy:
+            self.log(f"registering {self.worker.url} afresh with the router {self.router}: "
+                     "the PUT that paused its health checks listed it twice there "
+                     "(sglang-router 0.3.2, src/core/worker_registry.rs register), which "
+                     "would send it twice its share of requests")
+            self.refresh = False
+            self._delete(entry)
+            self.joined = False
+            self.join()
+            return
         now = self.clock()
         if healthy or not engine_healthy:
             self.unhealthy_since = None
@@ -241,6 +257,37 @@ class Membership:
             self._said = ""
         return False
 
+    def pause(self, paused: bool) -> str | None:
+        """Ask the router to stop (``paused``) or resume health-checking this engine's entry;
+        None once it took the change, else why not.
+
+        smg: ``PATCH /workers/{id}`` with ``{"health": {"disable_health_check": B}}``; a
+        disabled check makes the worker Ready and takes it off the probe schedule (smg
+        model_gateway/src/workflow/steps/local/update_worker_properties.rs, worker/
+        manager.rs). sglang-router 0.3.2 has no PATCH route (405) and takes the flat field by
+        ``PUT /workers/{id}`` (its src/protocols/worker_spec.rs WorkerUpdateRequest), which
+        rebuilds the worker healthy and skips it in the health checker (src/core/
+        worker_registry.rs ``start_health_checker``). smg's PUT is a full replace that probes
+        /health again: it is never sent to a router that answered PATCH."""
+        entry, error = self._entry()
+        if error is not None:
+            return f"router {self.router} did not answer: {error}"
+        if entry is None:
+            return f"router {self.router} does not list {self.worker.url}"
+        url = f"{self.router}/workers/{urllib.parse.quote(str(entry.get('id', '')), safe='')}"
+        reply = self._call(url, json.dumps({"health": {"disable_health_check": paused}}).encode(),
+                           method="PATCH")
+        if reply.status == 405:
+            reply = self._call(url, json.dumps({"disable_health_check": paused}).encode(),
+                               method="PUT")
+            # a PUT registers the worker once more in 0.3.2's lists of a kind (its
+            # worker_registry.rs ``register`` appends): after the hold, a worker that shares
+            # its role is registered afresh, or it would take twice its share of requests
+            self.refresh = self.refresh or (not paused and self.shared)
+        if reply.status in (200, 202):
+            return None
+        return f"router {self.router}: {reply.detail}"
+
     def drop(self) -> bool | None:
         """Delete this worker's entry if the router lists it: True when it did, False when
         it was not listed, None when the router did not answer."""
@@ -273,6 +320,8 @@ class Routers:
         # the stop path from the main one: one call at a time, and none joins after a leave
         self.lock = threading.Lock()
         self.left = False
+        #: a profile hold is in force: membership changes nothing (profiled.py)
+        self.paused = False
 
     @property
     def admit(self) -> Callable[[set[str]], str | None] | None:
@@ -295,10 +344,18 @@ class Routers:
 
     def check(self, engine_healthy: bool) -> None:
         with self.lock:
-            if self.left:
+            if self.left or self.paused:
                 return
             for m in self.each:
                 m.check(engine_healthy)
+
+    def pause(self, paused: bool) -> dict[str, str]:
+        """Pause (or resume) every router's health checks of this engine; while paused,
+        membership changes nothing. Each router's answer: "" when it took the change, else
+        why not."""
+        with self.lock:
+            self.paused = paused
+            return {m.router: m.pause(paused) or "" for m in self.each}
 
     def lists_any(self, urls: list[str]) -> bool:
         """Whether every router that answers lists one of ``urls`` healthy (and one answers):

@@ -2,11 +2,13 @@
 do SERVING's I/O on threads of their own and post what they found (events.py):
 
   poller       what it does, how often                               posts
-  liveness     this engine's /health, every --liveness-interval      Probed
+  liveness     this engine's /health, every --liveness-interval      Probed (a failure
+               excused while a profile hold lasts: profiled.py)
   peers        --restart-with peers' /health, every --peer-interval  PeerRestarted
                (a refused connection confirmed every PEER_CONFIRM_S)
   membership   re-join the router when it lost this engine           (nothing: its own)
   cure         a heal cascade's cure marker, every MARKER_LOOK_S     CureDue
+  profile      a profile hold's start and end, every PROFILE_LOOK_S  (nothing: its own)
   canary       the pair canary's rounds (rounds.CanaryThread)        PairsJudged
   heal         asked once per AskTurn: this engine's turn among its
                role (the routers), the heal budget, the cascade      HealSaid
@@ -48,6 +50,7 @@ from .options import Options
 from .phases import Outcome, PeerWatch
 from .policy import RestartPolicy
 from .probe import ProbeResult, at_once, http_probe
+from .profiled import Profiled
 from .rounds import CanaryThread
 from .timings import (
     CHILD_WAIT_SLICE_S,
@@ -56,6 +59,7 @@ from .timings import (
     MARKER_LOOK_S,
     MEMBERSHIP_RETRY_S,
     PEER_CONFIRM_S,
+    PROFILE_LOOK_S,
     START_PROBE_TIMEOUT_S,
 )
 from .watch import AskTurn, Notify, PairGood, Say, Wait, Watch, step, wake_at
@@ -94,6 +98,7 @@ class Serving:
     began: float | None  # wall clock: when this run's engine process started
     clock: Callable[[], float] = time.monotonic
     peers: PeerWatch | None = None  # --restart-with peers
+    profiled: Profiled | None = None  # a `pdsvc profile` hold (engines with a state dir)
     state: Watch | None = None  # the loop's (the membership poller reads ``alive``)
     said_wait: str = ""  # the last "not now" logged (news only: rounds come every second)
     # a stale-side dead-lock: (first seen, last seen), monotonic (decide_heal's thread only)
@@ -163,7 +168,7 @@ class Serving:
                 reap: Callable[[], None] | None) -> list[Poller]:
         """A poller per duty this engine has (its liveness probe always)."""
         a, inbox = self.args, self.inbox
-        out = [Poller("liveness", inbox, lambda: Probed(probe(), self.clock()),
+        out = [Poller("liveness", inbox, lambda: self.probed(probe),
                       lambda: a.liveness_interval, first=a.liveness_interval)]
         if self.peers is not None:
             # from the first second: a peer killed now is seen go and return
@@ -172,12 +177,23 @@ class Serving:
             out.append(Poller("membership", inbox, self.keep_membership, self.membership_pace))
         if self.cascade is not None:
             out.append(Poller("cure", inbox, self.cure, lambda: MARKER_LOOK_S))
+        if self.profiled is not None:
+            profiled = self.profiled
+            out.append(Poller("profile", inbox, lambda: profiled.look(),
+                              lambda: PROFILE_LOOK_S))
         if self.canary is not None and self.rounds is not None:
             self.rounds.deliver(self.judged)
         if reap is not None:
             out.append(Poller("reap", inbox, lambda: reap(), lambda: CHILD_WAIT_SLICE_S,
                               first=CHILD_WAIT_SLICE_S))
         return out
+
+    def probed(self, probe: Callable[[], ProbeResult]) -> Probed:
+        """One liveness probe; a failure is excused while a profile hold lasts (asked once
+        the probe is over: a hold that ended during a long probe excuses nothing)."""
+        result = probe()
+        excused = self.profiled.excuse() if self.profiled is not None and not result.ok else None
+        return Probed(result, self.clock(), excused or "")
 
     def watch_peers(self) -> Event | None:
         """The peer watch: a --restart-with peer that restarted restarts this engine."""

@@ -84,6 +84,16 @@ HEAL_STAGGER_S = 3.0
 #: round), shorter than the canary's steady interval (serving.Serving.look_again)
 DEADLOCK_S = 20.0
 
+# ---------------------------------------------------------------- a profile hold (profiled.py)
+#: the longest a `pdsvc profile` hold is honoured, from when it began, renewed or not: its
+#: capture's steps and the trace's write (SGLang's scheduler freezes while it exports: 25 s
+#: for a 242 MB trace in sglang #34943, 108 s in PR #35115), with room to spare. Past it a
+#: hung engine is judged again, whatever the hold says
+PROFILE_HOLD_MAX_S = 600.0
+#: seconds between the runtime's looks at its hold for a profile hold's start and end (a
+#: stat and a read of a few hundred bytes)
+PROFILE_LOOK_S = 0.5
+
 # ---------------------------------------------------------------- heals (policy.py, cascade.py)
 #: the heal budget's window: heals within it that brought no pair back count against it
 HEAL_WINDOW_S = 3600.0

@@ -13,6 +13,7 @@ but wait for the next event and carry out the effects.
                    ask_at                    a heal's question due again -> AskTurn
   Probed(ok)       failures                  Ping (WATCHDOG=1), "OK again after N"
   Probed(failed)   failures                  no ping, a status; alive = False
+  Probed(excused)  excused                   a failure during a profile hold: Ping, a status
   PeerRestarted    -                         -> outcome PEER
   CureDue          -                         -> outcome HEAL (the cascade's cure)
   PairsJudged      alive, failing_since      PairGood; a verdict while alive -> AskTurn once
@@ -52,6 +53,7 @@ class Watch:
     why: str = ""  # ... and why (its last verdict)
     asking: bool = False  # a HealSaid is awaited (one question at a time)
     ask_at: float | None = None  # ask again then, whether a round came or not
+    excused: int = 0  # failed probes not judged in a row (a profile hold)
 
 
 @dataclass(frozen=True)
@@ -147,17 +149,28 @@ def step(state: Watch, event: Event, *, hang_after: float | None = None,
 
 def probed(state: Watch, event: Probed, serving_status: str) -> Step:
     """A liveness probe's result: WATCHDOG=1 after a 200, a line and a status after a
-    failure (no ping: once WatchdogSec= passes without one, systemd kills the unit)."""
+    failure (no ping: once WatchdogSec= passes without one, systemd kills the unit). A
+    failure a profile hold excuses is a ping, with the reason in a line (the first in a row)
+    and the status: the engine may freeze while it writes a trace (profiled.py)."""
     result = event.result
     if result.ok:
-        again = state.failures > 0
+        again = state.failures > 0 or state.excused > 0
         effects: tuple[Effect, ...] = (
-            (Say(f"liveness probe OK again after {state.failures} failure(s)"),
+            (Say(f"liveness probe OK again after {state.failures + state.excused} "
+                 f"failure(s){f', {state.excused} of them excused' if state.excused else ''}"),
              Notify(("WATCHDOG=1", f"STATUS={serving_status}"))) if again
             else (Notify(("WATCHDOG=1",)),))
-        return Step(replace(state, failures=0, last_ok=event.at, alive=True), effects)
+        return Step(replace(state, failures=0, excused=0, last_ok=event.at, alive=True), effects)
+    if event.excused:
+        said = () if state.excused else (
+            Say(f"liveness probe failed: {result.detail}; not judged: {event.excused}"),)
+        return Step(replace(state, failures=0, excused=state.excused + 1, last_ok=event.at,
+                            alive=True),
+                    (*said, Notify(("WATCHDOG=1", f"STATUS=profiling: liveness probe failing "
+                                                  f"({state.excused + 1}x), not judged: "
+                                                  f"{event.excused}"))))
     failures = state.failures + 1
-    return Step(replace(state, failures=failures, alive=False), (
+    return Step(replace(state, failures=failures, excused=0, alive=False), (
         Say(f"liveness probe failed: {result.detail}"),
         Notify((f"STATUS=liveness probe failing ({failures}x, no watchdog ping): "
                 f"{result.detail}",))))
