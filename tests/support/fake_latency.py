@@ -93,6 +93,8 @@ class LatencyModel:
         self._free_at = 0.0  # monotonic time the scheduler is done with every queued request
         self._turns: list[float] = []  # when the scheduler takes each request not yet taken
         self._ids = itertools.count(1)
+        #: blocks while the engine's scheduler is frozen (standin/profiler.py: a trace's write)
+        self.gate: Any = lambda: True
 
     def configure(self, capacity_flags: dict[str, int | None]) -> None:
         """The engine's own flags (``--max-running-requests`` …: their values or None) and
@@ -171,6 +173,7 @@ class LatencyModel:
         for k in range(1, length + 1):
             if k > 1:
                 time.sleep(self.itl * self.slowdown())
+            self.gate()
             handler._sse({"text": " ".join(["tok"] * k), "output_ids": list(range(k)),
                           "meta_info": {**meta, "completion_tokens": k, "finish_reason": None}})
         done = {"type": "length", "length": length}

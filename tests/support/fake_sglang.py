@@ -49,7 +49,12 @@ Behaviour, in the order it happens:
   it SIGKILLs its descendants (not itself) and exits 0 (``FAKE_SGLANG_SIGTERM_EXIT=137``: the
   SIGKILL-itself exit of SGLang before its graceful stop);
 * kill -9 (or ``crash``): the sockets close with the process; a client in the middle of a
-  reply sees the connection drop (a stream's chunked body ends incomplete).
+  reply sees the connection drop (a stream's chunked body ends incomplete);
+* the profiler (standin/profiler.py): ``/start_profile`` and ``/stop_profile`` as SGLang
+  0.5.23 answers them, N forward steps counted while requests are in flight, one real
+  PyTorch-profiler trace per TP rank (tests/fixtures/traces) written in pieces while the
+  scheduler is frozen for ``FAKE_SGLANG_PROFILE_WRITE_SECS``: no token, /health 503 after
+  ``SGLANG_HEALTH_CHECK_TIMEOUT``; ``--admin-api-key`` guards it.
 
 Knobs: every ``FAKE_SGLANG_*`` environment variable is read in standin/config.py (``Knobs``,
 one field per knob, with its default), except the latency model's own

@@ -12,4 +12,6 @@ generate    /generate, /v1/completions, /v1/chat/completions: parsing and replie
 bootstrap   PD pairing: the prefill's bootstrap server, each side's check of its peer
 pair        the NIXL pair state (stale pairs)
 metrics     /metrics
+profiler    /start_profile, /stop_profile, the scheduler's steps and its freeze while a trace
+            is written
 """

@@ -32,6 +32,8 @@ ROUTES: dict[str, tuple[frozenset[str], str]] = {
     "/metrics": (_GET, "h_metrics"),
     "/flush_cache": (frozenset({"GET", "POST"}), "h_flush_cache"),
     "/generate": (frozenset({"POST", "PUT"}), "h_generate"),
+    "/start_profile": (frozenset({"GET", "POST"}), "h_start_profile"),
+    "/stop_profile": (frozenset({"GET", "POST"}), "h_stop_profile"),
     "/v1/completions": (_POST, "h_generate"),
     "/v1/chat/completions": (_POST, "h_generate"),
 }
@@ -54,7 +56,10 @@ class EngineHandler(BaseHandler):
 
     def _route(self, path: str, entry: tuple | None, body: Any, parse_error: str | None) -> None:
         eng = self.server.engine
-        key = eng.args.api_key
+        profiling = entry is not None and entry[1] in ("h_start_profile", "h_stop_profile")
+        # srt/utils/auth.py decide_request_auth: the profiler's routes are ADMIN_OPTIONAL (the
+        # admin key when one is set, else the API key), the rest need the API key
+        key = (eng.args.admin_api_key or eng.args.api_key) if profiling else eng.args.api_key
         if (
             key
             # srt/utils/auth.py: /health*, /ready* and /metrics* never need the key
@@ -63,7 +68,8 @@ class EngineHandler(BaseHandler):
         ):
             self._json(401, {"error": "Unauthorized"})
             return
-        if entry is None or (path == "/metrics" and not eng.args.enable_metrics):
+        if entry is None or (path == "/metrics" and not eng.args.enable_metrics) or \
+                (profiling and eng.knobs.no_profile):
             self._json(404, {"detail": "Not Found"})
             return
         methods, name = entry
@@ -75,10 +81,30 @@ class EngineHandler(BaseHandler):
     # ---- simple endpoints -------------------------------------------------------------------
 
     def h_health(self, path: str, body: Any, parse_error: str | None) -> None:
-        self._send(200 if self.server.engine.healthy() else 503, b"", "text/plain; charset=utf-8")
+        """SGLang's /health runs a generation and answers 200 once the scheduler answers,
+        503 after SGLANG_HEALTH_CHECK_TIMEOUT without (http_server.py health_generate)."""
+        eng = self.server.engine
+        answered = eng.profiler.wait_unfrozen(eng.knobs.health_check_timeout)
+        ok = answered and eng.healthy()
+        self._send(200 if ok else 503, b"", "text/plain; charset=utf-8")
 
     def h_server_info(self, path: str, body: Any, parse_error: str | None) -> None:
+        self.server.engine.profiler.wait_unfrozen()  # internal state: from the scheduler
         self._json(200, self.server.engine.server_info())
+
+    def h_start_profile(self, path: str, body: Any, parse_error: str | None) -> None:
+        if parse_error is not None:
+            self._json(400, generate.err(f"invalid JSON: {parse_error}", 400))
+            return
+        status, text = self.server.engine.profiler.start(body)
+        if status == 400:
+            self._json(400, generate.err(text, 400))
+            return
+        self._text(status, text)
+
+    def h_stop_profile(self, path: str, body: Any, parse_error: str | None) -> None:
+        status, text = self.server.engine.profiler.stop()
+        self._text(status, text)
 
     def h_model_info(self, path: str, body: Any, parse_error: str | None) -> None:
         self._json(200, self.server.engine.model_info())
@@ -91,6 +117,7 @@ class EngineHandler(BaseHandler):
 
     def h_get_load(self, path: str, body: Any, parse_error: str | None) -> None:
         eng = self.server.engine
+        eng.profiler.wait_unfrozen()  # the scheduler's load
         self._json(200, [{"dp_rank": r, "num_reqs": eng.inflight if r == 0 else 0,
                           "num_waiting_reqs": 0, "num_tokens": 0}
                          for r in range(max(1, eng.args.dp_size))])  # fmt: skip
@@ -136,6 +163,7 @@ class EngineHandler(BaseHandler):
             why = parse_error or f"got {type(body).__name__}"
             self._json(400, generate.err(f"request body must be a JSON object ({why})", 400))
             return
+        eng.profiler.wait_unfrozen()  # the scheduler takes no request while it writes a trace
         if eng.state != "ready":
             self._json(503, generate.err(
                 "The server is still starting (loading weights / warming up).", 503,

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--admin-api-key", default=None)
+    p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     # capacity (fake_latency: FAKE_SGLANG_SLOT_RATE) and a start refused (Knobs)
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cuda-graph-max-bs-decode": args.cuda_graph_max_bs_decode,
         "--cuda-graph-max-bs": args.cuda_graph_max_bs})
     engine = Engine(args, ignored, knobs)
+    fake_latency.MODEL.gate = engine.profiler.wait_unfrozen  # no token while frozen
     try:
         return Lifecycle(engine).run()
     except KeyboardInterrupt:

@@ -81,6 +81,12 @@ class Knobs:
     pair_failure: str = "abort200"  # FAKE_SGLANG_PAIR_FAILURE
     pair_wait_secs: float = 2.0  # FAKE_SGLANG_PAIR_WAIT_SECS
     bootstrap_timeout: float = 2.0  # FAKE_SGLANG_BOOTSTRAP_TIMEOUT
+    # ---- the profiler (profiler.py)
+    profile_write_secs: float = 1.0  # FAKE_SGLANG_PROFILE_WRITE_SECS: the freeze of a write
+    profile_truncate: bool = False  # FAKE_SGLANG_PROFILE_TRUNCATE: every trace ends early
+    no_profile: bool = False  # FAKE_SGLANG_NO_PROFILE: no /start_profile, /stop_profile (404)
+    step_ms: float = 10.0  # FAKE_SGLANG_STEP_MS: one forward step while requests are in flight
+    health_check_timeout: float = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT (SGLang's own variable)
     # ---- a start refused (cli.py): SGLang refuses some MoE runner and quantization
     # combinations while it reads its arguments, before any GPU work (a ValueError, exit 1);
     # the stand-in refuses these --moe-runner-backend values the same way
@@ -143,6 +149,11 @@ class Knobs:
             pair_failure=failure,
             pair_wait_secs=num("FAKE_SGLANG_PAIR_WAIT_SECS", 2.0) or 0.0,
             bootstrap_timeout=num("FAKE_SGLANG_BOOTSTRAP_TIMEOUT", 2.0) or 2.0,
+            profile_write_secs=num("FAKE_SGLANG_PROFILE_WRITE_SECS", 1.0) or 0.0,
+            profile_truncate=flag("FAKE_SGLANG_PROFILE_TRUNCATE"),
+            no_profile=flag("FAKE_SGLANG_NO_PROFILE"),
+            step_ms=num("FAKE_SGLANG_STEP_MS", 10.0) or 10.0,
+            health_check_timeout=num("SGLANG_HEALTH_CHECK_TIMEOUT", 20.0) or 20.0,
             state_dir=text("FAKE_SGLANG_STATE_DIR"),
             request_log=text("FAKE_SGLANG_LOG"),
             access_log=flag("FAKE_SGLANG_ACCESS_LOG"),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import metrics, pair
 from .config import Knobs
+from .profiler import Profiler
 from .util import log
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Engine:
         self.metrics = metrics.EngineMetrics()
         self.http: Server | None = None
         self.bootstrap: Server | None = None
+        self.profiler = Profiler(self)
 
     # ---- request-side state -----------------------------------------------------------------
 
@@ -153,6 +155,8 @@ class Engine:
             "gen_delay": self.gen_delay,
             "paced": self.paced,
             "inflight": self.inflight,
+            "profile": {"state": self.profiler.state, "steps": self.profiler.steps,
+                        "last": self.profiler.last},
             **self.pair.snapshot(),
         }
 
@@ -176,6 +180,7 @@ class Engine:
                 "follow_bootstrap_room" if self.role == "prefill" else "round_robin"
             ),
             "max_running_requests": a.max_running_requests or 256,
+            "speculative_algorithm": a.speculative_algorithm,
             "enable_metrics": a.enable_metrics,
             "version": VERSION,
             "status": self.state,

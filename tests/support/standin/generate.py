@@ -125,6 +125,7 @@ class Pace:
         secs = self.ttft if self.sent == 1 else self.itl
         if secs > 0:
             time.sleep(secs * fake_latency.MODEL.slowdown())
+        fake_latency.MODEL.gate()  # no token while the scheduler is frozen
 
     def whole(self, n: int) -> None:
         """Wait until a non-stream reply of ``n`` tokens is done (at least the TTFT)."""
