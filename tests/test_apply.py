@@ -175,7 +175,8 @@ class FakeHost(FakeClock):
             return json.dumps({"at": self.t, "pairs": pairs})
         return "key"
 
-    def write_hold(self, path: str, out: bool, peers, why: str, until=None, since=None) -> bool:
+    def write_hold(self, path: str, out: bool, peers, why: str, until=None, since=None,
+                   by="pdsvc apply", profile=None) -> bool:
         self.log.append(f"hold {path.rsplit('/', 1)[1]} out={out}")
         return True
 
@@ -299,7 +300,8 @@ class FakeStack(FakeClock):
             return json.dumps({"at": self.t, "pairs": pairs})
         return "key"
 
-    def write_hold(self, path: str, out: bool, peers, why: str, until=None, since=None) -> bool:
+    def write_hold(self, path: str, out: bool, peers, why: str, until=None, since=None,
+                   by="pdsvc apply", profile=None) -> bool:
         name = path.rsplit("/", 1)[1].removesuffix(".hold.json").removeprefix("dsv4-")
         self.log.append(f"hold {name} {'out' if out else 'in'} "
                         f"peers={','.join(self.by_url[p][5:-8] for p in peers or [])}")

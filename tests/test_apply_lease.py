@@ -33,7 +33,7 @@ class FakeHost(LocalHost):
         return self.t
 
     def write_hold(self, path: str, out: bool, peers, why: str, until=None,
-                   since=None) -> bool:
+                   since=None, by="pdsvc apply", profile=None) -> bool:
         if isinstance(self.fail, Exception):
             raise self.fail
         if self.fail is False:

@@ -33,9 +33,10 @@ class Host(Protocol):
         ...
 
     def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str,
-                   until: float | None = None, since: float | None = None) -> bool:
-        """Write a hold file (lease.py: ``until``, ``since``); whether it now holds what was
-        written."""
+                   until: float | None = None, since: float | None = None,
+                   by: str = "pdsvc apply", profile: str | None = None) -> bool:
+        """Write a hold file (lease.py: ``until``, ``since``; ``by`` who holds it, ``profile``
+        a profile hold's run); whether it now holds what was written."""
         ...
 
     def clear_hold(self, path: str) -> None: ...
@@ -80,10 +81,12 @@ class LocalHost:
             return None
 
     def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str,
-                   until: float | None = None, since: float | None = None) -> bool:
+                   until: float | None = None, since: float | None = None,
+                   by: str = "pdsvc apply", profile: str | None = None) -> bool:
         """Whether the hold is there (the runtime's state directory exists and the write went
         through)."""
-        doc = write_hold(path, out=out, peers=peers, why=why, until=until, since=since)
+        doc = write_hold(path, out=out, peers=peers, why=why, until=until, since=since, by=by,
+                         profile=profile)
         return read_state(path) == doc
 
     def clear_hold(self, path: str) -> None:

@@ -47,7 +47,8 @@ class HoldWriter(Protocol):
     """What the lease needs of the executor's Host (execute.py)."""
 
     def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str,
-                   until: float | None = None, since: float | None = None) -> bool: ...
+                   until: float | None = None, since: float | None = None,
+                   by: str = "pdsvc apply", profile: str | None = None) -> bool: ...
 
     def clear_hold(self, path: str) -> None: ...
 
@@ -60,6 +61,7 @@ class Held:
     peers: list[str] | None
     why: str
     since: float
+    profile: str | None = None  # a profile hold's run (pdsvc profile)
 
 
 class Lease:
@@ -67,8 +69,9 @@ class Lease:
     ``renew()`` (the thread ``start()`` begins calls it every ``secs / RENEWALS``)."""
 
     def __init__(self, host: HoldWriter, say: Callable[[str], None],
-                 secs: float | None = None) -> None:
+                 secs: float | None = None, by: str = "pdsvc apply") -> None:
         self.host = host
+        self.by = by  # the command that holds: the holds' ``by``, and its own lines' words
         self.say = say
         self.secs = lease_secs() if secs is None else secs
         self.every = self.secs / RENEWALS
@@ -78,10 +81,11 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def hold(self, path: str, *, out: bool, peers: list[str] | None, why: str) -> bool:
+    def hold(self, path: str, *, out: bool, peers: list[str] | None, why: str,
+             profile: str | None = None) -> bool:
         """Write the hold; whether it is there (the runtime's state directory exists)."""
         with self._lock:
-            held = Held(out, peers, why, self.host.wall())
+            held = Held(out, peers, why, self.host.wall(), profile)
             self.held[path] = held
             return self._write(path, held)
 
@@ -104,16 +108,17 @@ class Lease:
                     ok, error = False, f": {e}"
                 if ok and path in self._failing:
                     self._failing.discard(path)
-                    self.say(f"pdsvc apply: renewed the hold {path} again")
+                    self.say(f"{self.by}: renewed the hold {path} again")
                 elif not ok and path not in self._failing:
                     self._failing.add(path)
-                    self.say(f"pdsvc apply: could not renew the hold {path}{error}; it lapses "
+                    self.say(f"{self.by}: could not renew the hold {path}{error}; it lapses "
                              f"within {self.secs:g} s of its last renewal unless a later one "
                              "succeeds (the engine would rejoin the router)")
 
     def _write(self, path: str, held: Held) -> bool:
         return self.host.write_hold(path, held.out, held.peers, held.why,
-                                    until=self.host.wall() + self.secs, since=held.since)
+                                    until=self.host.wall() + self.secs, since=held.since,
+                                    by=self.by, profile=held.profile)
 
     def start(self) -> None:
         """Renew in a daemon thread until ``stop()`` (a killed apply renews nothing)."""

@@ -58,11 +58,12 @@ def target_from_plan(plan: Plan, url: str | None = None) -> Target:
 class Load:
     """One run's load: a Poisson arrival rate and fixed input/output lengths."""
 
-    rate: float  # requests/s
+    rate: float  # requests/s (inf: as fast as ``concurrency`` allows)
     input_len: int
     output_len: int
     num_prompts: int
     seed: int = 1
+    concurrency: int | None = None  # at most this many requests in flight (None: no bound)
 
 
 def bench_argv(target: Target, load: Load, output_file: str) -> list[str]:
@@ -99,6 +100,7 @@ def bench_argv(target: Target, load: Load, output_file: str) -> list[str]:
         "--disable-tqdm",
         "--output-file", output_file,
         "--output-details",
+        *(("--max-concurrency", str(load.concurrency)) if load.concurrency else ()),
     ]
 
 

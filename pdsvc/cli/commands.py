@@ -29,7 +29,8 @@ class _Commands(click.Group):
 
     LAZY = {name: (f"pdsvc.cli.{module}", attr) for name, module, attr in (
         ("apply", "apply", "apply"), ("bench", "bench", "bench"), ("doctor", "doctor", "doctor"),
-        ("plan", "plan", "plan_cmd"), ("render", "render", "render"),
+        ("plan", "plan", "plan_cmd"), ("profile", "profile", "profile"),
+        ("render", "render", "render"),
         ("status", "status", "status"), ("topology", "topology", "topology"),
         ("tune", "tune", "tune"), ("validate", "validate", "validate"))}
 

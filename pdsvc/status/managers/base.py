@@ -67,6 +67,10 @@ class ServiceManager(Protocol):
         """The commands a person runs to see why the unit failed."""
         ...
 
+    def tail(self, unit: str, lines: int = 50) -> list[str]:
+        """The unit's last log lines ([] when they cannot be read)."""
+        ...
+
 
 class Runner(Protocol):
     """Runs a command: (exit status, stdout then stderr). pdsvc apply's Host is one."""

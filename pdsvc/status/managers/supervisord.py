@@ -229,6 +229,15 @@ class Supervisord:
         ctl = f"supervisorctl -c {self.conf}"
         return f"{ctl} status {unit}; {ctl} tail {unit}"
 
+    def tail(self, unit: str, lines: int = 50) -> list[str]:
+        """The program's log (stderr goes to stdout: redirect_stderr=true) by XML-RPC."""
+        try:
+            text, _, _ = self.api().tailProcessStdoutLog(self.units.get(unit, unit), 0,
+                                                         200 * lines)
+        except Exception:  # reading reports; it never crashes
+            return []
+        return str(text).splitlines()[-lines:]
+
 
 def state_from_process_info(name: str, info: Mapping[str, Any]) -> ServiceState:
     """A ServiceState from ``supervisor.getProcessInfo()``. The sub-state is supervisord's own

@@ -100,6 +100,11 @@ class Systemd:
     def look(self, unit: str) -> str:
         return f"systemctl status {unit}; journalctl -u {unit}"
 
+    def tail(self, unit: str, lines: int = 50) -> list[str]:
+        rc, out = self.runner.run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager",
+                                   "-o", "cat"], self.timeout)
+        return out.splitlines() if rc == 0 else []
+
 
 def parse_show(text: str) -> dict[str, str]:
     """`systemctl show` output (KEY=VALUE lines) as a dict."""

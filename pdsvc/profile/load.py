@@ -1,0 +1,89 @@
+"""The steady load a capture runs under: SGLang's own bench_serving through the router, as
+`pdsvc bench` runs it (pdsvc/bench/target.py: the same command line, the deployment's
+runtime.python, its tokenizer), in the background until the traces are whole.
+
+By default a fixed concurrency, as many requests in flight as the role's batches hold
+(bench_serving ``--max-concurrency``, at an unbounded rate): every finished request is
+replaced at once, so the running batch stays full whatever the engines' speed. ``--rate``
+gives Poisson arrivals instead. The run has more prompts than it can finish in the bound of
+a capture, and is stopped once the traces are whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from pathlib import Path
+
+from pdsvc.bench.target import Load, Target, bench_argv, bench_env
+from pdsvc.profile.options import CannotProfile, ProfileOptions
+
+#: prompts per request in flight: a load outlasts the warm-up, the capture and its write
+PROMPTS_PER_SLOT = 100
+#: with --rate: the seconds of arrivals the run has prompts for
+RATE_SECS = 900
+
+
+def load_of(opts: ProfileOptions, concurrency: int) -> Load:
+    """The bench_serving load of a run: ``concurrency`` in flight, or ``--rate``."""
+    if opts.rate is not None:
+        return Load(opts.rate, opts.input_len, opts.output_len, int(opts.rate * RATE_SECS))
+    return Load(float("inf"), opts.input_len, opts.output_len,
+                concurrency * PROMPTS_PER_SLOT, concurrency=concurrency)
+
+
+def words(load: Load) -> str:
+    """The load in words, for the report."""
+    shape = f"{load.input_len} tokens in, {load.output_len} out"
+    if load.concurrency:
+        return f"bench_serving, {load.concurrency} requests in flight, {shape}"
+    return f"bench_serving at {load.rate:g} req/s (Poisson), {shape}"
+
+
+class Background:
+    """bench_serving running in its own process group, its output in ``log``."""
+
+    def __init__(self, target: Target, load: Load, log: Path) -> None:
+        self.argv = bench_argv(target, load, os.devnull)
+        self.target, self.log = target, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(self.log, "wb") as out:
+                self.proc = subprocess.Popen(
+                    self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=bench_env(self.target, os.environ), start_new_session=True)
+        except OSError as e:
+            raise CannotProfile(f"cannot run {self.argv[0]} (runtime.python): {e.strerror}",
+                                hint="--no-load captures the live traffic instead") from None
+
+    def ended(self) -> str | None:
+        """Why the load is no longer running, or None while it runs."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+        return (f"bench_serving exited {self.proc.returncode} ({' | '.join(tail) or 'no output'};"
+                f" its log: {self.log})")
+
+    def stop(self) -> None:
+        """End it (its whole process group), at once: the traces are whole or given up."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue

@@ -1,0 +1,286 @@
+"""A whole `pdsvc profile` run: the load, then each role in turn: batches full, tok/s measured,
+the hold taken and answered, each engine asked for N steps, every rank's trace whole, the
+engines healthy, the hold released; then the breakdown of the traces.
+
+Nothing is left behind, whatever ends the run: the load is stopped; an engine asked for a
+capture whose traces are not whole yet is told to stop (``/stop_profile``) and its hold is
+kept while it writes (up to --write-timeout; a second interrupt releases it at once); every
+hold is removed. A hold left by a run killed outright lapses with its lease (30 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pdsvc.apply.lease import Lease
+from pdsvc.bench.target import Target, foreign, target_from_plan
+from pdsvc.errors import ConfigError
+from pdsvc.plan.build import Plan
+from pdsvc.profile import capture
+from pdsvc.profile.breakdown import breakdown
+from pdsvc.profile.engines import Engine, select, trace_root
+from pdsvc.profile.load import Background, load_of, words
+from pdsvc.profile.options import ROLES, CannotProfile, ProfileError, ProfileOptions
+from pdsvc.profile.result import EngineCapture, ProfileRun, RoleResult
+from pdsvc.profile.trace import read_trace
+from pdsvc.profile.waits import TOKENS, Waits
+from pdsvc.ship.runtime.hold import hold_path
+from pdsvc.ship.runtime.statefile import Kind, read_known, state_path
+
+#: the decode's batch when its server info names no limit
+DEFAULT_BATCH = 32
+
+
+class Host(Protocol):
+    """What a run needs of the machine (apply's LocalHost is one)."""
+
+    def http(self, method: str, url: str, headers: dict[str, str] | None = None,
+             timeout: float = 3.0, body: bytes | None = None) -> tuple[int, str]: ...
+
+    def write_hold(self, path: str, out: bool, peers: list[str] | None, why: str,
+                   until: float | None = None, since: float | None = None,
+                   by: str = "pdsvc apply", profile: str | None = None) -> bool: ...
+
+    def clear_hold(self, path: str) -> None: ...
+
+    def now(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+    def sleep(self, secs: float) -> None: ...
+
+
+def new_run_id(wall: float) -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall)) + "-" + uuid.uuid4().hex[:4]
+
+
+@dataclass
+class Run:
+    """One run's parts: the plans, the options, the machine, where state and traces go."""
+
+    whole: Plan
+    here: Plan
+    opts: ProfileOptions
+    host: Host
+    say: Callable[[str], None]
+    state_dir: str  # the runtimes' state directory: holds and their answers
+    tail: Callable[[str], list[str]]  # a unit's last log lines
+    run: str = ""
+    roles: dict[str, list[Engine]] = field(default_factory=dict)
+    infos: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.run = self.run or new_run_id(self.host.wall())
+        self.waits = Waits(self.host, self.say)
+        self.root = trace_root(self.here, self.run)
+
+    # ---------------------------------------------------------------- before anything runs
+    def prepare(self) -> list[str]:
+        """Select the engines of each role (ConfigError when this host runs none of them), ask
+        each for its server info, refuse an engine another command holds. The lines that say
+        what to run on other hosts."""
+        elsewhere: list[str] = []
+        for role in (r for r in ROLES if r in self.opts.roles):
+            local, lines = select(self.whole, self.here, role, self.opts.engine)
+            elsewhere += lines
+            if local:
+                self.roles[role] = local
+        if not self.roles:
+            raise ConfigError(f"no engine to profile on this host ({'; '.join(elsewhere)})")
+        for e in (e for es in self.roles.values() for e in es):
+            self.infos[e.name] = capture.server_info(self.host, e)
+            held = read_known(hold_path(self.state_dir, e.name))
+            if held is not None:
+                raise CannotProfile(f"{e.name} is held by {held.get('by') or 'pdsvc apply'} "
+                                    f"({held.get('why') or 'no reason given'})",
+                                    hint="wait for it to end, then try again")
+        return elsewhere
+
+    def target(self) -> Target:
+        return target_from_plan(self.here)
+
+    def concurrency(self) -> int:
+        """--concurrency, else the decodes' batches: each one's limit (the smallest of its
+        max_running_requests and CUDA-graph batch), summed."""
+        if self.opts.concurrency:
+            return self.opts.concurrency
+        decodes = [e for e in self.whole.engines if e.role == "decode" and e.node_rank == 0]
+        return sum(self.limit(e.name) or DEFAULT_BATCH for e in decodes) or DEFAULT_BATCH
+
+    def limit(self, name: str) -> int | None:
+        info = self.infos.get(name) or {}
+        found = [v for k in ("max_running_requests", "cuda_graph_max_bs_decode",
+                             "cuda_graph_max_bs")
+                 if isinstance(v := info.get(k), int) and not isinstance(v, bool) and v > 0]
+        return min(found) if found else None
+
+    # ---------------------------------------------------------------- the run
+    def execute(self, load: Background | None) -> ProfileRun:
+        started = self.host.now()
+        if load is not None:
+            load.start()
+            self.say(f"pdsvc profile: load: {load.command} (its log: {load.log})")
+        warmup = 0.0
+        results = []
+        for role, engines in self.roles.items():
+            t0 = self.host.now()
+            limits = {e.name: n for e in engines if (n := self.limit(e.name))}
+            full = self.waits.full(engines, limits, self.opts.warmup_timeout,
+                                   load.ended if load is not None else lambda: None)
+            tok_s = self.waits.tok_s(engines, role, self.opts.measure_secs)
+            warmup += self.host.now() - t0
+            results.append(self.capture(role, engines, full, tok_s))
+        shape = words(load_of(self.opts, self.concurrency())) if load is not None \
+            else "live traffic (--no-load)"
+        return ProfileRun(self.run, str(self.root), shape, tuple(results), warmup,
+                          self.host.now() - started - warmup)
+
+    def capture(self, role: str, engines: list[Engine], full: dict[str, str],
+                tok_s: dict[str, float | None]) -> RoleResult:
+        """One role: hold, capture, wait for the traces, release; its breakdown."""
+        with self.held(engines):
+            t0 = self.host.now()
+            files = Capturing(self, engines).run()
+            wrote = self.host.now() - t0
+        captures = tuple(EngineCapture(e.name, e.url, str(self.root / e.name),
+                                       tuple(str(f) for f in files[e.name]), full[e.name],
+                                       tok_s[e.name], wrote) for e in engines)
+        traces = [(e.name, read_trace(f)) for e in engines for f in files[e.name]]
+        how = (f"{TOKENS[role]} over the {self.opts.measure_secs:g} s before the capture, "
+               "batches full")
+        return RoleResult(role, self.opts.steps, how, captures, breakdown(role, traces))
+
+    @contextlib.contextmanager
+    def held(self, engines: list[Engine]) -> Iterator[None]:
+        """Each engine under a profile hold, answered by its runtime, for the block."""
+        lease = Lease(self.host, self.say, by="pdsvc profile")
+        paths = {e.name: hold_path(self.state_dir, e.name) or "" for e in engines}
+        lease.start()
+        try:
+            for e in engines:
+                why = f"pdsvc profile {self.run}: {self.opts.steps} steps and their trace"
+                if not lease.hold(paths[e.name], out=False, peers=[], why=why,
+                                  profile=self.run):
+                    raise CannotProfile(f"cannot write the hold {paths[e.name]}: is the "
+                                        "bundle installed and the unit running?")
+            acks = {e.name: state_path(self.state_dir, e.name, Kind.PROFILE) for e in engines}
+            self.waits.acknowledged(acks, self.run)
+            self.say(f"pdsvc profile: held {', '.join(paths)}: liveness not judged, router "
+                     "health checks paused, no heals, until the traces are whole")
+            yield
+        finally:
+            for path in paths.values():
+                lease.release(path)
+            lease.stop()
+
+
+class Capturing:
+    """One role's engines asked for a capture, and waited for; on any exit before every trace
+    is whole, each engine asked is stopped and its write waited for (the hold stays)."""
+
+    def __init__(self, run: Run, engines: list[Engine]) -> None:
+        self.r, self.engines = run, engines
+        self.asked: list[Engine] = []
+        self.files: dict[str, list[Path]] = {}
+        self.waited_out = False  # the write's bound passed: nothing more to wait for
+
+    def run(self) -> dict[str, list[Path]]:
+        r, opts = self.r, self.r.opts
+        try:
+            for e in self.engines:
+                stage = capture.by_stage(r.infos[e.name])
+                body = capture.start_body(opts, str(r.root / e.name), r.run, stage)
+                capture.start(r.host, e, body, functools.partial(self.logged_error, e))
+                self.asked.append(e)
+            r.say(f"pdsvc profile: asked {', '.join(e.name for e in self.engines)} for "
+                  f"{opts.steps} steps; each freezes while it writes its traces (up to "
+                  f"{opts.write_timeout:g} s): requests wait, none fails")
+            deadline = r.host.now() + opts.write_timeout
+            for e in self.engines:
+                try:
+                    self.files[e.name] = r.waits.traces(e, r.root / e.name, self.stage(e),
+                                                        max(0.0, deadline - r.host.now()))
+                except ProfileError:
+                    self.waited_out = True  # the write's bound passed: nothing to wait for
+                    raise
+            self.healthy()
+            return self.files
+        except BaseException:
+            if self.asked and not self.waited_out:
+                self.wind_down()
+            raise
+
+    def logged_error(self, e: Engine) -> str | None:
+        """SGLang's own error, from the engine's log (its HTTP reply is a bare 500)."""
+        return capture.runtime_error(self.r.tail(e.unit))
+
+    def stage(self, e: Engine) -> str | None:
+        if not capture.by_stage(self.r.infos[e.name]):
+            return None
+        return "EXTEND" if e.role == "prefill" else "DECODE"
+
+    def healthy(self) -> None:
+        for e in self.engines:
+            if not self.r.waits.healthy(e):
+                self.r.say(f"pdsvc profile: warning: {e.name} does not answer /health 200 after "
+                           "its trace was written: its hold is released and its runtime "
+                           "judges it again")
+
+    def wind_down(self) -> None:
+        """Interrupted: stop each asked engine's capture, wait for its write, then return
+        (the hold is released by the caller). A second interrupt returns at once."""
+        r = self.r
+        left = [e for e in self.asked if e.name not in self.files]
+        if not left:
+            return
+        r.say(f"pdsvc profile: ending the capture on {', '.join(e.name for e in left)} and "
+              f"waiting up to {r.opts.write_timeout:g} s for its traces before the hold is "
+              "released (Ctrl-C: release it now; the engine may then be judged hung)")
+        try:
+            for e in left:
+                threading.Thread(target=capture.stop, args=(r.host, e, r.opts.write_timeout),
+                                 daemon=True).start()
+            deadline = r.host.now() + r.opts.write_timeout
+            for e in left:
+                with contextlib.suppress(Exception):
+                    r.waits.traces(e, r.root / e.name, self.stage(e),
+                                   max(0.0, deadline - r.host.now()))
+                r.waits.healthy(e)
+        except KeyboardInterrupt:
+            r.say("pdsvc profile: releasing the hold now")
+
+
+@contextlib.contextmanager
+def only_run(root: Path) -> Iterator[None]:
+    """One `pdsvc profile` at a time per deployment (an flock beside its runs' traces)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / ".lock"
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            raise CannotProfile(f"another pdsvc profile runs ({fh.read().strip() or path})",
+                                hint="wait for it to end") from None
+        fh.truncate(0)
+        fh.write(f"pid {os.getpid()}")
+        fh.flush()
+        yield
+
+
+def serving(target: Target) -> None:
+    """CannotProfile unless the router serves this deployment (the load goes through it)."""
+    other = foreign(target)
+    if other is not None:
+        raise CannotProfile(f"the router does not serve this deployment: {other.why}",
+                            hint="see `pdsvc status`, or --no-load to capture live traffic")
