@@ -172,6 +172,7 @@ def profile(config_path: Path, sysfs_root: Path | None, topology_file: Path | No
         serving(run.target())
         load = Background(run.target(), load_of(opts, run.concurrency()),
                           run.root / "bench_serving.log")
+    run.make_dirs()
     with only_run(run.root.parent), stops_as_interrupts():
         try:
             result = run.execute(load)

@@ -5,8 +5,8 @@ runtime.python, its tokenizer), in the background until the traces are whole.
 By default a fixed concurrency, as many requests in flight as the role's batches hold
 (bench_serving ``--max-concurrency``, at an unbounded rate): every finished request is
 replaced at once, so the running batch stays full whatever the engines' speed. ``--rate``
-gives Poisson arrivals instead. The run has more prompts than it can finish in the bound of
-a capture, and is stopped once the traces are whole.
+gives Poisson arrivals instead. A run that has sent every prompt is started again, and the
+load is stopped once the traces are whole.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from pdsvc.bench.target import Load, Target, bench_argv, bench_env
 from pdsvc.profile.options import CannotProfile, ProfileOptions
 
 #: prompts per request in flight: a load outlasts the warm-up, the capture and its write
-PROMPTS_PER_SLOT = 100
+PROMPTS_PER_SLOT = 500
 #: with --rate: the seconds of arrivals the run has prompts for
 RATE_SECS = 900
 
@@ -43,12 +44,19 @@ def words(load: Load) -> str:
 
 
 class Background:
-    """bench_serving running in its own process group, its output in ``log``."""
+    """bench_serving running in its own process group, its output in ``log``; started again
+    whenever it ends having sent every prompt (a fast engine finishes them early), until
+    ``stop``."""
 
     def __init__(self, target: Target, load: Load, log: Path) -> None:
         self.argv = bench_argv(target, load, os.devnull)
         self.target, self.log = target, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.failed: str | None = None  # why it stopped on its own, if it did
+        self.runs = 0
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     @property
     def command(self) -> str:
@@ -56,34 +64,58 @@ class Background:
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._spawn()
+        self._thread = threading.Thread(target=self._keep, name="profile-load", daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> None:
         try:
-            with open(self.log, "wb") as out:
-                self.proc = subprocess.Popen(
+            with open(self.log, "ab") as out:
+                proc = subprocess.Popen(
                     self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env=bench_env(self.target, os.environ), start_new_session=True)
         except OSError as e:
             raise CannotProfile(f"cannot run {self.argv[0]} (runtime.python): {e.strerror}",
                                 hint="--no-load captures the live traffic instead") from None
+        with self._lock:
+            self.proc, self.runs = proc, self.runs + 1
+
+    def _keep(self) -> None:
+        while not self._stopped.is_set():
+            proc = self.proc
+            assert proc is not None
+            rc = proc.wait()
+            if self._stopped.is_set():
+                return
+            if rc != 0:
+                tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+                self.failed = (f"bench_serving exited {rc} ({' | '.join(tail) or 'no output'};"
+                               f" its log: {self.log})")
+                return
+            try:
+                self._spawn()  # every prompt sent: the same load again
+            except CannotProfile as e:
+                self.failed = str(e)
+                return
 
     def ended(self) -> str | None:
         """Why the load is no longer running, or None while it runs."""
-        if self.proc is None or self.proc.poll() is None:
-            return None
-        tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
-        return (f"bench_serving exited {self.proc.returncode} ({' | '.join(tail) or 'no output'};"
-                f" its log: {self.log})")
+        return self.failed
 
     def stop(self) -> None:
         """End it (its whole process group), at once: the traces are whole or given up."""
-        if self.proc is None or self.proc.poll() is not None:
+        self._stopped.set()
+        with self._lock:
+            proc = self.proc
+        if proc is None or proc.poll() is not None:
             return
         for sig, wait in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 return
             try:
-                self.proc.wait(wait)
+                proc.wait(wait)
                 return
             except subprocess.TimeoutExpired:
                 continue

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import grp
 import os
+import pwd
 import threading
 import time
 import uuid
@@ -28,12 +30,12 @@ from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
 from pdsvc.profile import capture
 from pdsvc.profile.breakdown import breakdown
-from pdsvc.profile.engines import Engine, select, trace_root
+from pdsvc.profile.engines import Engine, engine_of, select, trace_root
 from pdsvc.profile.load import Background, load_of, words
 from pdsvc.profile.options import ROLES, CannotProfile, ProfileError, ProfileOptions
 from pdsvc.profile.result import EngineCapture, ProfileRun, RoleResult
 from pdsvc.profile.trace import read_trace
-from pdsvc.profile.waits import TOKENS, Waits
+from pdsvc.profile.waits import TOKENS, Fill, Waits
 from pdsvc.ship.runtime.hold import hold_path
 from pdsvc.ship.runtime.statefile import Kind, read_known, state_path
 
@@ -117,12 +119,48 @@ class Run:
         decodes = [e for e in self.whole.engines if e.role == "decode" and e.node_rank == 0]
         return sum(self.limit(e.name) or DEFAULT_BATCH for e in decodes) or DEFAULT_BATCH
 
+    def fills(self, role: str, engines: list[Engine], load: Background | None) -> list[Fill]:
+        """What makes each engine's batch full: its limit; under pdsvc's own load of a
+        concurrency, a decode's share of what the load keeps in flight (the routers spread
+        requests over the decodes), and for a prefill every decode at its share."""
+        least = 0.0 if load is None else float(
+            self.opts.input_len if role == "prefill" else self.opts.output_len)
+        decodes = [engine_of(e) for e in self.whole.engines
+                   if e.role == "decode" and e.node_rank == 0]
+        ours = load is not None and self.opts.rate is None
+        share = max(1, self.concurrency() // max(1, len(decodes)))
+        out = []
+        for e in engines:
+            limit = self.limit(e.name)
+            if e.role == "decode" and ours and (limit is None or share < limit):
+                out.append(Fill(e, share, f"its share of the load's {self.concurrency()} in "
+                                          "flight", least=least))
+            else:
+                feeders = tuple((d, share) for d in decodes) if ours else ()
+                out.append(Fill(e, limit, "as many as it takes", feeders, least))
+        return out
+
     def limit(self, name: str) -> int | None:
         info = self.infos.get(name) or {}
         found = [v for k in ("max_running_requests", "cuda_graph_max_bs_decode",
                              "cuda_graph_max_bs")
                  if isinstance(v := info.get(k), int) and not isinstance(v, bool) and v > 0]
         return min(found) if found else None
+
+    def make_dirs(self) -> None:
+        """The run's directory and one per engine, owned by the units' user (the engine
+        creates nothing under a directory root made: SGLang's export would fail with
+        EACCES), 0750 as the StateDirectory= itself."""
+        try:
+            uid = pwd.getpwnam(self.here.user).pw_uid
+            gid = grp.getgrnam(self.here.group).gr_gid
+        except KeyError as e:
+            raise CannotProfile(f"no user or group {e.args[0]!s} on this host (runtime.user, "
+                                "runtime.group): is the bundle installed?") from None
+        engines = [e for es in self.roles.values() for e in es]
+        for path in (self.root.parent, self.root, *(self.root / e.name for e in engines)):
+            path.mkdir(mode=0o750, exist_ok=True)
+            os.chown(path, uid, gid)
 
     # ---------------------------------------------------------------- the run
     def execute(self, load: Background | None) -> ProfileRun:
@@ -134,8 +172,7 @@ class Run:
         results = []
         for role, engines in self.roles.items():
             t0 = self.host.now()
-            limits = {e.name: n for e in engines if (n := self.limit(e.name))}
-            full = self.waits.full(engines, limits, self.opts.warmup_timeout,
+            full = self.waits.full(self.fills(role, engines, load), self.opts.warmup_timeout,
                                    load.ended if load is not None else lambda: None)
             tok_s = self.waits.tok_s(engines, role, self.opts.measure_secs)
             warmup += self.host.now() - t0
@@ -263,7 +300,6 @@ class Capturing:
 @contextlib.contextmanager
 def only_run(root: Path) -> Iterator[None]:
     """One `pdsvc profile` at a time per deployment (an flock beside its runs' traces)."""
-    root.mkdir(parents=True, exist_ok=True)
     path = root / ".lock"
     with open(path, "a+") as fh:
         try:

@@ -25,8 +25,8 @@ from pdsvc.ship.runtime.statefile import read_known
 RUNNING, QUEUED = "sglang:num_running_reqs", "sglang:num_queue_reqs"
 TOKENS = {"decode": "sglang:generation_tokens_total", "prefill": "sglang:prompt_tokens_total"}
 LOOK_S = 1.0  # between looks at an engine's /metrics while the batch fills
-STEADY_LOOKS = 3  # looks in a row within STEADY of each other: a batch that stopped growing
-STEADY = 0.10
+STEADY_LOOKS = 5  # a window of looks: tokens/s of two in a row within STEADY is steady
+STEADY = 0.25
 POLL_S = 0.5  # between looks at the traces, the runtime's answer, /health
 PROGRESS_S = 10.0  # a progress line while a wait goes on this long
 #: how long each engine's runtime has to answer a hold: a look (runtime PROFILE_LOOK_S) and
@@ -36,6 +36,19 @@ ACK_WAIT_S = 15.0
 HEALTHY_WAIT_S = 60.0
 #: with no /metrics to read: seconds of load before the capture
 BLIND_WARMUP_S = 10.0
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What makes one engine's batch full."""
+
+    engine: Engine
+    batch: int | None = None  # this many running: its limit, or a decode's share of the load
+    batch_words: str = ""  # what that number is
+    #: a prefill's: the decodes and the share each runs when the load's requests are all in
+    #: flight (the prefill then sees them arrive at the pace they finish)
+    feeders: tuple[tuple[Engine, int], ...] = ()
+    least: float = 0.0  # tokens/s a steady load has at least (a request a second)
 
 
 class Host(Protocol):
@@ -64,61 +77,74 @@ class Waits:
         found = {n: sample_sum(text, (n,)) for n in names}
         return {n: v for n, v in found.items() if v is not None}
 
-    def full(self, engines: list[Engine], limits: dict[str, int], timeout: float,
-             alive: Callable[[], str | None]) -> dict[str, str]:
-        """Wait until each engine's batch is full: at its limit, requests waiting in its
-        queue (each step runs as many as it takes), or steady over STEADY_LOOKS looks. How
-        it knew, per engine. ``alive``: why the load stopped, or None while it runs."""
-        seen: dict[str, list[float]] = {e.name: [] for e in engines}
+    def full(self, fills: list[Fill], timeout: float, alive: Callable[[], str | None]
+             ) -> dict[str, str]:
+        """Wait until each engine's batch is full (Fill says what makes it so), at most
+        ``timeout`` s; how it knew, per engine. ``alive``: why the load stopped, or None
+        while it runs."""
+        seen: dict[str, list[tuple[float, float, float]]] = {f.engine.name: [] for f in fills}
         found: dict[str, str] = {}
         start = last_said = self.host.now()
-        while len(found) < len(engines):
+        while len(found) < len(fills):
             gone = alive()
             if gone:
                 raise CannotProfile(f"the load stopped before the batches were full: {gone}")
-            for e in (e for e in engines if e.name not in found):
-                why = self._full(e, limits.get(e.name), seen[e.name])
+            for f in (f for f in fills if f.engine.name not in found):
+                why = self._full(f, seen[f.engine.name])
                 if why:
-                    found[e.name] = why
-                    self.say(f"pdsvc profile: {e.name}: batch full: {why}")
+                    found[f.engine.name] = why
+                    self.say(f"pdsvc profile: {f.engine.name}: batch full: {why}")
             now = self.host.now()
-            if len(found) < len(engines) and now - start >= timeout:
-                return {**found, **{e.name: self._not_full(e, seen[e.name], timeout)
-                                    for e in engines if e.name not in found}}
-            if now - last_said >= PROGRESS_S and len(found) < len(engines):
+            if len(found) < len(fills) and now - start >= timeout:
+                return {**found, **{f.engine.name: self._not_full(f.engine, seen[f.engine.name],
+                                                                  timeout)
+                                    for f in fills if f.engine.name not in found}}
+            if now - last_said >= PROGRESS_S and len(found) < len(fills):
                 last_said = now
                 self.say("pdsvc profile: waiting for full batches: " + ", ".join(
-                    f"{n} runs {int(v[-1]) if v else '?'}" for n, v in seen.items()
-                    if n not in found) + f" ({now - start:.0f} s of {timeout:g})")
+                    f"{n} runs {v[-1][1]:g}" for n, v in seen.items() if n not in found and v)
+                    + f" ({now - start:.0f} s of {timeout:g})")
             self.host.sleep(LOOK_S)
         return found
 
-    def _full(self, e: Engine, limit: int | None, seen: list[float]) -> str | None:
-        m = self.metrics(e, (RUNNING, QUEUED))
+    def _full(self, f: Fill, seen: list[tuple[float, float, float]]) -> str | None:
+        m = self.metrics(f.engine, (RUNNING, QUEUED, TOKENS[f.engine.role]))
         if m is None:
             self.host.sleep(BLIND_WARMUP_S)
             return (f"no /metrics to read (metrics.engines: false): {BLIND_WARMUP_S:g} s of "
                     "load, not checked")
         running, queued = m.get(RUNNING, 0.0), m.get(QUEUED, 0.0)
-        seen.append(running)
-        if limit and running >= limit:
-            return f"{running:g} running ({RUNNING}), its limit max_running_requests {limit}"
+        seen.append((self.host.now(), running, m.get(TOKENS[f.engine.role], 0.0)))
+        if f.batch and running >= f.batch:
+            return f"{running:g} running ({RUNNING}): {f.batch_words}"
         if running > 0 and queued > 0:
             return f"{running:g} running, {queued:g} waiting in its queue ({QUEUED})"
-        last = seen[-STEADY_LOOKS:]
-        if len(last) == STEADY_LOOKS and min(last) > 0 and \
-                max(last) - min(last) <= STEADY * max(last):
-            return (f"{running:g} running ({RUNNING}), steady over {STEADY_LOOKS} looks "
-                    f"{LOOK_S:g} s apart")
+        if f.feeders and all((self.metrics(d, (RUNNING,)) or {}).get(RUNNING, 0.0) >= n
+                             for d, n in f.feeders):
+            names = ", ".join(d.name for d, _ in f.feeders)
+            return (f"every decode runs its share of the load ({names}): the requests it "
+                    "prefills arrive steadily")
+        return self._steady(f, seen)
+
+    def _steady(self, f: Fill, seen: list[tuple[float, float, float]]) -> str | None:
+        """Its tokens/s over the last two windows of STEADY_LOOKS looks, each at least
+        ``f.least`` and within STEADY of each other."""
+        if len(seen) < 2 * STEADY_LOOKS + 1:
+            return None
+        a, b, c = seen[-2 * STEADY_LOOKS - 1], seen[-STEADY_LOOKS - 1], seen[-1]
+        r0, r1 = (b[2] - a[2]) / max(1e-6, b[0] - a[0]), (c[2] - b[2]) / max(1e-6, c[0] - b[0])
+        if min(r0, r1) >= max(f.least, 1e-9) and abs(r1 - r0) <= STEADY * max(r0, r1):
+            return (f"{r1:.0f} tok/s ({TOKENS[f.engine.role]}), steady over two windows of "
+                    f"{STEADY_LOOKS * LOOK_S:g} s")
         return None
 
-    def _not_full(self, e: Engine, seen: list[float], timeout: float) -> str:
-        if not seen or max(seen) <= 0:
-            raise CannotProfile(f"{e.name} ran no request within {timeout:g} s of load "
-                                f"({RUNNING} stayed 0): does the load reach it? "
+    def _not_full(self, e: Engine, seen: list[tuple[float, float, float]],
+                  timeout: float) -> str:
+        if not seen or seen[-1][2] <= seen[0][2]:
+            raise CannotProfile(f"{e.name} served no request within {timeout:g} s of load "
+                                "(its token counter did not move): does the load reach it? "
                                 "see `pdsvc status`")
-        return (f"not steady after {timeout:g} s ({RUNNING}: "
-                f"{', '.join(f'{v:g}' for v in seen[-STEADY_LOOKS:])}): captured anyway")
+        return f"not steady after {timeout:g} s: captured anyway"
 
     def tok_s(self, engines: list[Engine], role: str, secs: float) -> dict[str, float | None]:
         """Each engine's tokens/s over ``secs`` s now (None without /metrics)."""
@@ -179,7 +205,7 @@ class Waits:
             if now - last_said >= PROGRESS_S:
                 last_said = now
                 self.say(f"pdsvc profile: {e.name}: {len(found)} of {e.tp} rank traces whole, "
-                         f"{now - start:.0f} s of {timeout:g} (the engine is frozen while it "
+                         f"{now - start:.0f} s of {timeout:.0f} (the engine is frozen while it "
                          "writes them)")
             self.host.sleep(POLL_S)
 
