@@ -89,6 +89,20 @@ def _cases() -> list[tuple[list[str], int, str]]:
         (["tune", *c, "--topology", SEED, "--dry-run", "--space", "/nonexistent.yaml"], 2,
          "pdsvc: error: --space /nonexistent.yaml: cannot read it"),
         (["tune", *c, "--topology", EMPTY, "--dry-run"], 3, "pdsvc: error: "),
+        # profile: 0 the breakdown (tests/test_e2e_profile.py) · 1 a capture failed
+        # (tests/test_profile_run.py) · 2 config or usage · 3 cannot run
+        (["profile", *c, "--topology", SEED, "--dry-run"], 0,
+         "load: /opt/sglang/venv/bin/python -m sglang.bench_serving --backend sglang"),
+        (["profile", *c, "--topology", SEED, "--concurrency", "4", "--rate", "2"], 2,
+         "pdsvc: error: give --concurrency or --rate, not both"),
+        (["profile", *c, "--topology", SEED, "--dry-run", "--engine", "dsv4-decode-9"], 2,
+         f"pdsvc: error: --engine dsv4-decode-9: not a decode engine of {CONFIG}; its "
+         "engines: dsv4-prefill, dsv4-decode"),
+        (["profile", *c, "--topology", SEED, "--write-timeout", "900"], 2,
+         "pdsvc: error: Invalid value for '--write-timeout': 900.0 is not in the range"),
+        (["profile", *c, "--topology", SEED], 3,
+         "pdsvc: error: dsv4-decode (http://127.0.0.1:30001) does not answer: connection "
+         "refused; is it running? see `pdsvc status`"),
         # the program itself
         ([], 0, "Usage: pdsvc [OPTIONS]"),  # click 8.5 writes [COMMAND], 8.4 COMMAND
         (["--version"], 0, "pdsvc, version "),
@@ -128,5 +142,5 @@ def test_the_documented_exit_code_table_is_the_one_tested() -> None:
     rows = {re.match(r"\| `?([a-z, ]+)", line).group(1).strip(): line
             for line in table.splitlines()[2:]}
     assert set(rows) == {"render", "validate, plan", "topology", "status", "doctor", "bench",
-                         "tune"}
+                         "tune", "profile"}
     assert "a finding" in rows["status"] and "| – (" in rows["status"]

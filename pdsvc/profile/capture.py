@@ -15,6 +15,7 @@ from there.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -37,11 +38,17 @@ def headers(e: Engine) -> dict[str, str]:
     return h
 
 
+def no_answer(text: str) -> str:
+    """urllib's words for no answer, without its wrapping: ``connection refused``."""
+    m = re.fullmatch(r"<urlopen error (?:\[Errno -?\d+\] )?(.*)>", text.strip())
+    return m[1].strip().lower() if m else text.strip()
+
+
 def server_info(host: Http, e: Engine) -> dict[str, Any]:
     """GET /server_info; CannotProfile when the engine does not answer it."""
     status, text = host.http("GET", f"{e.url}/server_info", headers(e), CALL_TIMEOUT_S)
     if status == 0:
-        raise CannotProfile(f"{e.name} ({e.url}) does not answer: {text}",
+        raise CannotProfile(f"{e.name} ({e.url}) does not answer: {no_answer(text)}",
                             hint="is it running? see `pdsvc status`")
     if status in (401, 403):
         raise CannotProfile(f"{e.name} refused /server_info (HTTP {status}): its key is not "
@@ -92,7 +99,7 @@ def refusal(e: Engine, path: str, status: int, text: str,
     """Why ``e`` refused ``path``, in one line."""
     said = " ".join(text.split())[:160]
     if status == 0:
-        return f"{e.name} did not answer {path}: {said}"
+        return f"{e.name} did not answer {path}: {no_answer(text)}"
     if status == 404:
         return (f"{e.name} has no {path} (HTTP 404): not an SGLang with the profiler's HTTP "
                 "API, or not SGLang")

@@ -78,13 +78,15 @@ class Run:
     state_dir: str  # the runtimes' state directory: holds and their answers
     tail: Callable[[str], list[str]]  # a unit's last log lines
     run: str = ""
+    profiles: Path | None = None  # where runs go (default: StateDirectory=/profiles)
     roles: dict[str, list[Engine]] = field(default_factory=dict)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.run = self.run or new_run_id(self.host.wall())
         self.waits = Waits(self.host, self.say)
-        self.root = trace_root(self.here, self.run)
+        self.root = (self.profiles / self.run) if self.profiles is not None \
+            else trace_root(self.here, self.run)
 
     # ---------------------------------------------------------------- before anything runs
     def prepare(self) -> list[str]:
