@@ -159,6 +159,9 @@ class Run:
         except KeyError as e:
             raise CannotProfile(f"no user or group {e.args[0]!s} on this host (runtime.user, "
                                 "runtime.group): is the bundle installed?") from None
+        if not self.root.parent.parent.is_dir():
+            raise CannotProfile(f"{self.root.parent.parent} does not exist (the units' state "
+                                "directory): is the bundle installed and started?")
         engines = [e for es in self.roles.values() for e in es]
         for path in (self.root.parent, self.root, *(self.root / e.name for e in engines)):
             path.mkdir(mode=0o750, exist_ok=True)

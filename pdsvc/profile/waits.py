@@ -181,8 +181,9 @@ class Waits:
         if missing:
             return (f"the runtime of {', '.join(missing)} did not take the profile hold within "
                     f"{ACK_WAIT_S:g} s (no {acks[missing[0]]} naming this run): its runtime "
-                    "predates pdsvc profile, or is not running; reinstall the bundle "
-                    "(pdsvc render && sudo ./install.sh) and restart the unit, then try again")
+                    "predates pdsvc profile, or is not running (or --state-dir is not its "
+                    "state directory); render and install the bundle again, restart the unit, "
+                    "then try again")
         refused = "; ".join(f"{n}: router {r}: {why}" for n, rs in paused.items()
                             for r, why in rs.items() if why)
         return (f"a router did not pause its health checks ({refused}): it would take the "
