@@ -214,3 +214,21 @@ def test_an_engine_without_routers_keeps_the_hold_too(tmp_path: Path) -> None:
     p.look()
     ack = read_state(str(tmp_path / "e.profile.json"))
     assert ack["run"] == "r2" and ack["routers"] == {} and p.excuse() is not None
+
+
+def test_status_says_an_engine_is_profiled_and_until_when(tmp_path: Path) -> None:
+    from pdsvc.status.runstate import hold_words
+
+    path = hold_path(str(tmp_path), "dsv4-decode")
+    assert path
+    write_hold(path, out=False, peers=[], by="pdsvc profile", since=1000.0, until=1030.0,
+               profile="r9")
+    words = hold_words(tmp_path, "dsv4-decode", now=1010.0)
+    assert words.startswith("profiled by pdsvc profile for 10 s (lease: 20 s left) (run r9): "
+                            "liveness not judged")
+    assert "router health checks paused" in words and path in words
+    assert "pdsvc profile is gone" in hold_words(tmp_path, "dsv4-decode", now=1031.0)
+    write_hold(path, out=False, peers=[], by="pdsvc profile", since=1000.0, until=1e12,
+               profile="r9")
+    assert "past its bound" in hold_words(tmp_path, "dsv4-decode",
+                                          now=1000.0 + PROFILE_HOLD_MAX_S)

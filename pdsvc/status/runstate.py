@@ -16,7 +16,7 @@ from typing import Any
 from pdsvc.plan.build import Plan
 from pdsvc.ship.runtime.canary import PairHealth
 from pdsvc.ship.runtime.endings import Phase
-from pdsvc.ship.runtime.hold import lease_end
+from pdsvc.ship.runtime.hold import lease_end, profile_end
 from pdsvc.ship.runtime.metrics import exposition, unit_samples
 from pdsvc.ship.runtime.policy import recent_heals
 from pdsvc.ship.runtime.statefile import Kind, NewerFormat, read_known, read_state, state_path
@@ -91,11 +91,18 @@ def hold_words(directory: Path, name: str, now: float | None = None) -> str:
     path, by = state_path(str(directory), name, Kind.HOLD), hold.get("by") or "pdsvc apply"
     until = lease_end(hold)
     if until is not None and until <= now:
-        return f"hold by {by} expired {now - until:.0f} s ago (not renewed: apply is gone): " \
+        return f"hold by {by} expired {now - until:.0f} s ago (not renewed: {by} is gone): " \
                f"the runtime ignores it and the engine serves as usual ({path}: stale)"
     since = hold.get("since")
     ago = f" for {int(now - since)} s" if isinstance(since, int | float) else ""
     left = f" (lease: {until - now:.0f} s left)" if until is not None else ""
+    if hold.get("profile"):
+        if now >= profile_end(hold):
+            return f"profile hold {hold['profile']} past its bound: the runtime judges the " \
+                   f"engine as usual ({path}: stale)"
+        return f"profiled by {by}{ago}{left} (run {hold['profile']}): liveness not judged " \
+               "while it writes its trace, router health checks paused, no heals " \
+               f"({path}: removing it releases the engine)"
     what = "out of the router" if hold.get("out") is not False else "in the router"
     peers = hold.get("peers")
     fence = f", canary only with {', '.join(map(str, peers))}" if isinstance(peers, list) else ""
