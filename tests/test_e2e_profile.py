@@ -111,3 +111,39 @@ def test_profiling_both_roles_under_load_fails_no_request_and_heals_nothing(
     code, body = stack.workers()
     for w in json.loads(body)["workers"]:
         assert w.get("disable_health_check") in (None, False), w
+
+
+def test_a_lost_terminal_mid_write_leaves_no_engine_profiling_and_no_hold(
+        stack: Stack) -> None:
+    """SIGHUP (the terminal of the operator's session gone) while the decode writes: pdsvc
+    profile waits for the write with the hold kept, releases it, exits 130."""
+    c = stack.c
+    before = (stack.invocation("decode"), stack.restarts("decode"))
+    load = Load(f"{stack.plan['client_url']}/generate", rate=4, tokens=8, timeout=90,
+                netns=stack.netns, stream_share=0.5, max_in_flight=400)
+    load.start()
+    t0 = time.monotonic()
+    try:
+        argv = " ".join(f"'{a}'" for a in profile_argv(
+            stack, "--input-len", "16", "--output-len", "64", "--concurrency", "4"))
+        script = (f"{argv} >/tmp/hup.out 2>/tmp/hup.err & pid=$!; "
+                  f"until ls /var/lib/{stack.name}/profiles/*/{stack.name}-decode/*.gz "
+                  ">/dev/null 2>&1; do sleep 0.2; kill -0 $pid || exit 9; done; "
+                  "kill -HUP $pid; wait $pid; echo rc=$?")
+        out = c.run(["bash", "-c", script], check=False, timeout=300)
+    finally:
+        load.stop(wait=100)
+    err = c.read_file("/tmp/hup.err")
+    assert "rc=130" in out.stdout, out.stdout + out.stderr + err
+    assert "ending the capture on e2e-decode and waiting up to" in err, err
+    assert "pdsvc: interrupted" in err
+    run = sorted(c.run(["ls", f"/var/lib/{stack.name}/profiles"]).stdout.split())[-1]
+    traces = c.run(["bash", "-c", f"ls /var/lib/{stack.name}/profiles/{run}/"
+                                  f"{stack.name}-decode/*.gz"]).stdout.split()
+    assert len(traces) == 2  # written whole before the hold went
+    assert not c.exists(f"/run/{stack.name}/{stack.name}-decode.hold.json")
+    assert (stack.invocation("decode"), stack.restarts("decode")) == before
+    journal = c.journal(stack.unit("decode"))
+    assert journal.rfind("(released by pdsvc profile)") > journal.rfind("Profiling done")
+    failed = failures(load.between(t0, time.monotonic()))
+    assert not failed and not load.skipped, (failed, load.skipped)

@@ -5,6 +5,7 @@ asked, and every way a run ends: it leaves no hold and no engine profiling behin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -16,6 +17,7 @@ from conftest import REPO
 
 from pdsvc.cli.kit import load_plan
 from pdsvc.errors import ConfigError
+from pdsvc.profile.engines import engine_of, select
 from pdsvc.profile.options import CannotProfile, ProfileError, ProfileOptions
 from pdsvc.profile.run import Run
 from pdsvc.profile.trace import TraceError
@@ -307,3 +309,35 @@ def test_an_unknown_engine_or_a_role_without_engines_is_a_usage_error(tmp_path: 
                                           "its engines: dsv4-prefill, dsv4-decode"):
         run_of(tmp_path, engines, engine="dsv4-decode-9").prepare()
     shutil.rmtree(tmp_path / "run")
+
+
+def test_on_several_hosts_each_other_host_is_named_with_the_command_to_run_there() -> None:
+    whole = load_plan(REPO / "etc/examples/three-hosts.yaml", None,
+                      REPO / "etc/seed-host.topology.json", scheduled=True)
+    gpu_a, gpu_b = whole.for_host("gpu-a"), whole.for_host("gpu-b")
+    local, lines = select(whole, gpu_a, "decode", None)  # run on the prefill's host
+    assert local == [] and lines == [
+        "dsv4-decode run on host gpu-b (10.0.0.3): there, run "
+        "`sudo pdsvc profile --role decode --host gpu-b`"]
+    local, lines = select(whole, gpu_b, "decode", None)
+    assert [e.name for e in local] == ["dsv4-decode"] and lines == []
+    assert local[0].url == "http://10.0.0.3:30001"  # asked where the router reaches it
+
+
+def test_a_run_with_no_engine_of_the_role_here_is_a_usage_error_naming_where(
+        tmp_path: Path) -> None:
+    whole = load_plan(REPO / "etc/examples/three-hosts.yaml", None,
+                      REPO / "etc/seed-host.topology.json", scheduled=True)
+    run = Run(whole, whole.for_host("lb"), ProfileOptions(), Engines(tmp_path), print,
+              str(tmp_path), lambda u: [], run=RUN, profiles=tmp_path)
+    with pytest.raises(ConfigError, match=r"no engine to profile on this host \(dsv4-decode "
+                                          r"run on host gpu-b"):
+        run.prepare()
+
+
+def test_the_engine_key_is_its_admin_key_else_its_api_key() -> None:
+    (decode,) = [e for e in PLAN.engines if e.role == "decode"]
+    assert engine_of(decode).key is None
+    both = dataclasses.replace(decode, extra_args=("--api-key", "u", "--admin-api-key=a"))
+    assert engine_of(both).key == "a"
+    assert engine_of(dataclasses.replace(decode, extra_args=("--api-key", "u"))).key == "u"
