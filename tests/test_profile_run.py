@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apply_bundles import ONE_ONE, bundle
 from conftest import REPO
 
+from pdsvc.apply.flow import _refuse_profiled
 from pdsvc.cli.kit import load_plan
-from pdsvc.errors import ConfigError
+from pdsvc.errors import ConfigError, OutputError
 from pdsvc.profile.engines import engine_of, select
 from pdsvc.profile.options import CannotProfile, ProfileError, ProfileOptions
 from pdsvc.profile.run import Run
 from pdsvc.profile.trace import TraceError
 from pdsvc.ship.runtime.hold import write_hold
-from pdsvc.ship.runtime.statefile import Kind, read_state, state_path, write_state
+from pdsvc.ship.runtime.statefile import Kind, state_path, write_state
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
 PLAN = load_plan(REPO / "etc/pdsvc.yaml", None, REPO / "etc/seed-host.topology.json")
@@ -145,14 +147,14 @@ def test_a_decode_capture_asks_each_engine_directly_and_breaks_its_traces_down(
     (body,) = engines.asked("/start_profile")
     assert body == {"output_dir": str(tmp_path / "profiles" / RUN / "dsv4-decode"),
                     "num_steps": 20, "activities": ["GPU"], "with_stack": False,
-                    "record_shapes": False, "profile_by_stage": True, "profile_id": RUN,
+                    "record_shapes": False, "profile_by_stage": False, "profile_id": RUN,
                     "profile_prefix": "pdsvc"}
     (role,) = result.roles
     assert role.role == "decode" and role.breakdown.kernels[0].name == \
         "_tiled_sparse_decode_kernel"
     (e,) = role.engines
     assert [Path(t).name for t in e.traces] == [
-        f"pdsvc-{RUN}-TP-{r}-DECODE.trace.json.gz" for r in range(4)]
+        f"pdsvc-{RUN}-TP-{r}.trace.json.gz" for r in range(4)]
     assert e.tok_s == pytest.approx(100.0)  # the counter's pace on the double's clock
     assert "32 running" in e.batch and "its share of the load" not in e.batch
     assert holds(tmp_path) == []  # released
@@ -161,13 +163,19 @@ def test_a_decode_capture_asks_each_engine_directly_and_breaks_its_traces_down(
     assert any("held dsv4-decode" in x for x in lines)
 
 
-def test_under_a_speculative_algorithm_the_capture_is_not_by_stage(tmp_path: Path) -> None:
-    engines = Engines(tmp_path / "run", speculative_algorithm="EAGLE")
-    run = run_of(tmp_path, engines)
+def test_by_stage_names_the_stage_and_is_refused_under_a_speculative_algorithm(
+        tmp_path: Path) -> None:
+    engines = Engines(tmp_path / "run")
+    run = run_of(tmp_path, engines, by_stage=True)
     run.prepare()
     (role,) = run.execute(None).roles
-    assert engines.asked("/start_profile")[0]["profile_by_stage"] is False
-    assert role.engines[0].traces[0].endswith(f"{RUN}-TP-0.trace.json.gz")
+    assert engines.asked("/start_profile")[0]["profile_by_stage"] is True
+    assert role.engines[0].traces[0].endswith(f"{RUN}-TP-0-DECODE.trace.json.gz")
+    spec = Engines(tmp_path / "run", speculative_algorithm="EAGLE")
+    with pytest.raises(ConfigError, match=r"--by-stage: dsv4-decode runs speculative decoding "
+                                          r"\(speculative_algorithm EAGLE\).*sglang #34943"):
+        run_of(tmp_path, spec, by_stage=True).prepare()
+    assert spec.asked("/start_profile") == []
 
 
 def test_both_roles_go_prefill_first_each_under_its_own_hold(tmp_path: Path) -> None:
@@ -231,7 +239,7 @@ def test_a_trace_that_never_completes_ends_the_run_after_the_bound(tmp_path: Pat
                                            r"truncated"):
         run.execute(None)
     assert holds(tmp_path) == []
-    assert engines.asked("/stop_profile") == []  # the bound passed: nothing to wind down
+    assert engines.asked("/stop_profile") == [{}]  # told to stop: none is left profiling
 
 
 def test_a_capture_of_the_cpu_only_has_no_breakdown_and_says_why(tmp_path: Path) -> None:
@@ -294,15 +302,6 @@ def test_an_engine_held_by_apply_is_not_profiled(tmp_path: Path) -> None:
         run.prepare()
 
 
-def test_the_runtimes_answers_are_read_from_their_own_files(tmp_path: Path) -> None:
-    engines = Engines(tmp_path / "run")
-    run = run_of(tmp_path, engines)
-    run.prepare()
-    run.execute(None)
-    ack = read_state(str(tmp_path / "run" / "dsv4-decode.profile.json"))
-    assert ack is not None and ack["run"] == RUN
-
-
 def test_an_unknown_engine_or_a_role_without_engines_is_a_usage_error(tmp_path: Path) -> None:
     engines = Engines(tmp_path / "run")
     with pytest.raises(ConfigError, match="--engine dsv4-decode-9: not a decode engine .*"
@@ -341,3 +340,16 @@ def test_the_engine_key_is_its_admin_key_else_its_api_key() -> None:
     both = dataclasses.replace(decode, extra_args=("--api-key", "u", "--admin-api-key=a"))
     assert engine_of(both).key == "a"
     assert engine_of(dataclasses.replace(decode, extra_args=("--api-key", "u"))).key == "u"
+
+
+def test_apply_refuses_to_replace_the_hold_of_an_engine_being_profiled(tmp_path: Path) -> None:
+    units = {k: v.replace("--state-dir /run/dsv4", f"--state-dir {tmp_path}")
+             for k, v in bundle(tmp_path, ONE_ONE % "").items()}
+    _refuse_profiled([units])  # no hold: nothing to refuse
+    write_hold(str(tmp_path / "dsv4-decode.hold.json"), out=True, why="apply's own")
+    _refuse_profiled([units])  # apply's own hold: its business
+    write_hold(str(tmp_path / "dsv4-decode.hold.json"), out=False, peers=[],
+               by="pdsvc profile", profile="r7")
+    with pytest.raises(OutputError, match=r"dsv4-decode is held by pdsvc profile \(run r7, "
+                                          r"at most until .*wait for pdsvc profile to end"):
+        _refuse_profiled([units])

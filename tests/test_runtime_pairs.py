@@ -17,6 +17,7 @@ from pdsvc.ship.runtime import canary, membership, probe, timings
 from pdsvc.ship.runtime import rounds as canary_rounds
 from pdsvc.ship.runtime.canary import Canary, Pair, Round
 from pdsvc.ship.runtime.cascade import Cascade, marker_path
+from pdsvc.ship.runtime.hold import Hold, write_hold
 from pdsvc.ship.runtime.membership import Membership, Routers, Worker
 from pdsvc.ship.runtime.notify import Notifier
 from pdsvc.ship.runtime.options import Options
@@ -559,3 +560,17 @@ def test_no_dead_lock_while_a_load_can_end_it(tmp_path, up, listed) -> None:
         assert said.again == timings.HEAL_STAGGER_S  # looks again soon: one may form
         clock.now += timings.DEADLOCK_S
     assert not Path(marker).exists()
+
+
+def test_a_heal_asked_just_before_a_hold_was_taken_waits_instead(tmp_path) -> None:
+    """The verdict came, the question went off the loop, and meanwhile `pdsvc profile` (or
+    apply) took a hold: the answer is a wait, never a restart of a held engine."""
+    hold = Hold(str(tmp_path / "d1.hold.json"))
+    s = Serving(Options(role="decode"), print, Notifier(print),
+                RestartPolicy(None, restart_delay=1, max_delay=1, reset_after=1, attempts=3),
+                None, None, Canary(D1, [Pair(P0, 8998, D1)], failures_to_act=3, log=print,
+                                   hold=hold), None, None)
+    assert s.decide_heal("pair stale", 9.0).wait is None  # no hold: it heals
+    write_hold(hold.path, out=False, peers=[], by="pdsvc profile", profile="r1")
+    said = s.decide_heal("pair stale", 9.0)
+    assert said.wait == "a hold is in force: no heal while it lasts"

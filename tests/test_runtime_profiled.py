@@ -21,7 +21,7 @@ from pdsvc.ship.runtime.probe import NoAnswerKind, ProbeResult
 from pdsvc.ship.runtime.profiled import Profiled
 from pdsvc.ship.runtime.rounds import CanaryThread
 from pdsvc.ship.runtime.statefile import Kind, read_state, state_path
-from pdsvc.ship.runtime.timings import PROFILE_HOLD_MAX_S
+from pdsvc.ship.runtime.timings import PROFILE_HOLD_MAX_S, PROFILE_VERIFY_S
 from pdsvc.ship.runtime.watch import Notify, Say, Watch, step
 
 OK = ProbeResult(True, "HTTP 200")
@@ -94,7 +94,8 @@ def profiled(tmp_path: Path, router: FakeRouter, clock: FakeClock, *, shared: bo
              routers: int = 1) -> tuple[Profiled, Routers, list[str]]:
     lines: list[str] = []
     urls = [f"http://r{i}" for i in range(routers)]
-    members = Routers(urls, WORKER, "k", lines.append, call=router, clock=clock, shared=shared)
+    members = Routers(urls, WORKER, "k", lines.append, call=router, clock=clock, shared=shared,
+                      up=lambda: True)
     assert members.join()
     hold = Hold(str(tmp_path / "p.hold.json"), lines.append, wall=clock)
     return Profiled(hold, str(tmp_path / "p.profile.json"), lines.append, members,
@@ -174,9 +175,9 @@ def test_sglang_router_registers_a_shared_engine_afresh_after_its_put(tmp_path: 
         p.look()
         clear_hold(p.hold.path)
         p.look()
-        assert router.listed_twice == {WORKER.url}
+        assert router.listed_twice == {WORKER.url: 2}  # the pause's PUT and the resume's
         members.check(True)
-        assert router.listed_twice == (set() if shared else {WORKER.url}), shared
+        assert router.listed_twice == ({} if shared else {WORKER.url: 2}), shared
         assert [w["url"] for w in router.workers] == [WORKER.url]
         assert any("registering http://10.0.0.2:30000 afresh" in x for x in lines) == shared
 
@@ -232,3 +233,67 @@ def test_status_says_an_engine_is_profiled_and_until_when(tmp_path: Path) -> Non
                profile="r9")
     assert "past its bound" in hold_words(tmp_path, "dsv4-decode",
                                           now=1000.0 + PROFILE_HOLD_MAX_S)
+
+
+def test_a_router_that_restarts_during_the_hold_gets_the_engine_back_paused(
+        tmp_path: Path) -> None:
+    router, clock = FakeRouter(True), FakeClock(1000.0)
+    p, _, _ = profiled(tmp_path, router, clock)
+    p.clock = clock
+    write_hold(p.hold.path, out=False, peers=[], by="pdsvc profile", since=1000.0,
+               until=1030.0, profile="r1")
+    p.look()
+    router.workers, router.checks_off = [], set()  # restarted: empty
+    clock.now += PROFILE_VERIFY_S
+    p.look()
+    assert [w["url"] for w in router.workers] == [WORKER.url]
+    assert router.checks_off == {router.workers[0]["id"]}
+
+
+def test_sglang_router_is_put_once_per_change_however_often_it_is_asked(
+        tmp_path: Path) -> None:
+    router, clock = FakeRouter(False), FakeClock(1000.0)
+    p, _, _ = profiled(tmp_path, router, clock)
+    p.clock = clock
+    write_hold(p.hold.path, out=False, peers=[], by="pdsvc profile", since=1000.0,
+               until=1100.0, profile="r1")
+    for _ in range(5):
+        p.look()
+        clock.now += PROFILE_VERIFY_S
+    assert router.listed_twice == {WORKER.url: 1}  # 0.3.2 shows the flag: no second PUT
+
+
+def test_a_resume_a_router_refused_is_asked_again_until_it_takes(tmp_path: Path) -> None:
+    router, clock = FakeRouter(True), FakeClock(1000.0)
+    p, _, lines = profiled(tmp_path, router, clock)
+    write_hold(p.hold.path, out=False, peers=[], by="pdsvc profile", since=1000.0,
+               until=1030.0, profile="r1")
+    p.look()
+    router.up = False
+    clear_hold(p.hold.path)
+    p.look()
+    assert router.checks_off and any("could not resume" in x for x in lines)
+    p.look()
+    assert router.checks_off  # still down: still paused there
+    router.up = True
+    p.look()
+    assert router.checks_off == set() and p.resuming == {}
+
+
+def test_a_look_that_fails_is_logged_and_the_next_one_works(tmp_path: Path) -> None:
+    router, clock = FakeRouter(True), FakeClock(1000.0)
+    p, _, lines = profiled(tmp_path, router, clock)
+    write_hold(p.hold.path, out=False, peers=[], by="pdsvc profile", since=1000.0,
+               until=1030.0, profile="r1")
+    real, broken = p.hold.profile, [True]
+
+    def profile() -> tuple[str, float] | None:
+        if broken.pop() if broken else False:
+            raise OSError("EIO")
+        return real()
+
+    p.hold.profile = profile  # type: ignore[method-assign]
+    p.look()
+    assert any("profile hold: a look failed; looking again" in x and "EIO" in x for x in lines)
+    p.look()
+    assert p.run == "r1" and router.checks_off

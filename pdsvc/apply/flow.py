@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from pdsvc.apply.targets import (
 from pdsvc.errors import ConfigError, OutputError
 from pdsvc.render.bundle import Origin, write_bundle
 from pdsvc.render.kit import File
+from pdsvc.ship.runtime.hold import Hold, hold_path
 
 #: Exit status when the operator declines (or cannot be asked about) an outage.
 DECLINED = 3
@@ -296,6 +298,23 @@ def _compare(opts: Options, source: Source) -> tuple[dict[str, str], dict[str, s
     return old, new
 
 
+def _refuse_profiled(bundles: list[dict[str, str]]) -> None:
+    """A hold `pdsvc profile` keeps (an engine writing its trace, its runtime not judging
+    it) is not apply's to replace: apply writes and removes the same NAME.hold.json."""
+    for bundle in bundles:
+        for u in bundle_units(bundle).values():
+            name = u.option("--name", u.local_name.removesuffix(".service"))
+            path = hold_path(u.option("--state-dir") or None, name) if u.kind == "engine" \
+                else None
+            found = Hold(path).profile() if path else None
+            if found:
+                run, until = found
+                raise OutputError(f"{name} is held by pdsvc profile (run {run}, at most until "
+                                  f"{time.strftime('%H:%M:%S', time.localtime(until))}): a "
+                                  "rollout would replace its hold while it writes its trace",
+                                  hint="wait for pdsvc profile to end, then apply")
+
+
 def apply_rollout(opts: Options, source: Source, fe: Frontend) -> int:
     """The whole flow (the module's doc); the exit status (0, FAILED or DECLINED). Raises
     ConfigError or OutputError for what cannot be applied as asked."""
@@ -320,6 +339,7 @@ def apply_rollout(opts: Options, source: Source, fe: Frontend) -> int:
         return 0
     if rollout.outage and not opts.yes and _confirm_outage(rollout, fe):
         return DECLINED
+    _refuse_profiled([old, new])
     if _install(opts, source, old, manager_name(new), back, fe) or \
             not _run(opts, new, rollout, back, fe):
         return FAILED

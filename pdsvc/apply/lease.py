@@ -69,9 +69,13 @@ class Lease:
     ``renew()`` (the thread ``start()`` begins calls it every ``secs / RENEWALS``)."""
 
     def __init__(self, host: HoldWriter, say: Callable[[str], None],
-                 secs: float | None = None, by: str = "pdsvc apply") -> None:
+                 secs: float | None = None, by: str = "pdsvc apply",
+                 owns: Callable[[str], bool] | None = None) -> None:
         self.host = host
         self.by = by  # the command that holds: the holds' ``by``, and its own lines' words
+        #: whether the hold at a path is still this command's: another's is neither renewed
+        #: nor removed (None: every hold written is)
+        self.owns = owns
         self.say = say
         self.secs = lease_secs() if secs is None else secs
         self.every = self.secs / RENEWALS
@@ -90,11 +94,12 @@ class Lease:
             return self._write(path, held)
 
     def release(self, path: str) -> None:
-        """Remove the hold; it is no longer renewed."""
+        """Remove the hold (when it is still this command's); it is no longer renewed."""
         with self._lock:
             self.held.pop(path, None)
             self._failing.discard(path)
-            self.host.clear_hold(path)
+            if self.owns is None or self.owns(path):
+                self.host.clear_hold(path)
 
     def renew(self) -> None:
         """Write every hold again with a fresh ``until``. A renewal that fails is said on
@@ -102,6 +107,8 @@ class Lease:
         the hold lapses only if none succeeds before its ``until``."""
         with self._lock:
             for path, held in self.held.items():
+                if self.owns is not None and not self.owns(path):
+                    continue  # another command's now: not this lease's to write
                 try:
                     ok, error = self._write(path, held), ""
                 except Exception as e:  # whatever it is, the rollout goes on

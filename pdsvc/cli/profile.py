@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,10 @@ def stops_as_interrupts() -> Iterator[None]:
 
 
 def say(msg: str) -> None:
-    click.echo(msg, err=True)
+    """A progress line on stderr; none once stderr is gone (a terminal hung up: EIO), so
+    that a lost session still winds the run down."""
+    with suppress(OSError):
+        click.echo(msg, err=True)
 
 
 def _roles(ctx: click.Context | None, param: object, value: str) -> tuple[str, ...]:
@@ -122,6 +125,10 @@ def _activities(ctx: click.Context | None, param: object, value: str) -> tuple[s
 @click.option("--activities", default="GPU", show_default=True, callback=_activities,
               help="What each engine records: GPU (kernels, copies), CPU (Python ops; "
               "larger traces, a longer freeze).")
+@click.option("--by-stage", is_flag=True,
+              help="SGLang's profile_by_stage: count only the engine's own stage's steps (a "
+              "PD decode's placeholder batches not). Refused under speculative decoding, where "
+              "its window never ends; an armed by-stage capture cannot be cancelled.")
 @click.option("--warmup-timeout", type=click.FloatRange(min=1), default=D["warmup_timeout"],
               show_default=True, help="Seconds for the batches to fill under the load.")
 @click.option("--measure-secs", type=click.FloatRange(min=0.5), default=D["measure_secs"],
@@ -129,7 +136,8 @@ def _activities(ctx: click.Context | None, param: object, value: str) -> tuple[s
 @click.option("--write-timeout", type=click.FloatRange(min=1, max=MAX_WRITE_TIMEOUT_S),
               default=D["write_timeout"], show_default=True,
               help="Seconds for every rank's trace to be whole once asked (the engine is "
-              "frozen while it writes; its hold lasts this long and a minute more).")
+              "frozen while it writes, under its hold; a runtime honours a hold "
+              f"{PROFILE_HOLD_MAX_S:g} s at most).")
 @click.option("--top", type=click.IntRange(min=1), default=D["top"], show_default=True,
               help="Kernels each role's table shows (--json holds them all).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -143,7 +151,7 @@ def _activities(ctx: click.Context | None, param: object, value: str) -> tuple[s
 def profile(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
             host_name: str | None, roles: tuple[str, ...], engine: str | None, steps: int,
             concurrency: int | None, rate: float | None, input_len: int, output_len: int,
-            no_load: bool, activities: tuple[str, ...], warmup_timeout: float,
+            no_load: bool, activities: tuple[str, ...], by_stage: bool, warmup_timeout: float,
             measure_secs: float, write_timeout: float, top: int, plot_path: Path | None,
             state_dir: Path | None, dry_run: bool, as_json: bool) -> None:
     """Where each role's GPU time goes on the running deployment, and how far a faster
@@ -151,9 +159,9 @@ def profile(config_path: Path, sysfs_root: Path | None, topology_file: Path | No
     breakdown printed (table, or --json)."""
     if concurrency is not None and rate is not None:
         raise click.UsageError("give --concurrency or --rate, not both")
-    opts = ProfileOptions(roles, engine, steps, activities, not no_load, concurrency, rate,
-                          input_len, output_len, warmup_timeout, measure_secs, write_timeout,
-                          top)
+    opts = ProfileOptions(roles, engine, steps, activities, by_stage, not no_load, concurrency,
+                          rate, input_len, output_len, warmup_timeout, measure_secs,
+                          write_timeout, top)
     whole, here = load_host_plan(config_path, sysfs_root, topology_file, host_name)
     manager = make_backend(here)
     states = str(state_dir or plan_state_dir(here, manager.name))
@@ -214,14 +222,12 @@ def _dry_run(run: Run) -> None:
         click.echo("load: none (--no-load): the live traffic")
     for role, engines in run.roles.items():
         for e in engines:
-            body = capture.start_body(opts, str(run.root / e.name), run.run, True)
+            body = capture.start_body(opts, str(run.root / e.name), run.run, opts.by_stage)
             click.echo(f"{role} {e.name} ({e.url}, TP{e.tp}):")
             click.echo(f"  hold: {hold_path(run.state_dir, e.name)} (profile {run.run}: "
                        "renewed every 5 s while the run lasts; its runtime honours it "
                        f"{PROFILE_HOLD_MAX_S:g} s at most)")
             click.echo(f"  POST {e.url}/start_profile {json.dumps(body)}")
-            click.echo("    (profile_by_stage: false if its /server_info names a "
-                       "speculative_algorithm: sglang #34943)")
-            click.echo(f"  traces: {run.root / e.name}/pdsvc-{run.run}-TP-N"
-                       f"[-{'EXTEND' if role == 'prefill' else 'DECODE'}].trace.json.gz, "
-                       f"N = 0..{e.tp - 1}")
+            stage = f"-{'EXTEND' if role == 'prefill' else 'DECODE'}" if opts.by_stage else ""
+            click.echo(f"  traces: {run.root / e.name}/pdsvc-{run.run}-TP-N{stage}"
+                       f".trace.json.gz, N = 0..{e.tp - 1}")

@@ -63,16 +63,24 @@ def server_info(host: Http, e: Engine) -> dict[str, Any]:
     return info
 
 
-def by_stage(info: dict[str, Any]) -> bool:
-    """Whether to capture by stage: it counts only the engine's own stage's forward steps
-    (not a PD decode's PREBUILT placeholders, sglang PR #40098), but under speculative
-    decoding its decode window never ends (TARGET_VERIFY counts as extend: sglang #34943)."""
-    return not info.get("speculative_algorithm")
+def refuses_by_stage(e: Engine, info: dict[str, Any]) -> str | None:
+    """Why ``--by-stage`` cannot capture this engine, or None. A by-stage capture counts only
+    the engine's own stage's forward steps (not a PD decode's PREBUILT placeholders, sglang PR
+    #40098), but under speculative decoding its decode window never ends (TARGET_VERIFY
+    counts as extend: sglang #34943, open in 0.5.23)."""
+    spec = info.get("speculative_algorithm")
+    if not spec:
+        return None
+    return (f"--by-stage: {e.name} runs speculative decoding (speculative_algorithm {spec}), "
+            "under which a by-stage decode capture never ends (sglang #34943)")
 
 
 def start_body(opts: ProfileOptions, output_dir: str, run: str, stage: bool) -> dict[str, Any]:
     """The /start_profile request: N steps of the asked activities, without Python stacks and
-    shapes (both default to true, and make traces of hundreds of MB: THUDM/slime PR #1879)."""
+    shapes (both default to true, and make traces of hundreds of MB: THUDM/slime PR #1879).
+    Plain steps by default: such a capture runs from the request on, and /stop_profile ends it
+    at any moment; a by-stage one (``stage``) waits, armed, for its stage's first step, and
+    SGLang cannot cancel it while it is armed (``_stop_profile`` refuses: not in progress)."""
     return {"output_dir": output_dir, "num_steps": opts.steps,
             "activities": list(opts.activities), "with_stack": False, "record_shapes": False,
             "profile_by_stage": stage, "profile_id": run, "profile_prefix": "pdsvc"}

@@ -69,16 +69,21 @@ class Background:
         self._thread.start()
 
     def _spawn(self) -> None:
-        try:
-            with open(self.log, "ab") as out:
-                proc = subprocess.Popen(
-                    self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=bench_env(self.target, os.environ), start_new_session=True)
-        except OSError as e:
-            raise CannotProfile(f"cannot run {self.argv[0]} (runtime.python): {e.strerror}",
-                                hint="--no-load captures the live traffic instead") from None
+        """Start a run, unless stopped (under the lock stop() takes: no run starts after it)."""
         with self._lock:
-            self.proc, self.runs = proc, self.runs + 1
+            if self._stopped.is_set():
+                return
+            try:
+                with open(self.log, "ab") as out:
+                    self.proc = subprocess.Popen(
+                        self.argv, stdout=out, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, env=bench_env(self.target, os.environ),
+                        start_new_session=True)
+            except OSError as e:
+                raise CannotProfile(f"cannot run {self.argv[0]} (runtime.python): "
+                                    f"{e.strerror}",
+                                    hint="--no-load captures the live traffic instead") from None
+            self.runs += 1
 
     def _keep(self) -> None:
         while not self._stopped.is_set():
@@ -104,8 +109,8 @@ class Background:
 
     def stop(self) -> None:
         """End it (its whole process group), at once: the traces are whole or given up."""
-        self._stopped.set()
         with self._lock:
+            self._stopped.set()
             proc = self.proc
         if proc is None or proc.poll() is not None:
             return

@@ -22,6 +22,7 @@ class ProfileOptions:
     engine: str | None = None  # one engine (its unit name), else every engine of the role
     steps: int = 20  # forward steps each engine records
     activities: tuple[str, ...] = ("GPU",)  # SGLang's: GPU (kernels), CPU (ops)
+    by_stage: bool = False  # SGLang's profile_by_stage: only the engine's own stage's steps
     load: bool = True  # drive bench_serving through the router (else: live traffic only)
     concurrency: int | None = None  # requests in flight (None: the decodes' batch limits)
     rate: float | None = None  # a Poisson rate instead of a concurrency

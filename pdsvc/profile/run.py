@@ -35,12 +35,15 @@ from pdsvc.profile.load import Background, load_of, words
 from pdsvc.profile.options import ROLES, CannotProfile, ProfileError, ProfileOptions
 from pdsvc.profile.result import EngineCapture, ProfileRun, RoleResult
 from pdsvc.profile.trace import read_trace
-from pdsvc.profile.waits import TOKENS, Fill, Waits
+from pdsvc.profile.waits import HEALTHY_WAIT_S, TOKENS, Fill, Waits
 from pdsvc.ship.runtime.hold import hold_path
 from pdsvc.ship.runtime.statefile import Kind, read_known, state_path
+from pdsvc.ship.runtime.timings import PROFILE_HOLD_MAX_S
 
 #: the decode's batch when its server info names no limit
 DEFAULT_BATCH = 32
+#: every wait inside a hold ends this long before the runtime stops honouring it
+HOLD_MARGIN_S = 30.0
 
 
 class Host(Protocol):
@@ -103,6 +106,10 @@ class Run:
             raise ConfigError(f"no engine to profile on this host ({'; '.join(elsewhere)})")
         for e in (e for es in self.roles.values() for e in es):
             self.infos[e.name] = capture.server_info(self.host, e)
+            refused = capture.refuses_by_stage(e, self.infos[e.name]) \
+                if self.opts.by_stage else None
+            if refused:
+                raise ConfigError(refused, hint="leave --by-stage out: plain steps work there")
             held = read_known(hold_path(self.state_dir, e.name))
             if held is not None:
                 raise CannotProfile(f"{e.name} is held by {held.get('by') or 'pdsvc apply'} "
@@ -190,9 +197,9 @@ class Run:
     def capture(self, role: str, engines: list[Engine], full: dict[str, str],
                 tok_s: dict[str, float | None]) -> RoleResult:
         """One role: hold, capture, wait for the traces, release; its breakdown."""
-        with self.held(engines):
+        with self.held(engines) as budget:
             t0 = self.host.now()
-            files = Capturing(self, engines).run()
+            files = Capturing(self, engines, budget).run()
             wrote = self.host.now() - t0
         captures = tuple(EngineCapture(e.name, e.url, str(self.root / e.name),
                                        tuple(str(f) for f in files[e.name]), full[e.name],
@@ -203,10 +210,13 @@ class Run:
         return RoleResult(role, self.opts.steps, how, captures, breakdown(role, traces))
 
     @contextlib.contextmanager
-    def held(self, engines: list[Engine]) -> Iterator[None]:
-        """Each engine under a profile hold, answered by its runtime, for the block."""
-        lease = Lease(self.host, self.say, by="pdsvc profile")
+    def held(self, engines: list[Engine]) -> Iterator[float]:
+        """Each engine under a profile hold, answered by its runtime, for the block; it gets
+        the hold's budget (a monotonic time): the runtime honours the hold until
+        PROFILE_HOLD_MAX_S after it began, and every wait inside ends HOLD_MARGIN_S before."""
+        lease = Lease(self.host, self.say, by="pdsvc profile", owns=self.owns)
         paths = {e.name: hold_path(self.state_dir, e.name) or "" for e in engines}
+        budget = self.host.now() + PROFILE_HOLD_MAX_S - HOLD_MARGIN_S
         lease.start()
         try:
             for e in engines:
@@ -219,19 +229,28 @@ class Run:
             self.waits.acknowledged(acks, self.run)
             self.say(f"pdsvc profile: held {', '.join(paths)}: liveness not judged, router "
                      "health checks paused, no heals, until the traces are whole")
-            yield
+            yield budget
         finally:
             for path in paths.values():
                 lease.release(path)
             lease.stop()
 
+    def owns(self, path: str) -> bool:
+        """Whether the hold at ``path`` is this run's (or gone): only then is it renewed or
+        removed; another command's hold is left alone."""
+        doc = read_known(path)
+        return doc is None or doc.get("profile") == self.run
+
 
 class Capturing:
-    """One role's engines asked for a capture, and waited for; on any exit before every trace
-    is whole, each engine asked is stopped and its write waited for (the hold stays)."""
+    """One role's engines asked for a capture, and waited for, all within the hold's budget
+    (``budget``: a monotonic time, PROFILE_HOLD_MAX_S after the hold began, less a margin:
+    the runtime honours the hold no longer). On any exit before every trace is whole, each
+    engine asked is told to stop, and its write is waited for with the hold kept, unless the
+    bound has passed or a second interrupt comes."""
 
-    def __init__(self, run: Run, engines: list[Engine]) -> None:
-        self.r, self.engines = run, engines
+    def __init__(self, run: Run, engines: list[Engine], budget: float) -> None:
+        self.r, self.engines, self.budget = run, engines, budget
         self.asked: list[Engine] = []
         self.files: dict[str, list[Path]] = {}
         self.waited_out = False  # the write's bound passed: nothing more to wait for
@@ -240,14 +259,17 @@ class Capturing:
         r, opts = self.r, self.r.opts
         try:
             for e in self.engines:
-                stage = capture.by_stage(r.infos[e.name])
-                body = capture.start_body(opts, str(r.root / e.name), r.run, stage)
-                capture.start(r.host, e, body, functools.partial(self.logged_error, e))
-                self.asked.append(e)
+                body = capture.start_body(opts, str(r.root / e.name), r.run, opts.by_stage)
+                self.asked.append(e)  # before the call: an interrupt in it may leave it asked
+                try:
+                    capture.start(r.host, e, body, functools.partial(self.logged_error, e))
+                except ProfileError:
+                    self.asked.remove(e)  # refused: any capture it runs is not ours to stop
+                    raise
             r.say(f"pdsvc profile: asked {', '.join(e.name for e in self.engines)} for "
                   f"{opts.steps} steps; each freezes while it writes its traces (up to "
                   f"{opts.write_timeout:g} s): requests wait, none fails")
-            deadline = r.host.now() + opts.write_timeout
+            deadline = min(r.host.now() + opts.write_timeout, self.budget)
             for e in self.engines:
                 try:
                     self.files[e.name] = r.waits.traces(e, r.root / e.name, self.stage(e),
@@ -258,8 +280,7 @@ class Capturing:
             self.healthy()
             return self.files
         except BaseException:
-            if self.asked and not self.waited_out:
-                self.wind_down()
+            self.wind_down()
             raise
 
     def logged_error(self, e: Engine) -> str | None:
@@ -267,39 +288,57 @@ class Capturing:
         return capture.runtime_error(self.r.tail(e.unit))
 
     def stage(self, e: Engine) -> str | None:
-        if not capture.by_stage(self.r.infos[e.name]):
+        if not self.r.opts.by_stage:
             return None
         return "EXTEND" if e.role == "prefill" else "DECODE"
 
+    def left(self) -> float:
+        return max(0.0, self.budget - self.r.host.now())
+
     def healthy(self) -> None:
         for e in self.engines:
-            if not self.r.waits.healthy(e):
+            if not self.r.waits.healthy(e, min(HEALTHY_WAIT_S, self.left())):
                 self.r.say(f"pdsvc profile: warning: {e.name} does not answer /health 200 after "
                            "its trace was written: its hold is released and its runtime "
                            "judges it again")
 
     def wind_down(self) -> None:
-        """Interrupted: stop each asked engine's capture, wait for its write, then return
-        (the hold is released by the caller). A second interrupt returns at once."""
+        """Stop each asked engine whose traces are not whole, and wait for its write within
+        the hold's budget (not once the bound has passed); the caller releases the hold. A
+        second interrupt returns at once."""
         r = self.r
         left = [e for e in self.asked if e.name not in self.files]
         if not left:
             return
-        r.say(f"pdsvc profile: ending the capture on {', '.join(e.name for e in left)} and "
-              f"waiting up to {r.opts.write_timeout:g} s for its traces before the hold is "
-              "released (Ctrl-C: release it now; the engine may then be judged hung)")
+        names = ", ".join(e.name for e in left)
+        for e in left:
+            threading.Thread(target=self.stop, args=(e,), daemon=True).start()
+        if self.waited_out or self.left() <= 0:
+            r.say(f"pdsvc profile: told {names} to stop; the bound has passed: releasing the "
+                  "hold (an engine still writing is judged by its runtime again)")
+            return
+        r.say(f"pdsvc profile: ending the capture on {names} and waiting up to "
+              f"{self.left():.0f} s for its traces before the hold is released (Ctrl-C: "
+              "release it now; the engine may then be judged hung)")
         try:
             for e in left:
-                threading.Thread(target=capture.stop, args=(r.host, e, r.opts.write_timeout),
-                                 daemon=True).start()
-            deadline = r.host.now() + r.opts.write_timeout
-            for e in left:
-                with contextlib.suppress(Exception):
-                    r.waits.traces(e, r.root / e.name, self.stage(e),
-                                   max(0.0, deadline - r.host.now()))
-                r.waits.healthy(e)
+                with contextlib.suppress(ProfileError):
+                    r.waits.traces(e, r.root / e.name, self.stage(e), self.left())
+                r.waits.healthy(e, min(HEALTHY_WAIT_S, self.left()))
         except KeyboardInterrupt:
             r.say("pdsvc profile: releasing the hold now")
+
+    def stop(self, e: Engine) -> None:
+        """/stop_profile: the write comes before the reply, or 500 when no capture runs (it
+        stopped itself after its steps; with --by-stage, also one still armed: SGLang cannot
+        cancel that)."""
+        status, _ = capture.stop(self.r.host, e, max(1.0, self.left()))
+        if status == 500 and self.r.opts.by_stage and \
+                not any((self.r.root / e.name).glob("*.trace.json.gz")):
+            self.r.say(f"pdsvc profile: warning: {e.name}: its by-stage capture may still be "
+                       "armed, and SGLang cannot cancel an armed one (its /stop_profile answers "
+                       "500 until a step runs): it would capture and write at its next "
+                       "requests, with no hold")
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from pdsvc.ship.runtime.canary import Pair, Round
 from pdsvc.ship.runtime.membership import Worker
@@ -25,7 +26,7 @@ class FakeRouter:
         self.calls: list[tuple[str, str]] = []
         self.posted: list[dict] = []  # each POST /workers body
         self.checks_off: set[str] = set()  # worker ids whose health checks are paused
-        self.listed_twice: set[str] = set()
+        self.listed_twice: Counter[str] = Counter()  # URL -> the extra registrations
 
     def __call__(self, url: str, timeout: float, body: bytes | None = None,
                  headers: dict | None = None, method: str | None = None) -> HttpReply:
@@ -47,7 +48,7 @@ class FakeRouter:
             for w in self.workers:
                 if w["id"] == wid:
                     self.checks_off.discard(wid)
-                    self.listed_twice.discard(w["url"])
+                    self.listed_twice.pop(w["url"], None)
                     if self.smg:
                         w["status"], w["is_healthy"] = "draining", False
                     else:
@@ -78,7 +79,7 @@ class FakeRouter:
         worker["is_healthy"] = True  # either makes it healthy: smg Ready, 0.3.2 rebuilt
         if not self.smg:
             worker["disable_health_check"] = off
-            self.listed_twice.add(worker["url"])
+            self.listed_twice[worker["url"]] += 1
         return HttpReply(202, b"{}", "HTTP 202")
 
 

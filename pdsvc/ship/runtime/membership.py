@@ -81,8 +81,12 @@ class Membership:
                  call: Callable[..., HttpReply] = http_call,
                  clock: Callable[[], float] = time.monotonic,
                  held: Callable[[], str | None] = lambda: None,
-                 timeout: float = ROUTER_CALL_TIMEOUT_S, shared: bool = False) -> None:
+                 timeout: float = ROUTER_CALL_TIMEOUT_S, shared: bool = False,
+                 up: Callable[[], bool] | None = None) -> None:
         self.router = router.rstrip("/")
+        #: whether the engine answers /health 200 now (a real probe: the loop's ``alive``
+        #: stays true through a profile hold's excused failures)
+        self.up: Callable[[], bool] = up or self._health
         #: other engines of this role serve: taking this one out for a moment costs nothing
         self.shared = shared
         self.timeout = timeout
@@ -107,6 +111,9 @@ class Membership:
         #: sglang-router 0.3.2 took a PUT (pause): register afresh once healthy (``pause``)
         self.refresh = False
         self._said = ""  # the last problem logged, so a long outage is one line, not hundreds
+
+    def _health(self) -> bool:
+        return http_call(f"{self.worker.url}/health", self.timeout).status == 200
 
     def _say(self, text: str) -> None:
         if text != self._said:
@@ -214,7 +221,7 @@ class Membership:
             self.join()
             return
         healthy = entry.get("is_healthy") is not False and status != "failed"
-        if self.refresh and healthy and engine_healthy:
+        if self.refresh and healthy and engine_healthy and self.up():
             self.log(f"registering {self.worker.url} afresh with the router {self.router}: "
                      "the PUT that paused its health checks listed it twice there "
                      "(sglang-router 0.3.2, src/core/worker_registry.rs register), which "
@@ -272,8 +279,12 @@ class Membership:
         entry, error = self._entry()
         if error is not None:
             return f"router {self.router} did not answer: {error}"
+        if entry is None and paused and self.join():  # a router that restarted meanwhile
+            entry, error = self._entry()
         if entry is None:
             return f"router {self.router} does not list {self.worker.url}"
+        if entry.get("disable_health_check") is paused:
+            return None  # 0.3.2 shows the flag: already so, and another PUT would list it again
         url = f"{self.router}/workers/{urllib.parse.quote(str(entry.get('id', '')), safe='')}"
         reply = self._call(url, json.dumps({"health": {"disable_health_check": paused}}).encode(),
                            method="PATCH")
@@ -349,13 +360,14 @@ class Routers:
             for m in self.each:
                 m.check(engine_healthy)
 
-    def pause(self, paused: bool) -> dict[str, str]:
-        """Pause (or resume) every router's health checks of this engine; while paused,
-        membership changes nothing. Each router's answer: "" when it took the change, else
-        why not."""
+    def pause(self, paused: bool, only: set[str] | None = None) -> dict[str, str]:
+        """Pause (or resume) each router's health checks of this engine (``only``: those
+        routers); while paused, membership changes nothing. Each router's answer: "" when it
+        took the change, else why not."""
         with self.lock:
             self.paused = paused
-            return {m.router: m.pause(paused) or "" for m in self.each}
+            return {m.router: m.pause(paused) or "" for m in self.each
+                    if only is None or m.router in only}
 
     def lists_any(self, urls: list[str]) -> bool:
         """Whether every router that answers lists one of ``urls`` healthy (and one answers):

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .hold import Hold, lease_end, profile_end
 from .statefile import read_known, write_state
-from .timings import PROFILE_HOLD_MAX_S
+from .timings import PROFILE_HOLD_MAX_S, PROFILE_VERIFY_S
 
 if TYPE_CHECKING:
     from .membership import Routers
@@ -54,6 +55,9 @@ class Profiled:
         self.began = 0.0  # wall clock: when it took it
         self.end = 0.0  # wall clock: the latest it lasts, as last read
         self.paused: dict[str, str] = {}  # router -> "" (paused) or why not
+        self.resuming: dict[str, str] = {}  # router -> why its resume failed: asked again
+        self.verified = 0.0  # monotonic: the last look that asked every router again
+        self.clock = time.monotonic
         self._lock = threading.Lock()
 
     def excuse(self) -> str | None:
@@ -66,20 +70,33 @@ class Profiled:
                 f"its trace) until {clock_time(end)} at the latest")
 
     def look(self) -> None:
-        """The poller's work: take a new hold, retry a pause a router refused, end the hold."""
-        with self._lock:
-            found = self.hold.profile()
-            if found is not None:
-                run, self.end = found
-                if run != self.run:
-                    if self.run is not None:
-                        self._leave(f"replaced by {run}")
-                    self._enter(run)
-                elif any(self.paused.values()):
-                    self._pause_again()
-                return
-            if self.run is not None:
-                self._leave(self._how_it_ended())
+        """The poller's work: take a new hold; while it lasts, ask every router again every
+        PROFILE_VERIFY_S (one that restarted has lost the entry: it is registered and paused
+        again), at once one that refused; end the hold; retry a resume a router refused. An
+        error of its own is logged with its traceback, and the next look tries again."""
+        try:
+            with self._lock:
+                self._look()
+        except Exception:  # a look that failed must not end the poller: the hold would stay
+            self.log("profile hold: a look failed; looking again: "
+                     + " | ".join(traceback.format_exc().strip().splitlines()[-3:]))
+
+    def _look(self) -> None:
+        found = self.hold.profile()
+        if found is not None:
+            run, self.end = found
+            if run != self.run:
+                if self.run is not None:
+                    self._leave(f"replaced by {run}")
+                self._enter(run)
+            elif any(self.paused.values()) or \
+                    self.clock() - self.verified >= PROFILE_VERIFY_S:
+                self._pause_again()
+            return
+        if self.run is not None:
+            self._leave(self._how_it_ended())
+        elif self.resuming and self.routers is not None:
+            self._resume_again()
 
     def _enter(self, run: str) -> None:
         self.run, self.began = run, self.wall()
@@ -89,11 +106,14 @@ class Profiled:
                  "failed liveness probes are not judged, the routers do not health-check "
                  "this engine, and its pairs are neither probed nor healed")
         self.paused = self.routers.pause(True) if self.routers is not None else {}
+        self.verified = self.clock()
         self._say_paused(self.paused)
         self._write()
 
     def _pause_again(self) -> None:
-        assert self.routers is not None
+        self.verified = self.clock()
+        if self.routers is None:
+            return
         answers = self.routers.pause(True)
         if answers != self.paused:
             self._say_paused({r: why for r, why in answers.items() if self.paused.get(r) != why})
@@ -110,12 +130,22 @@ class Profiled:
         run, took = self.run, self.wall() - self.began
         self.run = None
         resumed = self.routers.pause(False) if self.routers is not None else {}
+        self.resuming = {r: why for r, why in resumed.items() if why}
         self.log(f"profile hold {run} ended after {took:.0f} s ({how}): liveness is judged "
                  "again" + "".join(f"; router {r}: " + ("health checks resumed" if not why
-                                                         else f"could not resume ({why})")
+                                                         else f"could not resume ({why}): "
+                                                         "asking again")
                                    for r, why in resumed.items()))
         self._write(run, ended=how)
         self.paused = {}
+
+    def _resume_again(self) -> None:
+        assert self.routers is not None
+        answers = self.routers.pause(False, only=set(self.resuming))
+        for router, why in answers.items():
+            if not why:
+                self.log(f"router {router}: health checks of this engine resumed")
+        self.resuming = {r: why for r, why in answers.items() if why}
 
     def _how_it_ended(self) -> str:
         doc = read_known(self.hold.path)

@@ -240,6 +240,10 @@ class Serving:
         due = self.cascade.due_now(self.began) if self.cascade else None
         if due:  # a cure came a moment ago (its poller looks every MARKER_LOOK_S): with it
             return HealSaid(why, detail=due, at=self.clock())
+        held = self.canary.hold if self.canary is not None else None
+        if held is not None and held.active():  # taken while the question was asked
+            return HealSaid(why, wait="a hold is in force: no heal while it lasts",
+                            status="pair failing, held", at=self.clock())
         turn = self.turn(waited)
         if turn is not None:
             now = self.clock()

@@ -93,6 +93,9 @@ PROFILE_HOLD_MAX_S = 600.0
 #: seconds between the runtime's looks at its hold for a profile hold's start and end (a
 #: stat and a read of a few hundred bytes)
 PROFILE_LOOK_S = 0.5
+#: while a profile hold lasts, every router is asked again this often whether it still lists
+#: this engine with its health checks paused (a router that restarted has lost both)
+PROFILE_VERIFY_S = 2.0
 
 # ---------------------------------------------------------------- heals (policy.py, cascade.py)
 #: the heal budget's window: heals within it that brought no pair back count against it
