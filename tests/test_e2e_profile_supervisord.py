@@ -1,6 +1,6 @@
 """`pdsvc profile` on a supervisord bundle under the REAL supervisord (the serve venv's), the
-real sglang-router and the stand-in engines on free 127.0.0.1 ports: a 1P1D stack profiled
-under a side load while its decode freezes FREEZE s to write its traces, many times its
+real router (each generation) and the stand-in engines on free 127.0.0.1 ports: a 1P1D stack
+profiled under a side load while its decode freezes FREEZE s to write its traces, many times its
 runtime's own watchdog (--watchdog-secs: supervisord has none) and the router's health checks.
 
 Checked: exit 0 and the breakdown; no request of the side load failed; the decode's program
@@ -31,11 +31,14 @@ pytestmark = pytest.mark.e2e
 FREEZE = 10
 
 
-@pytest.fixture(scope="module")
-def stack(serve_python: Path, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[SupervisordStack]:
+#: both routers, one after the other in one worker (not conftest's router_package, whose two
+#: stacks run at once): every supervisord stack of the suite is named NAME, and this one's
+#: traces and its profile lock live under the plan's /var/lib/NAME
+@pytest.fixture(scope="module", params=["sglang-router", "smg"])
+def stack(request: pytest.FixtureRequest, serve_python: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[SupervisordStack]:
     s = SupervisordStack(tmp_path_factory.mktemp("sv-profile"), serve_python.parent.parent,
-                         format="supervisord", **{
+                         format="supervisord", **{"router.package": request.param,
         "router.args": {"request-timeout-secs": 120},
         "runtime.env.FAKE_SGLANG_PROFILE_WRITE_SECS": FREEZE})
     make_tokenizer(serve_python, s.work / "model")
@@ -85,8 +88,8 @@ def test_profiling_the_decode_under_supervisord_fails_no_request(
         assert role["kernels"][0]["name"] == "_tiled_sparse_decode_kernel"
         assert all(Path(t).is_file() for t in role["engines"][0]["traces"])
         failed = failures(sent)
-        print(f"\nsupervisord: pdsvc profile took {took:.0f} s (warm-up "
-              f"{doc['warmup_s']:.0f} s, {FREEZE} s frozen); side load: "
+        print(f"\nsupervisord, {stack.plan.router.package}: pdsvc profile took {took:.0f} s "
+              f"(warm-up {doc['warmup_s']:.0f} s, {FREEZE} s frozen); side load: "
               f"{sum(failed.values())} of {len(sent)} failed")
         assert not failed and not load.skipped, (failed, load.skipped)
         assert stack.runtime_pid("decode") == pid  # not restarted
