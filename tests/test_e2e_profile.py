@@ -126,7 +126,8 @@ def test_a_lost_terminal_mid_write_leaves_no_engine_profiling_and_no_hold(
     try:
         argv = " ".join(f"'{a}'" for a in profile_argv(
             stack, "--input-len", "16", "--output-len", "64", "--concurrency", "4"))
-        script = (f"{argv} >/tmp/hup.out 2>/tmp/hup.err & pid=$!; "
+        script = (f"rm -rf /var/lib/{stack.name}/profiles/2*; "  # the runs of earlier tests
+                  f"{argv} >/tmp/hup.out 2>/tmp/hup.err & pid=$!; "
                   f"until ls /var/lib/{stack.name}/profiles/*/{stack.name}-decode/*.gz "
                   ">/dev/null 2>&1; do sleep 0.2; kill -0 $pid || exit 9; done; "
                   "kill -HUP $pid; wait $pid; echo rc=$?")
