@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 from apply_bundles import ONE_ONE, bundle
+from click.testing import CliRunner
 from conftest import REPO
 
 from pdsvc.apply.flow import _refuse_profiled
+from pdsvc.cli import profile as cli
 from pdsvc.cli.kit import load_plan
 from pdsvc.errors import ConfigError, OutputError
 from pdsvc.profile.engines import engine_of, select
@@ -353,3 +355,15 @@ def test_apply_refuses_to_replace_the_hold_of_an_engine_being_profiled(tmp_path:
     with pytest.raises(OutputError, match=r"dsv4-decode is held by pdsvc profile \(run r7, "
                                           r"at most until .*wait for pdsvc profile to end"):
         _refuse_profiled([units])
+
+
+def test_not_root_is_refused_in_one_line_with_the_command_to_run(monkeypatch) -> None:
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cli.sys, "argv", ["pdsvc", "profile", "--steps", "5"])
+    result = CliRunner().invoke(cli.profile, ["-c", str(REPO / "etc/pdsvc.yaml"), "--topology",
+                                              str(REPO / "etc/seed-host.topology.json"),
+                                              "--steps", "5"])
+    assert result.exit_code == 3
+    assert result.stderr.strip() == (
+        "pdsvc: error: pdsvc profile writes holds into /run/dsv4 and reads the traces under "
+        "/var/lib/dsv4/profiles: run it as root; sudo pdsvc profile --steps 5")
