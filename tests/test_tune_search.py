@@ -48,11 +48,17 @@ class Fake:
     search meets the range's top (lower-bound)."""
 
     def __init__(self, noise: float = 0.0, interrupt_at: int | None = None,
-                 invalid_at: tuple[int, ...] = (), capped: float = 1e9) -> None:
+                 invalid_at: tuple[int, ...] = (), capped: float = 1e9,
+                 outage_levers: tuple[str, ...] = ()) -> None:
         self.noise, self.interrupt_at = noise, interrupt_at
         self.invalid_at, self.capped = invalid_at, capped
         self.running = "baseline.yaml"  # the file whose config runs (the baseline's: the
         # user's config, copied)
+        #: a switch that changes one of these levers stops serving (1P1D: the one decode
+        #: restarts): refused unless allowed; each one allowed is in ``outages``
+        self.outage_levers = outage_levers
+        self.outages: list[str] = []
+        self.doc = yaml.safe_load(CONFIG)  # what runs now
         self.switches: list[str] = []
         self.measures: list[str] = []
         self.repeat: dict[str, int] = {}
@@ -62,9 +68,22 @@ class Fake:
     def runs(self, config: Path) -> bool:
         return config.name == self.running
 
+    @staticmethod
+    def lever(doc: dict, path: str) -> object:
+        """A lever's value in a config (decode.args.X, decode.env.X: the first decode's)."""
+        _, section, key = path.split(".", 2)
+        return (doc["decode"][0].get(section) or {}).get(key)
+
     def switch(self, name: str, config: Path, say, *, allow_outage: bool) -> Switched:
         self.switches.append(name)
         doc = yaml.safe_load(config.read_text())
+        stops = [p for p in self.outage_levers if self.lever(doc, p) != self.lever(self.doc, p)]
+        if stops and not allow_outage:  # refused before anything changes, as apply's plan
+            return Switched(False, 0.0, f"serving would stop while dsv4-decode-0 restarts: "
+                            f"{stops[0]} changes (--allow-outage measures it)", outage=True)
+        if stops:
+            self.outages.append(name)
+        self.doc = doc
         backend = (doc["decode"][0].get("args") or {}).get("moe-runner-backend")
         if backend == "flashinfer_trtllm":
             self.running = "broken"
@@ -436,3 +455,86 @@ def test_a_repeat_does_not_start_from_a_first_measurement_without_a_rate(
     t.run(first)
     # the first (twice), then each repeat: all whole searches
     assert fake.nears[:REPEATS + 1] == [("baseline", None)] * (REPEATS + 1)
+
+
+# ---------------------------------------------------------------------- no outage not allowed
+# A deployment where a change of NCCL_PROTO stops serving (its switch is refused unless
+# allowed: Fake.outage_levers); the checker's own verdict, from the rendered bundles, says
+# none does (2P2D rolls): only the switch itself can tell. Without --allow-outage no path of
+# tune may take one: a refused switch changes nothing, and tune knows what runs.
+
+
+def test_a_refused_switch_changes_nothing_and_no_way_back_stops_serving(tmp_path: Path) -> None:
+    fake = Fake(outage_levers=(PROTO,))
+    t, first = tuner(tmp_path, fake)
+    answer = t.run(first)
+    assert fake.outages == []
+    refused = [c.name for c, o, _ in answer.rows if o is not None and o.status == "outage"]
+    assert refused and all(fake.switches.count(n) == 1 for n in refused)
+    # after each refusal, the deployment ran what it ran before: no switch back to it
+    for i, name in enumerate(fake.switches[:-1]):
+        if name in refused:
+            ran = [n for n in fake.switches[:i] if n not in refused][-1:] or ["baseline"]
+            assert fake.switches[i + 1] != ran[0], (name, fake.switches)
+    assert dict(answer.best.changes) == {BS: 32}  # the best among what it could measure
+    allowed = Fake(outage_levers=(PROTO,))
+    t, first = tuner(tmp_path / "allowed", allowed, limits=Limits(allow_outage=True))
+    assert dict(t.run(first).best.changes) == {BS: 32, PROTO: "LL128"}
+    assert allowed.outages  # taken, as allowed
+
+
+def test_a_deployment_off_its_config_is_not_switched_to_it_by_an_outage(
+        tmp_path: Path) -> None:
+    """The first switch, to the config itself (the deployment runs another): refused, tune
+    ends before measuring anything, and nothing was changed: not the way back either."""
+    fake = Fake(outage_levers=(PROTO,))
+    fake.running, fake.doc["decode"][0]["env"] = "other.yaml", {"NCCL_PROTO": "Simple"}
+    t, first = tuner(tmp_path, fake)
+    with pytest.raises(StuckError, match="does not run .*, and applying it serving would "
+                                         "stop while dsv4-decode-0 restarts.*nothing was "
+                                         "changed; apply it first"):
+        t.run(first)
+    assert fake.outages == [] and fake.running == "other.yaml" and fake.measures == []
+    assert fake.switches == ["baseline"]
+
+
+def test_an_interrupt_and_a_resume_stop_serving_nowhere(tmp_path: Path) -> None:
+    fake = Fake(outage_levers=(PROTO,), interrupt_at=REPEATS + 2)
+    t, first = tuner(tmp_path, fake)
+    with pytest.raises(Interrupted):
+        t.run(first)
+    assert fake.outages == [] and fake.running != "broken"  # back on the last good config
+    fake.interrupt_at = None
+    t, first = tuner(tmp_path, fake)  # the same results: a resume
+    t.run(first)
+    assert fake.outages == []
+    # a resume whose deployment was left on a config a refused outage away from its own
+    fake.running, fake.doc["decode"][0]["env"] = "c9.yaml", {"NCCL_PROTO": "LL128"}
+    t, first = tuner(tmp_path, fake)
+    with pytest.raises(StuckError, match="nothing was changed"):
+        t.run(first)
+    assert fake.outages == [] and fake.running == "c9.yaml"
+
+
+def test_a_way_back_that_would_stop_serving_is_not_taken_without_allow_outage(tmp_path: Path) -> None:
+    """A candidate's switch fails half way (its engine does not start) and leaves a config
+    from which the way back would stop serving: tune says so and stops, and takes no
+    outage."""
+    fake = Fake(outage_levers=(PROTO,))
+    original = fake.switch
+
+    def switch(name: str, config: Path, say, *, allow_outage: bool) -> Switched:
+        sw = original(name, config, say, allow_outage=allow_outage)
+        if sw.ok and name != "baseline" and not fake.outages:  # the first candidate fails
+            fake.doc = {**fake.doc, "decode": [{"env": {"NCCL_PROTO": "Simple"}}]}
+            fake.running = "broken"
+            return Switched(False, 1.0, "dsv4-decode-0.service: exited with status 1")
+        return sw
+
+    fake.switch = switch  # type: ignore[method-assign]
+    t, first = tuner(tmp_path, fake)
+    with pytest.raises(StuckError, match="going back to baseline: serving would stop while "
+                                         "dsv4-decode-0 restarts.*not taken without "
+                                         "--allow-outage"):
+        t.run(first)
+    assert fake.outages == []

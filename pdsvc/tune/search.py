@@ -54,6 +54,9 @@ from .space import Candidate, Space, Value, current, is_baseline
 from .store import BASELINE_KEY, RATED, Outcome, Result, Store, changes_key, write_atomic
 
 Say = Callable[[str], None]
+#: what runs when the deployment does not run the config's own bundle (tune knows it, but it
+#: is none of the space's candidates)
+UNLISTED = "(a config that is not the space's)"
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class Tuner:
         if self.deployment.runs(path):
             self.running = BASELINE_KEY
         else:
-            self.say("tune: the deployment does not run the config yet: applying it first")
+            self._apply_first(base, path)
         for c in first:
             self.names[changes_key(c.candidate.changes)] = c.candidate.name
         self.planned = self.space.repeats
@@ -167,6 +170,23 @@ class Tuner:
         self._row(base, baseline[0], "")
         how = self._grid(first[1:]) if self.space.strategy == "grid" else self._rounds(first)
         return self._finish(base, baseline, how)
+
+    def _apply_first(self, base: Candidate, path: Path) -> None:
+        """The deployment does not run the config: switch to it before anything, under the
+        same rule as every switch (an outage only with --allow-outage). Refused or failed,
+        tune ends there: a refused switch changed nothing, and a baseline that does not run
+        cannot be measured."""
+        self.say("tune: the deployment does not run the config yet: applying it first")
+        self.running = UNLISTED
+        sw = self._switch(base, path, allow_outage=self.limits.allow_outage)
+        if sw.outage:
+            raise StuckError(f"the deployment does not run {self.checker.source}, and applying "
+                             f"it {sw.why.removesuffix(' (--allow-outage measures it)')}; "
+                             "nothing was changed",
+                             hint="apply it first (sudo pdsvc apply), or pass --allow-outage")
+        if not sw.ok:
+            raise StuckError(f"applying {self.checker.source} failed: {sw.why}",
+                             hint="see `pdsvc status`; `pdsvc apply --rollback` goes back")
 
     def _grid(self, checked: list[Checked]) -> str:
         wanted = [c for c in checked if self._wanted(c)]
@@ -359,21 +379,32 @@ class Tuner:
         return dataclasses.replace(again, again=first.why)
 
     def _switch(self, cand: Candidate, path: Path, *, allow_outage: bool) -> Switched:
+        """Switch the deployment to ``cand``. What runs after: ``cand`` when it went through;
+        what ran before when it was refused (it would stop serving: nothing was changed);
+        not known when it failed on the way (None)."""
         key = changes_key(cand.changes)
-        self.running = None  # unknown until the switch says
+        before, self.running = self.running, None  # not known while the switch runs
         sw = self.deployment.switch(cand.name, path, self._progress(cand.name),
                                     allow_outage=allow_outage)
-        if sw.ok:
-            self.running = key
+        self.running = key if sw.ok else before if sw.outage else None
         return sw
 
     def _go_back(self) -> None:
-        """The deployment back on the last good config (an outage allowed: it must)."""
+        """The deployment back on the last good config, under the same rule as every switch:
+        a way back that would stop serving is taken only with --allow-outage (without it, the
+        way forward could not have stopped serving either; a refused one changed nothing)."""
         key = changes_key(self.good.changes)
         if self.running == key:
             return
         self.say(f"tune: back to {self.good.name} ({self.good.describe()})")
-        sw = self._switch(self.good, self.store.config_path(self.good.name), allow_outage=True)
+        sw = self._switch(self.good, self.store.config_path(self.good.name),
+                          allow_outage=self.limits.allow_outage)
+        if sw.outage:
+            raise StuckError(f"going back to {self.good.name}: "
+                             f"{sw.why.removesuffix(' (--allow-outage measures it)')}; not taken "
+                             "without --allow-outage",
+                             hint="see `pdsvc status`; `pdsvc apply --rollback` goes back one "
+                             "more step")
         if not sw.ok:
             raise StuckError(f"going back to {self.good.name} failed: {sw.why}",
                              hint="see `pdsvc status`; `pdsvc apply --rollback` goes back one "
