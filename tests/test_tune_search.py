@@ -516,7 +516,8 @@ def test_an_interrupt_and_a_resume_stop_serving_nowhere(tmp_path: Path) -> None:
     assert fake.outages == [] and fake.running == "c9.yaml"
 
 
-def test_a_way_back_that_would_stop_serving_is_not_taken_without_allow_outage(tmp_path: Path) -> None:
+def test_a_way_back_that_would_stop_serving_is_not_taken_without_allow_outage(
+        tmp_path: Path) -> None:
     """A candidate's switch fails half way (its engine does not start) and leaves a config
     from which the way back would stop serving: tune says so and stops, and takes no
     outage."""
