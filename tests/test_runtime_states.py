@@ -102,7 +102,8 @@ def test_start_phases_are_the_timed_states_before_the_last() -> None:
 
 
 def test_own_stops_are_the_runtimes_own() -> None:
-    assert {e for e in Ending if e.own_stop} == {Ending.PEER, Ending.HEAL, Ending.LATE}
+    assert {e for e in Ending if e.own_stop} == {Ending.PEER, Ending.HEAL, Ending.LATE,
+                                                 Ending.DUTY}
 
 
 def test_each_ending_says_what_is_recorded_and_the_exit_status() -> None:
@@ -113,6 +114,7 @@ def test_each_ending_says_what_is_recorded_and_the_exit_status() -> None:
         Ending.LATE: (Phase.FAILED_START, Exit.REFUSED),
         Ending.PEER: (Phase.STOPPED, Exit.PEER),
         Ending.HEAL: (Phase.STOPPED, Exit.PEER),
+        Ending.DUTY: (Phase.STOPPED, Exit.DUTY),
         Ending.HUNG: (Phase.CRASHED, Exit.HUNG),
         Ending.CRASHED: (Phase.CRASHED, None),
         Ending.FAILED_START: (Phase.FAILED_START, None),

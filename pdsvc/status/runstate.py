@@ -32,6 +32,7 @@ class UnitRun:
     heals: int = 0  # pair heals within the hour that brought no pair back (policy.may_heal)
     held: str = ""  # pdsvc apply's hold on the engine (runtime/hold.py), as words; "" if none
     loaded_s: float | None = None  # the last start that served: its load until /health 200
+    duties: str = ""  # the runtime's duties that failed in this run (duties.py), as words
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,21 @@ def unit_runs(plan: Plan, directory: Path) -> list[UnitRun]:
         recent = recent_heals(doc.get("heals"), time.time())
         runs.append(UnitRun(f"{name}.service", str(doc.get("phase", "unknown")),
                             str(doc.get("reason", "")), int(doc.get("crashes", 0) or 0),
-                            len(recent), hold_words(directory, name), _loaded(doc)))
+                            len(recent), hold_words(directory, name), _loaded(doc),
+                            duty_words(directory, name)))
     return runs
+
+
+def duty_words(directory: Path, name: str) -> str:
+    """The runtime's duties that raised in this run, as words: each duty, how often, its
+    last words and what followed (duties.py); "" when none did."""
+    doc = _state(directory, name, Kind.DUTIES) or {}
+    failed = doc.get("duties")
+    if not isinstance(failed, dict):
+        return ""
+    return "; ".join(f"duty {duty} failed {f.get('count')}x (it {f.get('policy')}; last: "
+                     f"{f.get('last')})" for duty, f in sorted(failed.items())
+                     if isinstance(f, dict))
 
 
 def _loaded(doc: dict[str, Any]) -> float | None:
@@ -139,6 +153,7 @@ def problems(runs: list[UnitRun], pairs: list[PairView], heal_budget: int = 0) -
             "starts afresh)"
             for r in runs if heal_budget and r.heals >= heal_budget]
     out += [f"{r.unit} {r.held}" for r in runs if r.held]
+    out += [f"{r.unit}: {r.duties}" for r in runs if r.duties]
     out += [f"pair {p.prefill} -> {p.decode} failing ({p.by}): {p.last_error}"
             for p in pairs if p.state is PairHealth.FAILING]
     return out

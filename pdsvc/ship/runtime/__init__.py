@@ -15,6 +15,7 @@ One idea a module:
   cascade    heal cascades and their cure     membership the router's worker list
   hold       pdsvc apply's and profile's hold statefile  the state files' contract
   profiled   a profile hold: liveness excused, the routers' health checks paused
+  duties     a duty's thread that raises: said, counted, and its policy
   metrics    the node_exporter textfile       probe      the HTTP client for every probe
   notify     sd_notify and log lines          gpu        the nvidia-smi client
   jitlock    cold JIT compile serialisation   proctree   subreaper and /proc

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from .duties import Duties, quiet
 from .endings import Exit
 from .notify import Log, Notifier, notify
 from .proctree import descendants, process_table
@@ -53,13 +54,21 @@ class StderrTap:
     and remember its last error line, repeated when the child exits: `systemctl status` shows
     only the last 10 journal lines, and systemd's own exit lines would push it out."""
 
-    def __init__(self, pipe: IO[bytes], sink: IO[bytes], prefix: bytes = b"") -> None:
+    def __init__(self, pipe: IO[bytes], sink: IO[bytes], prefix: bytes = b"",
+                 duties: Duties | None = None) -> None:
         self.last_error = ""
         self._pipe, self._sink, self._prefix = pipe, sink, prefix
-        self._thread = threading.Thread(target=self._pump, name="stderr-tap", daemon=True)
+        self._duties = duties or quiet()
+        self._thread = threading.Thread(target=self._run, name="stderr-tap", daemon=True)
         self._thread.start()
 
-    def _pump(self) -> None:
+    def _run(self) -> None:
+        """Pump line by line; should that raise, copy the bytes as they come: an engine whose
+        stderr nobody reads blocks on its next write (duties.py: stderr-tap goes on)."""
+        if self._duties.guard("stderr-tap", self._pump) is None and not self._pipe.closed:
+            self._raw()
+
+    def _pump(self) -> bool:
         for raw in iter(self._pipe.readline, b""):
             with contextlib.suppress(OSError, ValueError):
                 self._sink.write(self._prefix + raw)
@@ -67,6 +76,18 @@ class StderrTap:
             line = raw.decode("utf-8", "replace").strip()
             if line and any(marker in line for marker in ERROR_MARKERS):
                 self.last_error = line
+        return True
+
+    def _raw(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            fd = self._pipe.fileno()
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return
+                with contextlib.suppress(OSError, ValueError):
+                    self._sink.write(chunk)
+                    self._sink.flush()
 
     def drain(self, timeout: float = 2.0) -> str:
         """Wait (briefly) for the child's last lines, then return its last error line."""
@@ -118,6 +139,7 @@ class Child:
         self.prefix = f"{log.name}: ".encode() if prefix_output else b""
         self._reaped_at = 0.0
         self.process: subprocess.Popen[bytes] | None = None
+        self.duties: Duties = quiet()  # the unit's (lifecycle.Unit sets it)
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
         self.tap: StderrTap | None = None
@@ -185,9 +207,9 @@ class Child:
             self.log(f"cannot start {self.role}: {argv[0]}: {exc.strerror or exc}")
             return Exit.CANNOT_EXEC
         assert self.process.stderr is not None
-        self.tap = StderrTap(self.process.stderr, sys.stderr.buffer, self.prefix)
+        self.tap = StderrTap(self.process.stderr, sys.stderr.buffer, self.prefix, self.duties)
         if self.process.stdout is not None:  # --prefix-output: its stdout lines too
-            StderrTap(self.process.stdout, sys.stdout.buffer, self.prefix)
+            StderrTap(self.process.stdout, sys.stdout.buffer, self.prefix, self.duties)
         self.log(f"started {self.role} pid {self.process.pid}: {' '.join(argv)}")
         if self.stop_signal is not None:  # a stop arrived while we were starting it
             self.forward_stop()

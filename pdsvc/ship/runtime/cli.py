@@ -50,6 +50,8 @@ Exit status:
   2        usage error (also: the control-plane key cannot be read)
   70       the child ended on its own with status 0, no stop asked for (a server never
            should): a crash, or a failed start, restarted like one
+  71       a duty of its own that cannot go on raised (the watch of the child's exit): the
+           engine was stopped, and the manager restarts the unit (duties.py)
   75       stopped the engine to restart it: a --restart-with peer restarted, or the pair
            canary found this engine the stale side of a broken pair
   78       gave up: --start-attempts starts in a row ended before the service was healthy
@@ -265,8 +267,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_front(args.action, args.socket, args.backend, args.server, args.timeout,
                          Log(args.name))
+    from .duties import Duties
     from .lifecycle import run
     from .metrics import textfile
+    from .notify import Log
+    from .statefile import Kind, state_path
 
-    with textfile(args):
-        return run(args, command)
+    # one record of the duties that failed, for the unit's every thread (duties.py)
+    duties = Duties(state_path(args.state_dir, args.name, Kind.DUTIES) if args.state_dir
+                    else None, Log(args.name))
+    with textfile(args, duties):
+        return run(args, command, duties)

@@ -20,6 +20,7 @@ class Exit(enum.IntEnum):
     REFUSED = 1  # GPU busy, nvidia-smi broken, cache dir unusable: Restart= retries later
     USAGE = 2  # argparse's own exit status for usage errors
     ENDED = 70  # EX_SOFTWARE: the child ended on its own with status 0 (a server never should)
+    DUTY = 71  # a duty of the runtime's own failed and cannot go on (duties.py): restarted
     PEER = 75  # EX_TEMPFAIL: stopped the engine to restart it (a peer restarted, a pair heal)
     GAVE_UP = 78  # EX_CONFIG: failed to become healthy N starts in a row; not restarted
     HUNG = 124  # --watchdog-secs ran out: killed a hung child (timeout(1)'s convention)
@@ -66,6 +67,8 @@ class Ending(str, enum.Enum):
     PEER = ("peer", Phase.STOPPED, Exit.PEER, True)
     #: our own stop: the pair canary heals this engine's pair (or a cascade's cure)
     HEAL = ("heal", Phase.STOPPED, Exit.PEER, True)
+    #: our own stop: a duty whose policy ends the runtime raised (duties.py)
+    DUTY = ("duty", Phase.STOPPED, Exit.DUTY, True)
     #: no good liveness probe for --watchdog-secs: killed, counted as a crash
     HUNG = ("hung", Phase.CRASHED, Exit.HUNG)
     #: the child exited after it served (status 0 too: exit Exit.ENDED, so it is restarted)

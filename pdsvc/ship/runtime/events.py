@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .duties import Duties, quiet
 from .probe import ProbeResult
 
 if TYPE_CHECKING:
@@ -91,6 +92,14 @@ class HealSaid:
 
 
 @dataclass(frozen=True)
+class DutyFailed:
+    """A duty whose policy ends the runtime raised (duties.py): ``duty`` and its words."""
+
+    duty: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class Wake:
     """No event before the loop's next deadline (the watchdog's, with a bound of our own)."""
 
@@ -99,7 +108,7 @@ class Wake:
 
 if TYPE_CHECKING:  # for annotations only: "A | B" cannot be evaluated on 3.9
     Event = (ChildExited | StopAsked | Probed | PeerRestarted | CureDue | PairsJudged
-             | HealSaid | Wake)
+             | HealSaid | DutyFailed | Wake)
 
 
 class Inbox:
@@ -129,8 +138,11 @@ class Poller:
     on its own; the thread is a daemon)."""
 
     def __init__(self, name: str, inbox: Inbox, work: Callable[[], Event | None],
-                 pace: Callable[[], float], *, first: float = 0.0) -> None:
+                 pace: Callable[[], float], *, first: float = 0.0,
+                 duties: Duties | None = None) -> None:
+        self.name = name
         self.inbox, self.work, self.pace, self.first = inbox, work, pace, first
+        self.duties = duties or quiet()  # a work() that raises: said and counted, then again
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -146,19 +158,24 @@ class Poller:
             return
         while True:
             began = time.monotonic()
-            event = self.work()
+            event = self.duties.guard(self.name, self.work)
             if event is not None and not self.stopped.is_set():
                 self.inbox.post(event)
             if self.stopped.wait(max(0.0, began + self.pace() - time.monotonic())):
                 return
 
 
-def watch_child(process: subprocess.Popen[bytes], inbox: Inbox) -> threading.Thread:
+def watch_child(process: subprocess.Popen[bytes], inbox: Inbox,
+                duties: Duties | None = None) -> threading.Thread:
     """Post ``ChildExited`` when ``process`` exits (its own thread, blocked in wait(); the
-    loop's other waits on it poll and see the same returncode)."""
+    loop's other waits on it poll and see the same returncode). Should the wait raise, the
+    runtime cannot learn of its child's exit: the duty's policy ends it (duties.py)."""
+    guard = duties or quiet()
 
     def run() -> None:
-        inbox.post(ChildExited(process.wait()))
+        code = guard.guard("child-exit", process.wait)
+        if code is not None:
+            inbox.post(ChildExited(code))
 
     thread = threading.Thread(target=run, name="child-exit", daemon=True)
     thread.start()

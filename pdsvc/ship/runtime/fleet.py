@@ -36,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .cascade import ROLES, Cascade, Heal, heals, read_marker
+from .duties import Duties, quiet
 from .options import Options
 from .probe import http_call
 from .statefile import FORMAT, NewerFormat, parse_state
@@ -135,8 +136,9 @@ class Fleet:
 
     def __init__(self, hosts: list[str], key: str, deployment: str,
                  log: Callable[[str], None],
-                 call: Callable[..., Any] = http_call) -> None:
+                 call: Callable[..., Any] = http_call, duties: Duties | None = None) -> None:
         self.hosts, self.deployment, self.log, self.call = list(hosts), deployment, log, call
+        self.duties = duties or quiet()  # a read that raises: said, counted, then the next
         self.headers = {"Authorization": f"Bearer {key}"}
         self.views: dict[str, tuple[list[Heal], tuple[float, str] | None]] = {}
         self.said: dict[str, str] = {}  # per host: the last problem logged (news only)
@@ -177,15 +179,15 @@ class Fleet:
         def run() -> None:
             while not self.stop.is_set():
                 began = time.monotonic()
-                self.refresh()
+                self.duties.guard("fleet-read", self.refresh)
                 self.stop.wait(max(0.0, FLEET_LOOK_S - (time.monotonic() - began)))
 
         threading.Thread(target=run, name="fleet-read", daemon=True).start()
         return self
 
 
-def share(a: Options, key: str | None, cascade: Cascade, log: Callable[[str], None]
-          ) -> ThreadingHTTPServer | None:
+def share(a: Options, key: str | None, cascade: Cascade, log: Callable[[str], None],
+          duties: Duties | None = None) -> ThreadingHTTPServer | None:
     """An engine runtime's part across hosts (--fleet-listen, --fleet): serve this host's
     view (the server is returned) and read the others' into ``cascade``. Never raises: without
     it, a cascade across hosts goes unseen, and each heal still happens on its own."""
@@ -205,5 +207,5 @@ def share(a: Options, key: str | None, cascade: Cascade, log: Callable[[str], No
             log(f"cannot serve this host's heals on {a.fleet_listen}: {e}; the other hosts "
                 "read them from this host's other engine runtimes, if any")
     if a.fleet:
-        cascade.remote = Fleet(a.fleet, key, a.deployment, log).start()
+        cascade.remote = Fleet(a.fleet, key, a.deployment, log, duties=duties).start()
     return server

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from .canary import Canary, Pair
 from .cascade import Cascade
 from .child import Child
+from .duties import Duties
 from .endings import Ending, Exit
 from .events import StopAsked, watch_child
 from .fleet import share
@@ -69,13 +70,16 @@ def probes_for(args: Options, log: Log) -> tuple[Callable[[], ProbeResult], str,
 class Unit:
     """One run of one unit's main process."""
 
-    def __init__(self, args: Options, command: Sequence[str]) -> None:
+    def __init__(self, args: Options, command: Sequence[str],
+                 duties: Duties | None = None) -> None:
         self.args, self.command = args, list(command)
         self.role = args.mode
         self.log = Log(args.name)
+        self.duties = duties or Duties(None, self.log)  # its threads' failures (duties.py)
         self.notifier = Notifier(self.log)
         self.child = Child(self.log, self.notifier, self.role, kill_tree=args.kill_tree,
                            prefix_output=args.prefix_output)
+        self.child.duties = self.duties
         state = args.state_dir
         self.policy = RestartPolicy(
             state_path(state, args.name, Kind.RESTART) if state else None,
@@ -258,7 +262,7 @@ class Unit:
                                                   a.liveness_timeout, len(a.router)),
                              shared=bool(a.sibling))
         if self.cascade is not None:  # heals and cures of the other hosts (fleet.py)
-            share(a, key, self.cascade, self.log)
+            share(a, key, self.cascade, self.log, self.duties)
         self.membership = membership
         return None
 
@@ -329,7 +333,8 @@ class Unit:
     def serving(self) -> Serving:
         """SERVING's state and duties (serving.py), from this run's parts."""
         serving = Serving(self.args, self.log, self.notifier, self.policy, self.membership,
-                          self.cascade, self.canary, self.rounds, self.began)
+                          self.cascade, self.canary, self.rounds, self.began,
+                          duties=self.duties)
         state = self.args.state_dir
         if self.role == "engine" and state:
             serving.profiled = self.profiled = Profiled(
@@ -350,7 +355,7 @@ class Unit:
         self.canary = canary
         # a round that waits behind a queue is busy, not failed: each engine's own queue
         self.rounds = CanaryThread(canary, a.canary_interval, a.canary_timeout,
-                                   failures=failures, queue=queued)
+                                   failures=failures, queue=queued, duties=self.duties)
         if self.membership is not None:
             self.membership.admit = canary.admits
         self.rounds.start()
@@ -383,7 +388,7 @@ class Unit:
         if self.child.stopping():  # a stop that came before the hook
             serving_.inbox.post(StopAsked(self.child.stop_signal or 0))
         assert self.child.process is not None
-        watch_child(self.child.process, serving_.inbox)
+        watch_child(self.child.process, serving_.inbox, self.duties)
         self.outcome = serving_.run(
             lambda: http_probe(liveness_url, max(LIVENESS_PROBE_MIN_S, a.liveness_timeout)),
             serving_status=serving, hang_after=a.watchdog_secs, stopping=self.child.stopping,
@@ -410,10 +415,10 @@ class Unit:
         return self.exit(code)  # STOPPING -> EXITED
 
 
-def run(args: Options, command: Sequence[str]) -> int:
+def run(args: Options, command: Sequence[str], duties: Duties | None = None) -> int:
     """Supervise one engine or the router; returns the exit status (see cli.EPILOG)."""
     started = time.monotonic()
-    code = Unit(args, command).run()
+    code = Unit(args, command, duties).run()
     # supervisord judges an exit code against exitcodes= only once the process has been
     # RUNNING startsecs; a give-up sooner is a failed spawn, retried (supervisord's
     # process.py, ProcessStates.STARTING -> BACKOFF), and the give-up would not hold

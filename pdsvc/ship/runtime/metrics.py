@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .canary import PairHealth
+from .duties import Duties, quiet
 from .endings import Phase
 from .options import Options
 from .policy import recent_heals
@@ -68,6 +69,9 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pdsvc_unit_heal_budget": ("gauge", "Heals in a row before the engine heals only every "
                                f"{SLOW_HEAL_S / 60:g} minutes (lifecycle.canary_heal_attempts; "
                                "0: report only)."),
+    "pdsvc_unit_duty_failures_total": ("counter", "Unexpected exceptions of each of the "
+                                       "runtime's duties in this run (duties.py: each is said "
+                                       "in the journal; the duty goes on, or the run ends)."),
     "pdsvc_pair_state": ("gauge", "1 for this side's canary state of the pair: "
                          + ", ".join(h.value for h in PairHealth) + "."),
     "pdsvc_pair_failures_in_a_row": ("gauge", "Canary rounds in a row that failed while "
@@ -127,7 +131,7 @@ def _number(value: object) -> float | None:
 def unit_samples(labels: Mapping[str, str], run: dict[str, Any] | None,
                  canary: dict[str, Any] | None, counters: dict[str, Any] | None, *,
                  up: bool | None, heal_budget: int | None,
-                 now: float) -> list[Sample]:
+                 now: float, duties: dict[str, Any] | None = None) -> list[Sample]:
     """One unit's series from its state files (any may be None: missing or unreadable).
     ``up``: whether the unit runs (None: not known, left out)."""
     base = tuple(labels.items())
@@ -163,6 +167,10 @@ def unit_samples(labels: Mapping[str, str], run: dict[str, Any] | None,
         add("pdsvc_unit_heals_total", _number(counters.get("heals")) or 0.0)
         add("pdsvc_unit_heals_in_a_row", float(len(recent_heals(run.get("heals"), now))))
         add("pdsvc_unit_heal_budget", float(heal_budget))
+    failed = (duties or {}).get("duties")
+    for duty, f in sorted(failed.items()) if isinstance(failed, dict) else ():
+        if isinstance(f, dict) and _number(f.get("count")) is not None:
+            add("pdsvc_unit_duty_failures_total", float(f["count"]), ("duty", str(duty)))
     for p in (canary or {}).get("pairs", []) if isinstance((canary or {}).get("pairs"),
                                                              list) else []:
         if not isinstance(p, dict) or not isinstance(p.get("pair"), str):
@@ -226,6 +234,7 @@ class Textfile:
     labels: dict[str, str]
     heal_budget: int | None = None
     clock: Callable[[], float] = time.time
+    duties: Duties = field(default_factory=quiet)  # a write that raises: said, counted
     _counters: dict[str, Any] = field(default_factory=dict)
     _said: tuple[Sample, ...] = ()
     _written: float = 0.0
@@ -242,7 +251,8 @@ class Textfile:
             write_state(self._path(Kind.METRICS), self._counters)
         now = self.clock()
         samples = unit_samples(self.labels, run, canary, self._counters, up=up,
-                               heal_budget=self.heal_budget, now=now)
+                               heal_budget=self.heal_budget, now=now,
+                               duties=read_known(self._path(Kind.DUTIES)))
         said = tuple(s for s in samples if s.family != "pdsvc_textfile_timestamp_seconds")
         if said == self._said and now - self._written < TEXTFILE_REFRESH_S:
             return
@@ -251,7 +261,7 @@ class Textfile:
 
     def _run(self) -> None:
         while not self._stop.wait(TEXTFILE_POLL_S):
-            self.refresh(up=True)
+            self.duties.guard("metrics-textfile", lambda: self.refresh(up=True))
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -270,7 +280,8 @@ class Textfile:
             self.refresh(up=False)
 
 
-def textfile(args: Options) -> contextlib.AbstractContextManager[None]:
+def textfile(args: Options, duties: Duties | None = None
+             ) -> contextlib.AbstractContextManager[None]:
     """The textfile for the runtime's options (--metrics-dir, --deployment, --state-dir), or a
     context that does nothing when metrics are off."""
     metrics_dir = args.metrics_dir
@@ -279,4 +290,5 @@ def textfile(args: Options) -> contextlib.AbstractContextManager[None]:
     role = "router" if args.mode == "router" else (args.role or "engine")
     labels = {"deployment": args.deployment or "", "role": role, "unit": f"{args.name}.service"}
     budget = args.canary_heals if args.pair else None
-    return Textfile(args.name, args.state_dir, metrics_dir, labels, budget).running()
+    return Textfile(args.name, args.state_dir, metrics_dir, labels, budget,
+                    duties=duties or quiet()).running()

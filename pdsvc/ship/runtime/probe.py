@@ -167,11 +167,17 @@ T = TypeVar("T")
 def at_once(calls: Mapping[K, Callable[[], T]], bound: float) -> dict[K, T]:
     """Each call on a thread of its own, all at once, waited for together up to ``bound`` s:
     the results of those that ended by then (many slow peers cost one timeout, not one each;
-    a call still running is left to end on its own: its thread is a daemon)."""
+    a call still running is left to end on its own: its thread is a daemon). A call that
+    raised raises here, in the caller's thread (whose duty says and counts it: duties.py),
+    not in a helper thread that would end without a word."""
     done: dict[K, T] = {}
+    raised: list[BaseException] = []
 
     def one(key: K, call: Callable[[], T]) -> None:
-        done[key] = call()
+        try:
+            done[key] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            raised.append(e)
 
     threads = [threading.Thread(target=one, args=item, daemon=True) for item in calls.items()]
     for t in threads:
@@ -179,6 +185,8 @@ def at_once(calls: Mapping[K, Callable[[], T]], bound: float) -> dict[K, T]:
     deadline = time.monotonic() + bound
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
+    if raised:
+        raise raised[0]
     return dict(done)
 
 

@@ -14,8 +14,11 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from .canary import Canary, Pair, Round
+from .duties import Duties, quiet
 from .probe import HttpReply, NoAnswerKind, at_once, http_call, judge_generation
 from .timings import (
     CANARY_PEER_RETRY_S,
@@ -118,8 +121,10 @@ class CanaryThread:
                  reachable: Callable[[str], bool] = port_open,
                  failures: Callable[[], float | None] | None = None,
                  queue: Callable[[str], float | None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 duties: Duties | None = None) -> None:
         self.canary = canary
+        self.duties = duties or quiet()  # a pass that raises: said, counted, then the next
         self.interval = interval
         self.timeout = timeout
         self.probe = probe
@@ -236,36 +241,56 @@ class CanaryThread:
         return None
 
     def _run(self) -> None:
-        seen: dict[str, bool] = {}
-        last: list[float | None] = [None]
-        counters_due = self.clock()
-        due = self.clock()  # a round as soon as this engine is ready
-        hold = self.canary.hold
-        fenced = hold.doc() if hold is not None else None
+        """The rounds' loop, one pass at a time; a pass that raised is said and counted
+        (duties.py: its round is not recorded) and the next comes a retry later."""
+        at = _Cursor(due=self.clock(), counters_due=self.clock(),  # a round at once: ready
+                     fenced=self.canary.hold.doc() if self.canary.hold is not None else None)
         while not self._stop.is_set():
-            if hold is not None and hold.doc() != fenced:
-                # apply held, fenced or released this engine: the pairs to probe changed
-                fenced, due, self.bad_rounds, self.waiting_rounds = hold.doc(), self.clock(), 0, 0
-            back = self.replaced_peers(seen)
-            if back:
-                self.canary.log(f"pair canary: {', '.join(back)} opened its port again "
-                                "(started or replaced): a round now")
-                due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
-            if self.clock() >= counters_due:
-                counters_due = self.clock() + COUNTERS_LOOK_S
-                rose = self.failures_rose(last)
-                if rose and due > self.clock():
-                    self.canary.log(f"pair canary: {rose}: a round now")
-                    due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
-            if self.clock() >= due:
-                rounds = self.round()
-                if self._stop.is_set():
-                    return
-                with self._lock:
-                    to = self.on_round
-                    if to is None:
-                        self.results.append(rounds)
-                if to is not None:
-                    to(rounds)
-                due = self.clock() + self.next_delay(rounds)
-            self._stop.wait(max(0.0, min(self.watch, due - self.clock())))
+            wait = self.duties.guard("pair-canary", lambda: self._pass(at))
+            if wait is None:
+                at.due = self.clock() + self.retry
+                wait = self.retry
+            self._stop.wait(max(0.0, wait))
+
+    def _pass(self, at: _Cursor) -> float:
+        """Look at the peers' ports and the failure counters, run a round when one is due;
+        the seconds until the next look."""
+        hold = self.canary.hold
+        if hold is not None and hold.doc() != at.fenced:
+            # apply held, fenced or released this engine: the pairs to probe changed
+            at.fenced, at.due, self.bad_rounds, self.waiting_rounds = \
+                hold.doc(), self.clock(), 0, 0
+        back = self.replaced_peers(at.seen)
+        if back:
+            self.canary.log(f"pair canary: {', '.join(back)} opened its port again "
+                            "(started or replaced): a round now")
+            at.due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
+        if self.clock() >= at.counters_due:
+            at.counters_due = self.clock() + COUNTERS_LOOK_S
+            rose = self.failures_rose(at.last)
+            if rose and at.due > self.clock():
+                self.canary.log(f"pair canary: {rose}: a round now")
+                at.due, self.bad_rounds, self.waiting_rounds = self.clock(), 0, 0
+        if self.clock() >= at.due:
+            rounds = self.round()
+            if self._stop.is_set():
+                return 0.0
+            with self._lock:
+                to = self.on_round
+                if to is None:
+                    self.results.append(rounds)
+            if to is not None:
+                to(rounds)
+            at.due = self.clock() + self.next_delay(rounds)
+        return min(self.watch, at.due - self.clock())
+
+
+@dataclass
+class _Cursor:
+    """Where the rounds' loop stands between passes."""
+
+    due: float  # the next round, by the clock
+    counters_due: float  # the next look at this engine's failure counters
+    fenced: dict[str, Any] | None  # the hold as last seen
+    seen: dict[str, bool] = field(default_factory=dict)  # each peer's port, last look
+    last: list[float | None] = field(default_factory=lambda: [None])  # the counters, last

@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING
 
 from .canary import Canary, Round
 from .cascade import Cascade
+from .duties import Duties, quiet
 from .events import (
     CureDue,
+    DutyFailed,
     HealSaid,
     Inbox,
     PairsJudged,
@@ -99,6 +101,7 @@ class Serving:
     clock: Callable[[], float] = time.monotonic
     peers: PeerWatch | None = None  # --restart-with peers
     profiled: Profiled | None = None  # a `pdsvc profile` hold (engines with a state dir)
+    duties: Duties = field(default_factory=quiet)  # a duty that raises: said, counted, policy
     state: Watch | None = None  # the loop's (the membership poller reads ``alive``)
     said_wait: str = ""  # the last "not now" logged (news only: rounds come every second)
     # a stale-side dead-lock: (first seen, last seen), monotonic (decide_heal's thread only)
@@ -111,6 +114,8 @@ class Serving:
     def __post_init__(self) -> None:
         a = self.args
         self.inbox = Inbox(self.clock)
+        # a duty whose policy ends the runtime (duties.POLICIES) ends SERVING through the loop
+        self.duties.on_fatal = lambda duty, detail: self.inbox.post(DutyFailed(duty, detail))
         if a.restart_with:
             # a peer probe must not hold up this engine's own probes (and its watchdog)
             self.peers = PeerWatch(a.restart_with, a.peer_down_probes,
@@ -156,7 +161,7 @@ class Serving:
                 self.policy.on_pair_good()
         elif isinstance(effect, AskTurn):
             why, waited = effect.why, effect.waited
-            threading.Thread(target=lambda: self.inbox.post(self.decide_heal(why, waited)),
+            threading.Thread(target=lambda: self.inbox.post(self.heal_question(why, waited)),
                              name="heal-turn", daemon=True).start()
         elif isinstance(effect, Wait):
             self.wait(effect.why, effect.reason, effect.status)
@@ -168,24 +173,26 @@ class Serving:
                 reap: Callable[[], None] | None) -> list[Poller]:
         """A poller per duty this engine has (its liveness probe always)."""
         a, inbox = self.args, self.inbox
+        d = self.duties
         out = [Poller("liveness", inbox, lambda: self.probed(probe),
-                      lambda: a.liveness_interval, first=a.liveness_interval)]
+                      lambda: a.liveness_interval, first=a.liveness_interval, duties=d)]
         if self.peers is not None:
             # from the first second: a peer killed now is seen go and return
-            out.append(Poller("peers", inbox, self.watch_peers, self.peer_pace))
+            out.append(Poller("peers", inbox, self.watch_peers, self.peer_pace, duties=d))
         if self.membership is not None:
-            out.append(Poller("membership", inbox, self.keep_membership, self.membership_pace))
+            out.append(Poller("membership", inbox, self.keep_membership, self.membership_pace,
+                              duties=d))
         if self.cascade is not None:
-            out.append(Poller("cure", inbox, self.cure, lambda: MARKER_LOOK_S))
+            out.append(Poller("cure", inbox, self.cure, lambda: MARKER_LOOK_S, duties=d))
         if self.profiled is not None:
             profiled = self.profiled
             out.append(Poller("profile", inbox, lambda: profiled.look(),
-                              lambda: PROFILE_LOOK_S))
+                              lambda: PROFILE_LOOK_S, duties=d))
         if self.canary is not None and self.rounds is not None:
             self.rounds.deliver(self.judged)
         if reap is not None:
             out.append(Poller("reap", inbox, lambda: reap(), lambda: CHILD_WAIT_SLICE_S,
-                              first=CHILD_WAIT_SLICE_S))
+                              first=CHILD_WAIT_SLICE_S, duties=d))
         return out
 
     def probed(self, probe: Callable[[], ProbeResult]) -> Probed:
@@ -232,6 +239,16 @@ class Serving:
                                     self.clock()))
 
     # ---------------------------------------------------------------- a heal's turn
+    def heal_question(self, why: str, waited: float) -> HealSaid:
+        """decide_heal, guarded: a question that raised is answered "not now" and asked again
+        HEAL_STAGGER_S later (the loop waits for an answer before it asks another)."""
+        said = self.duties.guard("heal-question", lambda: self.decide_heal(why, waited))
+        if said is not None:
+            return said
+        return HealSaid(why, wait="the heal's question failed (see the line before); asked "
+                        "again", status="pair failing, heal question failed",
+                        again=HEAL_STAGGER_S, at=self.clock())
+
     def decide_heal(self, why: str, waited: float) -> HealSaid:
         """Off the loop: whether the heal goes now (its turn among the role's engines, then
         the heal budget); if it does, it is recorded, and a heal that completes a cascade

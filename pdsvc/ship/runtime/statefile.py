@@ -34,6 +34,7 @@ class Kind(str, enum.Enum):
     METRICS = "metrics"  # the textfile's counters (metrics.py): starts by cause
     HOLD = "hold"  # pdsvc apply's (hold.py, written by root): out of the router, fenced peers
     PROFILE = "profile"  # the runtime's answer to a profile hold (profiled.py): taken, paused
+    DUTIES = "duties"  # the runtime's duties that failed (duties.py): counts, last words
     HEAL_ALL = "heal-all"  # DEPLOYMENT.heal-all.json (cascade.py): the cascade's cure marker
 
 

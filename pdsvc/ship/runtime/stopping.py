@@ -170,6 +170,7 @@ class Stopping:
 
 #: the runtime's own stops, and what it says it does
 OWN_STOPS = {Ending.PEER: "restarting with its peer",
+             Ending.DUTY: "a duty of its runtime cannot go on",
              Ending.HEAL: "restarting to heal its pair",
              Ending.LATE: "giving up this start"}
 

@@ -18,6 +18,7 @@ but wait for the next event and carry out the effects.
   CureDue          -                         -> outcome HEAL (the cascade's cure)
   PairsJudged      alive, failing_since      PairGood; a verdict while alive -> AskTurn once
   HealSaid         -                         wait -> Wait (and ask_at); else -> outcome HEAL
+  DutyFailed       -                         -> outcome DUTY (a duty that cannot go on)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .endings import Ending
 from .events import (
     ChildExited,
     CureDue,
+    DutyFailed,
     HealSaid,
     PairsJudged,
     PeerRestarted,
@@ -133,6 +135,9 @@ def step(state: Watch, event: Event, *, hang_after: float | None = None,
         return Step(state, outcome=Outcome(Ending.PEER, detail=event.detail))
     if isinstance(event, CureDue):  # SERVING -> STOPPING: the cascade's cure
         return Step(state, outcome=Outcome(Ending.HEAL, detail=event.detail))
+    if isinstance(event, DutyFailed):  # SERVING -> STOPPING: the runtime cannot go on
+        return Step(state, outcome=Outcome(Ending.DUTY, detail=f"duty {event.duty} failed: "
+                                                               f"{event.detail}"))
     if isinstance(event, PairsJudged):
         return judged(state, event)
     if isinstance(event, HealSaid):
