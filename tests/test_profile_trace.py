@@ -71,7 +71,7 @@ def test_a_truncated_file_is_incomplete_until_its_gzip_stream_ends(tmp_path: Pat
     (gzip.compress(b'{"traceEvents": [ {"ph": "X"'), "not JSON"),
     (gzip.compress(json.dumps([1, 2]).encode()), "no traceEvents list"),
     (gzip.compress(json.dumps({"traceEvents": []}).encode()), "no kernel events"),
-])
+], ids=["not-gzip", "not-json", "no-list", "no-kernels"])  # gzip bytes hold a time: no ids
 def test_a_corrupt_trace_is_refused_in_one_line(tmp_path: Path, content: bytes,
                                                  why: str) -> None:
     path = tmp_path / "x-TP-0.trace.json.gz"
