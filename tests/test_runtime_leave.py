@@ -10,7 +10,8 @@ import pytest
 from pair_fakes import FakeRouter
 
 from pdsvc.ship.runtime.cli import main, parse_args
-from pdsvc.ship.runtime.membership import Membership, Worker, leave_after_end
+from pdsvc.ship.runtime.leaving import leave_after_end
+from pdsvc.ship.runtime.membership import Membership, Worker
 
 URL = "http://10.0.0.2:30000"
 

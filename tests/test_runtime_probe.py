@@ -7,13 +7,11 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
 from ports import free_port
 
 from pdsvc.ship.runtime.probe import (
     NoAnswerKind,
     ProbeResult,
-    aside,
     http_probe,
     liveness_url_for,
 )
@@ -50,19 +48,6 @@ def test_a_listener_that_never_answers_is_no_answer_of_kind_timeout() -> None:
         sock.listen(4)
         got = http_probe(f"http://127.0.0.1:{sock.getsockname()[1]}/health", 0.3)
     assert not got.ok and got.no_answer is NoAnswerKind.TIMEOUT, got
-
-
-def test_aside_sees_a_stop_while_the_call_hangs_and_hands_back_its_result() -> None:
-    release = threading.Event()
-    stop = threading.Event()
-    threading.Timer(0.1, stop.set).start()
-    assert aside(lambda: (release.wait(30), ProbeResult(True, "HTTP 200"))[1], stop.is_set,
-                 0.02) is None  # the stop came first; the call still hangs
-    release.set()
-    assert aside(lambda: ProbeResult(True, "HTTP 200"), lambda: False, 0.02) == \
-        ProbeResult(True, "HTTP 200")
-    with pytest.raises(ZeroDivisionError):
-        aside(lambda: ProbeResult(True, str(1 / 0)), lambda: False, 0.02)
 
 
 def test_router_liveness_url_default():

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pair_fakes import FakeRouter
 
-from pdsvc.ship.runtime.membership import Routers, Worker, call_timeout, leave_after_end
+from pdsvc.ship.runtime.leaving import leave_after_end
+from pdsvc.ship.runtime.membership import Routers, Worker, call_timeout
 from pdsvc.ship.runtime.timings import ROUTER_CALL_MIN_S, ROUTER_CALL_TIMEOUT_S, ROUTER_DARK_S
 
 URL, SIBLING = "http://10.0.0.2:30000", "http://10.0.0.3:30000"

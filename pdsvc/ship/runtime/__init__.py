@@ -21,7 +21,8 @@ One idea a module:
   jitlock    cold JIT compile serialisation   proctree   subreaper and /proc
   child      the supervised command           listener   supervisord's event listener
   launch     the router launcher with its key fleet      heals and cures across hosts
-  front      a router in and out of HAProxy
+  front      a router in and out of HAProxy   leaving    a stop's leave, bounded; ExecStopPost's
+  waiting    waits that see a stop at once: a call aside, a pause in slices
 
 docs/lifecycle.md and its pages tell the whole story by state, with a timeline per fault
 (docs/lifecycle/faults.md).

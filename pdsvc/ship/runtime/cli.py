@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return launch(args.control_plane_key, args.module, args.module_args)
     if args.mode == "leave":
-        from .membership import leave_after_end
+        from .leaving import leave_after_end
         from .notify import Log
 
         return leave_after_end(args.router, args.advertise, args.control_plane_key,

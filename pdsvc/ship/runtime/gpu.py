@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from .notify import Log
 from .timings import NVIDIA_SMI_TIMEOUT_S
+from .waiting import aside, rest
 
 
 class GpuWait(str, enum.Enum):
@@ -162,6 +163,18 @@ def gpu_holders(
     return sorted(holders, key=lambda holder: (holder.index, holder.pid))
 
 
+def _found(nvidia_smi_option: str | None, log: Log) -> str | None:
+    """nvidia-smi's path, or None (said in the log: the idle check is then skipped)."""
+    nvidia_smi = find_nvidia_smi(nvidia_smi_option)
+    if nvidia_smi is None:
+        where = f" at {nvidia_smi_option}" if nvidia_smi_option else " on PATH"
+        log(
+            "GPU idle check skipped: nvidia-smi not found (no NVIDIA driver on this host?)"
+            f" [looked{where}]"
+        )
+    return nvidia_smi
+
+
 def wait_gpus_idle(
     nvidia_smi_option: str | None,
     gpus: Sequence[int],
@@ -182,24 +195,23 @@ def wait_gpus_idle(
     Waiting is visible (log + STATUS= every ``progress_every`` s) and bounded by ``timeout``.
 
     Returns how the wait ended (GpuWait)."""
-    nvidia_smi = find_nvidia_smi(nvidia_smi_option)
+    nvidia_smi = _found(nvidia_smi_option, log)
     if nvidia_smi is None:
-        where = f" at {nvidia_smi_option}" if nvidia_smi_option else " on PATH"
-        log(
-            "GPU idle check skipped: nvidia-smi not found (no NVIDIA driver on this host?)"
-            f" [looked{where}]"
-        )
         return GpuWait.IDLE
     started = clock()
     next_log = started
     named = ",".join(map(str, gpus))
     while True:
         try:
-            held = holders(nvidia_smi, gpus)
+            # aside: an nvidia-smi that hangs (up to NVIDIA_SMI_TIMEOUT_S, twice) must not
+            # hide a stop from this thread
+            held = aside(lambda: holders(nvidia_smi, gpus), should_stop)
         except GpuCheckError as exc:
             log(f"GPU idle check failed: {exc}")
             log("refusing to start: cannot tell whether the GPUs are free (driver problem?)")
             return GpuWait.ERROR
+        if held is None:
+            return GpuWait.STOPPED
         if not held:
             waited = clock() - started
             log(f"GPUs {named} are idle" + (f" after {waited:.1f} s" if waited >= poll else ""))
@@ -217,6 +229,5 @@ def wait_gpus_idle(
             log(line)
             status(line)
             next_log = now + progress_every
-        if should_stop():
+        if rest(poll, should_stop, sleep, clock):
             return GpuWait.STOPPED
-        sleep(poll)

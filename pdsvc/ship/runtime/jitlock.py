@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .notify import Log
+from .waiting import rest
 
 if TYPE_CHECKING:
     Clock = Callable[[], float]
@@ -98,10 +99,9 @@ class JitLock:
                 )
                 on_wait(holder)
                 next_log = now + self.progress_every
-            if should_stop():
+            if rest(self.retry_every, should_stop, self.sleep, self.clock):
                 os.close(fd)
                 return False
-            self.sleep(self.retry_every)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{self.owner} (pid {os.getpid()})\n".encode(), 0)
         self._fd = fd

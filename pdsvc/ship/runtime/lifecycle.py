@@ -24,6 +24,7 @@ from .fleet import share
 from .gpu import GpuWait, wait_gpus_idle
 from .hold import Hold
 from .jitlock import JitLock, engine_fingerprint
+from .leaving import leave_within
 from .membership import Routers, Worker, call_timeout, read_key
 from .notify import Log, Notifier, watchdog_hint, watchdog_secs
 from .options import Options
@@ -48,6 +49,7 @@ from .timings import (
     LIVENESS_PROBE_MIN_S,
     START_PROBE_TIMEOUT_S,
 )
+from .waiting import aside
 
 
 def probes_for(args: Options, log: Log) -> tuple[Callable[[], ProbeResult], str, str]:
@@ -372,7 +374,10 @@ class Unit:
         # the canary first: joins wait for good pairs with listed engines (Canary.admits)
         self.start_canary()
         if self.membership is not None:
-            self.membership.join()  # before READY=1: ordering waits for a routable engine
+            # before READY=1: ordering waits for a routable engine; aside, so that a stop is
+            # seen at once while a router that does not answer holds the call
+            membership = self.membership
+            aside(membership.join, self.child.stopping)
         serving = f"serving on {base_url(liveness_url)} (healthy after {healthy.elapsed:.1f} s)"
         if self.gave_up:
             serving = (f"up on {base_url(liveness_url)} but not serving: "
@@ -405,7 +410,8 @@ class Unit:
         if self.rounds is not None:
             self.rounds.stop()
         if self.membership is not None and self.child.process is not None:
-            self.membership.leave()  # first: no new request reaches an engine that drains
+            # first: no new request reaches an engine that drains
+            leave_within(self.membership, self.log)
         stop = Stopping(self.args, self.role, self.log, self.notifier, self.child, self.policy,
                         served=State.SERVING in self.machine.visited)
         code = stop.run(outcome)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from .endings import Exit
-from .membership import leave_after_end
+from .leaving import leave_after_end
 from .notify import Log
 from .probe import HttpReply, http_call
 
@@ -114,7 +114,7 @@ LEAVE_EVENTS = ("PROCESS_STATE_EXITED", "PROCESS_STATE_BACKOFF")
 class Leaver:
     """An engine program that exited without a stop asked for (kill -9 of its runtime, the
     OOM killer: LEAVE_EVENTS) leaves every router now, not when the routers' health checks
-    give up on it (membership.leave_after_end, the systemd units' ExecStopPost=). A runtime
+    give up on it (leaving.leave_after_end, the systemd units' ExecStopPost=). A runtime
     that stopped cleanly had left already (supervisord reports STOPPED then)."""
 
     def __init__(self, leaves: Mapping[str, str], routers: Sequence[str], key: str | None,

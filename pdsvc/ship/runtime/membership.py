@@ -408,32 +408,3 @@ def read_key(spec: str | None, env: dict[str, str] | None = None) -> str | None:
     if not key or any(ch.isspace() for ch in key):
         raise ValueError(f"{path}: the key must be one word, non-empty")
     return key
-
-
-def leave_after_end(routers: list[str], url: str, key_spec: str | None,
-                    log: Callable[[str], None], env: dict[str, str] | None = None,
-                    call: Callable[..., HttpReply] = http_call) -> int:
-    """`runtime leave`, the unit's ExecStopPost=: whatever ended the main process (kill -9, the
-    OOM killer), the engine leaves every router now, not when the routers' health checks give
-    up on it, which is seconds of requests sent to a dead engine (systemd.service(5): the
-    command runs after any stop, also when the main process died; $SERVICE_RESULT and
-    $EXIT_STATUS say how). A runtime that stopped cleanly already left: nothing to do then.
-    Always 0: a stop must not fail for a router that is down (it routes nowhere then)."""
-    env = dict(os.environ) if env is None else env
-    try:
-        key = read_key(key_spec, env)
-    except (OSError, ValueError) as exc:
-        log(f"cannot read the router's control-plane key: {exc}; {url} not deregistered")
-        return 0
-    how = ", ".join(f"{k.lower()} {env[k]}" for k in ("SERVICE_RESULT", "EXIT_CODE",
-                                                       "EXIT_STATUS") if env.get(k))
-    for router in routers:
-        m = Membership(router, Worker(url.rstrip("/"), "", None), key, lambda _: None,
-                       call=call)
-        dropped = m.drop()
-        if dropped is None:
-            log(f"router {router} unreachable: nothing to deregister")
-        elif dropped:
-            log(f"the runtime ended without taking {url} out of the router"
-                f"{f' ({how})' if how else ''}: deregistered it from {router}")
-    return 0

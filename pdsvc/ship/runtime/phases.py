@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from .endings import Ending
-from .probe import NoAnswerKind, ProbeResult, aside, at_once, http_probe
-from .timings import CHILD_WAIT_SLICE_S, DUTY_SLICE_S, START_PROBE_TIMEOUT_S
+from .probe import NoAnswerKind, ProbeResult, at_once, http_probe
+from .timings import DUTY_SLICE_S, START_PROBE_TIMEOUT_S
+from .waiting import aside
 
 if TYPE_CHECKING:  # aliases for annotations only: "int | None" cannot be evaluated on 3.9
     Clock = Callable[[], float]
@@ -174,7 +175,7 @@ def wait_for_urls(
     """
 
     def idle(timeout: float) -> None:
-        sleep(min(timeout, CHILD_WAIT_SLICE_S))
+        sleep(min(timeout, DUTY_SLICE_S))
         return None
 
     started = clock()
@@ -195,6 +196,10 @@ def wait_for_urls(
             )
             if outcome.kind is End.STOP:
                 return False
-        if all(probe(url).ok for url in urls):  # none of them went down meanwhile
+        # none of them went down meanwhile: asked aside, a stop is seen while they answer
+        again = aside(lambda: all(probe(url).ok for url in urls), should_stop)
+        if again is None:
+            return False
+        if again:
             log(f"{', '.join(urls)}: all healthy after {clock() - started:.1f} s")
             return True

@@ -190,33 +190,6 @@ def at_once(calls: Mapping[K, Callable[[], T]], bound: float) -> dict[K, T]:
     return dict(done)
 
 
-def aside(call: Callable[[], ProbeResult], should_stop: Callable[[], bool],
-          slice_s: float) -> ProbeResult | None:
-    """``call`` on a thread of its own, waited for in slices of ``slice_s`` with
-    ``should_stop`` asked between them: a probe of a hung engine takes its whole timeout, and
-    a stop must not wait behind it. None when ``should_stop`` said yes first (the probe ends
-    on its own: its thread is a daemon); an exception of ``call`` is raised here."""
-    box: list[ProbeResult] = []
-    raised: list[BaseException] = []
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            raised.append(e)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="probe", daemon=True).start()
-    while not done.wait(slice_s):
-        if should_stop():
-            return None
-    if raised:
-        raise raised[0]
-    return box[0]
-
-
 def judge_generation(reply: HttpReply) -> str | None:
     """Why a generation's reply is not a good completion, or None when it is one.
 

@@ -20,8 +20,9 @@ from .notify import Notifier
 from .options import Options
 from .phases import End, Outcome
 from .policy import RestartPolicy
-from .probe import NoAnswerKind, aside, http_probe
+from .probe import NoAnswerKind, http_probe
 from .timings import DUTY_SLICE_S, KILL_WAIT_S, STOP_JUDGE_S
+from .waiting import aside
 
 
 def _signal_suffix(returncode: int) -> str:

@@ -10,8 +10,9 @@ from __future__ import annotations
 # ---------------------------------------------------------------- the main loop (lifecycle.py)
 #: longest a loop blocks on the child before it looks again for a stop request
 CHILD_WAIT_SLICE_S = 1.0
-#: STARTING (and a stop's judgment): how often a stop is looked for while a probe runs on a
-#: thread of its own or the wait between probes goes on (SERVING blocks on its inbox instead)
+#: every phase before SERVING (and a stop's judgment): how often a stop is looked for while a
+#: call that may block runs aside or a wait between looks goes on (waiting.py; SERVING blocks
+#: on its inbox instead)
 DUTY_SLICE_S = 0.05
 #: how often BACKOFF looks for a stop while it waits out the restart policy's delay
 BACKOFF_LOOK_S = 0.2
@@ -59,6 +60,10 @@ ROUTER_DARK_S = 5.0
 MEMBERSHIP_RETRY_S = 0.25
 #: an entry the router lists as unhealthy this long while our engine is healthy is re-posted
 STUCK_UNHEALTHY_S = 30.0
+#: how long a stop waits for the routers to take the engine out before it stops the engine
+#: anyway (a router that does not answer must not hold a stop; the leave goes on aside, and
+#: the unit's ExecStopPost= leaves once more, its calls bounded by this too)
+LEAVE_WAIT_S = 2.0
 
 # ---------------------------------------------------------------- the pair canary (canary.py)
 #: seconds between rounds after one that failed or could not be judged (doubling after
