@@ -186,6 +186,38 @@ def test_a_stop_of_a_hung_engine_kills_it_and_returns_at_once(stack: Stack) -> N
     stack.wait_serving(90)
 
 
+@pytest.mark.parametrize("verb", ["stop", "restart"])
+def test_a_hung_engine_stops_in_bounded_time_while_the_router_is_frozen_too(
+        stack: Stack, verb: str) -> None:
+    """Every process of the router's unit frozen (SIGSTOP: its host stalls), then the decode's
+    engine, then `systemctl stop` (or `restart`) of the decode: the stop's leave gives up on
+    the dark router after LEAVE_WAIT_S while the hung engine is judged, so the stop takes no
+    longer than with the router answering; a restart then starts and joins in the same bound
+    as any start. Then the router thaws and the stack serves again."""
+    from pdsvc.ship.runtime.timings import LEAVE_WAIT_S, STOP_JUDGE_S
+
+    unit, router = stack.unit("decode"), stack.unit("router")
+    stack.c.run(["systemctl", "kill", "--signal=SIGSTOP", router])
+    try:
+        time.sleep(1.5)  # the decode's membership look is inside a call to the frozen router
+        stack.c.run(["kill", "-STOP", str(stack.engine_pid("decode"))])
+        t0 = time.monotonic()
+        stack.c.systemctl(verb, unit)  # returns once stopped (restart: once READY=1 again)
+        took = time.monotonic() - t0
+        log = stack.c.journal(unit, lines=120)
+    finally:
+        stack.c.run(["systemctl", "kill", "--signal=SIGCONT", router])
+    assert "is hung and cannot drain: sending SIGKILL" in log, log
+    # the leave ended on its own bound: the dark router's call timed out, or LEAVE_WAIT_S
+    assert ("unreachable: nothing to deregister" in log
+            or f"did not take this engine out within {LEAVE_WAIT_S:g} s" in log), log
+    print(f"\nsystemctl {verb} of a hung decode, router frozen: {took:.1f} s")
+    idle = STOP_JUDGE_S + 2 + (stack.start_seconds if verb == "restart" else 0)
+    within(took, idle, f"systemctl {verb} of a hung decode with the router frozen")
+    stack.c.systemctl("start", stack.target)
+    stack.wait_serving(90)
+
+
 @pytest.mark.parametrize("how", ["systemctl restart", "kill -9"])
 def test_prefill_restart_restarts_decode_and_the_pair_serves(stack: Stack, how: str) -> None:
     decode_before = stack.invocation("decode")

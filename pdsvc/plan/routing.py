@@ -134,9 +134,6 @@ def _router(
         readiness_url=f"{base}/readiness",
         generate_url=f"{base}/generate",
         liveness_url=f"{base}/liveness",
-        # systemd orders units of one host only; remote engines are waited for by the router's
-        # own readiness gate (a ready prefill/decode pair, then one generation)
-        after=tuple(e.unit for e in engines if e.machine == machine),
         machine=machine,
         launcher=(python, "-m", module),
         # always with its port: a bare URL sends bootstrap_port=null (sglang-router's PD

@@ -101,7 +101,6 @@ class RouterPlan:
     readiness_url: str
     generate_url: str
     liveness_url: str
-    after: tuple[str, ...]
     machine: str = ""
     # the pieces argv is composed of (router_argv)
     launcher: tuple[str, ...] = ()
