@@ -76,7 +76,7 @@ def test_tune_switches_supervisord_programs_to_the_best_while_serving(
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     doc = json.loads(r.stdout)
     assert doc["wins"] and doc["best"]["changes"] == {BEST_LEVER: BEST_SLOTS}, doc["verdict"]
-    base, best = doc["baseline"]["rates"], doc["best"]["rates"]
+    base, best = ([g["rate"] for g in doc[k]["goodput"]] for k in ("baseline", "best"))
     print(f"\ngoodput: baseline {base}, best {best} req/s")
     assert min(best) > max(base)
     for d in ("decode-0", "decode-1"):

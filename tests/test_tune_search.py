@@ -193,7 +193,8 @@ def test_the_best_wins_only_beyond_the_spread(tmp_path: Path) -> None:
     # the fact that decided it, with both figures: the best's repeats are raced at the
     # baseline's rate to beat (10.4 a precision up), and its second (10 × 1.0) missed it
     assert ("missed the SLO at 11.4 req/s, the baseline's rate to beat, in repeat 2 (its "
-            "goodputs: 13; the baseline's: 5.6..10.4)") in answer.verdict, answer.verdict
+            "goodputs: 13 req/s; the baseline's: 5.6..10.4 req/s)") in answer.verdict, \
+        answer.verdict
     # each of its measurements raced there: the first in the grid, the repeats for the win
     assert [x for x in fake.races if x[0] == "c1"] == [("c1", pytest.approx(11.44))] * REPEATS
     assert fake.running == "baseline.yaml"  # back on the current config
@@ -265,7 +266,9 @@ def test_the_answer_as_a_table_json_and_the_best_config(tmp_path: Path) -> None:
     lines = report.table(answer, measured)
     assert lines[0].split()[:3] == ["name", "changes", "goodput"]
     best = next(x for x in lines if x.startswith(f"{answer.best.name} *"))
-    assert "16 (16..16)" in best and "valid" in best  # three measurements, no spread
+    # repeats start where the first ended: they confirm it, and are said so (no spread)
+    assert "16, confirmed by 2 repeats" in best and best.endswith("measured"), best
+    assert "each of its" not in answer.verdict and "confirmed by 2 repeats" in answer.verdict
     # 64 slots break the ITL bound: it lost the race at the leader's (32 slots) 16 req/s and
     # a tenth (the fake says no rate above its goodput that missed)
     assert any("< 17.6" in x and "below: missed the SLO at 17.6 req/s, the rate to beat" in x
@@ -274,14 +277,17 @@ def test_the_answer_as_a_table_json_and_the_best_config(tmp_path: Path) -> None:
                for x in lines)
     doc = report.document(t.space, answer, measured, results=tmp_path, best_config=None,
                           plot_path=None)
-    assert doc["format"] == "pdsvc-tune/1" and doc["wins"]
-    assert doc["best"] == {"name": answer.best.name, "changes": {BS: 32},
-                           "rates": [16.0] * REPEATS}
+    assert doc["format"] == "pdsvc-tune/2" and doc["wins"]
+    assert doc["best"] == {
+        "name": answer.best.name, "changes": {BS: 32},
+        "goodput": [{"repeat": r, "rate": 16.0, "bound": "exact", "missed_at": None,
+                     "confirms_first": r > 0} for r in range(REPEATS)],
+        "said": "16 req/s, confirmed by 2 repeats"}
     text = report.best_config_text(CONFIG, answer, t.space, space_path=Path("tune.yaml"),
                                    config_path=Path("config.yaml"), host="gpu-1",
                                    best_text=t.checker.text_of(answer.best))
     assert text.startswith("# Written by pdsvc tune on gpu-1, ")
-    assert "# Baseline goodput: 8 (8..8) req/s (3 measurements)." in text
+    assert "# Baseline goodput: 8 req/s, confirmed by 2 repeats (3 measurements)." in text
     assert yaml.safe_load(text)["decode"][0]["args"]["cuda-graph-max-bs-decode"] == 32
     # what was measured is on disk, whole, and read back as it was
     again = Store(tmp_path / "results", {})
@@ -337,7 +343,8 @@ def test_the_range_top_is_a_lower_bound_said_with_a_sign(tmp_path: Path) -> None
     answer = t.run(first)
     assert fake.measures.count("baseline") == 2 + 1  # the space's repeats, once more
     assert answer.wins and answer.best_outcomes[0].status == Result.LOWER_BOUND
-    assert "serves ≥ 12 req/s at the SLO" in answer.verdict, answer.verdict
+    assert "meets the SLO at ≥ 12 req/s, confirmed by 1 repeat" in answer.verdict, \
+        answer.verdict
     measured: dict[str, list[Outcome]] = {}
     for o in t.store.outcomes:
         measured.setdefault(o.name, []).append(o)

@@ -131,7 +131,8 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
     running deployment while it serves: the candidates of a search space (levers of the
     config and the values to try), each checked against the schema and the pairing check
     before anything restarts, switched to engine by engine, measured by the SLO search; the
-    baseline and the best three times, the best winning only beyond the spread.
+    baseline and the best three times (repeats confirm where the first ended), the best
+    winning only when its lowest goodput is apart from the baseline's highest.
     """
     path = space_path or config_path.parent / "tune.yaml"
     try:

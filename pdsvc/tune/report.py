@@ -1,4 +1,4 @@
-"""`pdsvc tune`'s answer: the table, the JSON (``pdsvc-tune/1``), the plot (with the optional
+"""`pdsvc tune`'s answer: the table, the JSON (``pdsvc-tune/2``), the plot (with the optional
 ``plot`` extra: matplotlib) and the best config as a file whose header says how it was
 measured."""
 
@@ -9,11 +9,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .search import Answer, extremes, goodput, rates
+from .search import Answer
 from .space import Candidate, Space
-from .store import RATED, Outcome
+from .store import Outcome, Result
+from .verdict import confirmed, goodputs, rates, span
 
-TUNE_SCHEMA = "pdsvc-tune/1"
+#: /2: ``best`` and ``baseline`` give ``goodput`` (each measurement's rate with its bound and
+#: whether it confirmed the first) and ``said`` (the words), where /1 gave bare ``rates``
+TUNE_SCHEMA = "pdsvc-tune/2"
 
 
 def _num(v: float | None, unit: str = "") -> str:
@@ -22,21 +25,31 @@ def _num(v: float | None, unit: str = "") -> str:
     return (f"{v:.0f}" if v >= 100 else f"{v:.3g}") + unit
 
 
-def _goodput(outcomes: list[Outcome]) -> str:
-    """The mean of the valid measurements, their span beside it ("≥" where one held at the
-    range's top)."""
+def _goodput(outcomes: list[Outcome], unit: str = "") -> str:
+    """The valid measurements' goodput: as ``span`` says it where the repeats confirmed the
+    first ("69.8, confirmed by 2 repeats"), else their mean with their range beside it."""
     valid = [o for o in outcomes if o.counted]
     if not valid:
         return "-"
-    if len(valid) == 1:
-        return goodput(valid[0])
-    low, high = extremes(valid)
-    return f"{statistics.fmean(rates(valid)):.3g} ({goodput(low)}..{goodput(high)})"
+    if confirmed(valid):
+        return span(valid, unit)
+    return f"{statistics.fmean(rates(valid)):.3g}{unit} ({span(valid, '')})"
+
+
+def _result(o: Outcome) -> str:
+    """The table's result column: what the measurement came to, a lower bound said as one."""
+    again = f" (the first of two invalid: {o.again})" if o.again else ""
+    if o.status == Result.MEASURED:
+        return f"measured{again}"
+    if o.status == Result.LOWER_BOUND:
+        return f"lower bound: the SLO held at the range's top (raise rates.high){again}"
+    return f"{o.status}: {o.why}"
 
 
 def table(answer: Answer, measured: dict[str, list[Outcome]]) -> list[str]:
     """One row per candidate: what differs from the baseline, goodput (req/s, with the
-    spread of repeats), output tokens/s, p99 TTFT and ITL, valid or why not, seconds."""
+    range of its measurements, or the repeats that confirmed the first), output tokens/s, p99
+    TTFT and ITL, what the measurement came to (a lower bound said as one), seconds."""
     head = ["name", "changes", "goodput req/s", "tok/s", "TTFT p99", "ITL p99", "result",
             "secs"]
     rows = [head]
@@ -45,9 +58,7 @@ def table(answer: Answer, measured: dict[str, list[Outcome]]) -> list[str]:
         if o is None:
             rows.append([cand.name, cand.describe(), "-", "-", "-", "-", why, "-"])
             continue
-        result = (("valid" + (f" (the first of two invalid: {o.again})" if o.again else ""))
-                  if o.status in RATED
-                  else f"{o.status}: {o.why}")
+        result = _result(o)
         mark = " *" if cand == answer.best and answer.wins else ""
         rows.append([cand.name + mark, cand.describe(), _goodput(outs),
                      _num(o.tokens_per_s), _num(o.ttft_p99_ms, " ms"), _num(o.itl_p99_ms, " ms"),
@@ -68,8 +79,8 @@ def document(space: Space, answer: Answer, measured: dict[str, list[Outcome]], *
         "verdict": answer.verdict,
         "wins": answer.wins,
         "best": {"name": answer.best.name, "changes": dict(answer.best.changes),
-                 "rates": rates(answer.best_outcomes)},
-        "baseline": {"rates": rates(answer.baseline)},
+                 "goodput": goodputs(answer.best_outcomes), "said": span(answer.best_outcomes)},
+        "baseline": {"goodput": goodputs(answer.baseline), "said": span(answer.baseline)},
         "running": answer.running.name if answer.running else None,
         "candidates": [
             {"name": cand.name, "changes": dict(cand.changes), "skipped": why or None,
@@ -93,12 +104,12 @@ def best_config_text(config_text: str, answer: Answer, space: Space, *, space_pa
         f"{space.num_prompts} prompts a run),",
         f"# searched over {space_path} from {config_path}.",
         f"# {answer.verdict}.",
-        f"# Baseline goodput: {_goodput(answer.baseline)} req/s "
+        f"# Baseline goodput: {_goodput(answer.baseline, ' req/s')} "
         f"({len(answer.baseline)} measurements).",
     ]
     if answer.wins:
         lines.append(f"# This config ({answer.best.describe()}): "
-                     f"{_goodput(answer.best_outcomes)} req/s ({len(answer.best_outcomes)} "
+                     f"{_goodput(answer.best_outcomes, ' req/s')} ({len(answer.best_outcomes)} "
                      "measurements).")
     lines.append("# To run it: pdsvc apply -c THIS_FILE (or copy it over your config first).")
     body = best_text if answer.wins else config_text
@@ -107,7 +118,8 @@ def best_config_text(config_text: str, answer: Answer, space: Space, *, space_pa
 
 def plot(space: Space, answer: Answer, measured: dict[str, list[Outcome]],
          path: Path) -> str | None:
-    """Goodput per candidate with its spread; latency against rate for the baseline and the
+    """Goodput per candidate with the range of its measurements, a lower bound hatched and
+    marked "≥"; latency against rate for the baseline and the
     best, the SLO bounds drawn. None without matplotlib."""
     try:
         import matplotlib
@@ -130,11 +142,17 @@ def figure(plt: Any, space: Space, answer: Answer, measured: dict[str, list[Outc
     means = [statistics.fmean(rates(outs)) if rates(outs) else 0.0 for _, outs in shown]
     lows = [m - min(rates(outs), default=m) for m, (_, outs) in zip(means, shown, strict=True)]
     highs = [max(rates(outs), default=m) - m for m, (_, outs) in zip(means, shown, strict=True)]
-    ax0.bar(names, means, yerr=[lows, highs], capsize=3,
-            color=["tab:green" if c == answer.best and answer.wins else "tab:blue"
-                   for c, _ in shown])
+    bars = ax0.bar(names, means, yerr=[lows, highs], capsize=3,
+                   color=["tab:green" if c == answer.best and answer.wins else "tab:blue"
+                          for c, _ in shown])
+    for bar, (_, outs) in zip(bars, shown, strict=True):
+        if any(o.status == Result.LOWER_BOUND for o in outs):  # the SLO held at the top
+            bar.set_hatch("//")
+            ax0.annotate("≥", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                         ha="center", va="bottom")
     ax0.set_ylabel("goodput at the SLO (req/s)")
-    ax0.set_title("goodput per candidate (spread of repeats)")
+    ax0.set_title("goodput per candidate (range over its measurements;\n"
+                  "hatched, ≥: a lower bound, the SLO held at the range's top)")
     ax0.tick_params(axis="x", rotation=60)
     for ax, what, bound in ((ax1, "ttft", space.ttft_ms), (ax2, "itl", space.itl_ms)):
         for cand, outs, style in ((Candidate("baseline"), answer.baseline, "o--"),

@@ -52,6 +52,7 @@ from pdsvc.errors import PdsvcError
 from .check import Checked, Checker
 from .space import Candidate, Space, Value, current, is_baseline
 from .store import BASELINE_KEY, RATED, Outcome, Result, Store, changes_key, write_atomic
+from .verdict import drifted, goodput, judge, mean_rate, rates, span, to_beat
 
 Say = Callable[[str], None]
 #: what runs when the deployment does not run the config's own bundle (tune knows it, but it
@@ -113,17 +114,6 @@ class Answer:
     how: str  # which search ran and why it stopped
     rows: list[tuple[Candidate, Outcome | None, str]] = field(default_factory=list)
     running: Candidate | None = None  # what the deployment runs at the end
-
-
-def rates(outcomes: list[Outcome]) -> list[float]:
-    """The goodputs of a candidate's valid measurements (0 where no rate met the SLO; a
-    race lost has none: only less than the rate to beat)."""
-    return [o.rate or 0.0 for o in outcomes if o.counted and o.status != Result.BELOW]
-
-
-def mean_rate(outcomes: list[Outcome]) -> float:
-    rs = rates(outcomes)
-    return statistics.fmean(rs) if rs else 0.0
 
 
 class Tuner:
@@ -473,7 +463,7 @@ class Tuner:
                             "apart)")
         else:
             verdict = ("no candidate beats the current config: none measured above the "
-                       f"baseline's {span(baseline)} req/s")
+                       f"baseline's {span(baseline)}")
         end = base if self.limits.keep_current or not wins else best
         if self.running != changes_key(end.changes):
             self.say(f"tune: the deployment ends on {end.name} ({end.describe()})")
@@ -481,107 +471,3 @@ class Tuner:
             self._go_back()
         return Answer(baseline, best, best_outcomes, wins, verdict, how,
                       list(self.rows.values()), end)
-
-
-def drifted(before: list[Outcome], again: Outcome, space: Space) -> str:
-    """Why the baseline measured again is not the baseline measured at the start: its
-    interval (from the highest rate that met the SLO to the lowest that missed it) apart from
-    every earlier one by at least a step of the search, a move beyond what the search can tell
-    apart; or it could not be measured again. "" when it is within them. Intervals that only
-    touch (the same rate met once and missed once) are the search's resolution, not a drift."""
-    if again.status not in RATED and again.status != Result.NO_RATE:
-        return f"was {again.status} ({again.why}), so a drift cannot be ruled out"
-    valid = [o for o in before if o.counted and o.status != Result.BELOW]
-    met, missed = again.rate or 0.0, again.above
-    tops = [o.above if o.above is not None else space.rate_high for o in valid]
-    if valid and again.status != Result.NO_RATE and met > max(tops) and \
-            all(o.status != Result.LOWER_BOUND for o in valid):
-        return (f"met the SLO at {met:.3g} req/s, above where each measurement at the start "
-                f"missed it (at {', '.join(f'{t:.3g}' for t in tops)}): the host got faster")
-    lows = [o.rate or 0.0 for o in valid]
-    if valid and missed is not None and missed < min(lows):
-        return (f"missed the SLO at {missed:.3g} req/s, below where each measurement at the "
-                f"start met it (up to {', '.join(f'{x:.3g}' for x in lows)}): the host got "
-                "slower")
-    return ""
-
-
-def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tuple[bool, str]:
-    """Whether ``cand``'s repeats beat the baseline's, and the verdict naming the fact that
-    decided it: a repeat that is not a valid measurement (the first such); or the intervals
-    not apart. A measurement's goodput lies between the highest rate that met the SLO and the
-    lowest rate above it that missed it (Outcome.above): the candidate wins only when its
-    lowest goodput is above every baseline goodput and at or above every rate the baseline
-    missed, so a gain within the search's precision is never called a win."""
-    n, who = len(outs), f"{cand.name} ({cand.describe()})"
-    lost = [o for o in outs if not o.counted or o.status == Result.BELOW]
-    if lost:
-        o = lost[0]
-        if o.status == Result.BELOW:
-            rated = [x for x in outs if x.status != Result.BELOW]
-            return False, (f"no candidate beats the current config: the best, {who}, "
-                           f"missed the SLO at {o.above or 0:.3g} req/s, the baseline's rate "
-                           f"to beat, in repeat {o.repeat + 1} (its goodputs: {span(rated)}; "
-                           f"the baseline's: {span(baseline)}): a win needs each of its {n} "
-                           "measurements above it")
-        return False, (f"no candidate beats the current config: the best, {who}, has "
-                       f"{n - len(lost)} valid measurement(s) of {n}: repeat {o.repeat + 1} "
-                       f"was {o.status}: {o.why}; a win needs each of its {n}")
-    low, high = min(rates(outs)), max(rates(baseline))
-    missed = max((o.above for o in baseline if o.counted and o.above is not None), default=None)
-    lost_by = (f"is not above the baseline's highest, {high:.3g}" if low <= high else
-               f"is below {missed:.3g}, a rate the baseline missed the SLO at: within what the "
-               "search can tell apart (rates.precision)" if missed is not None and low < missed
-               else "")
-    if lost_by:
-        return False, (f"no candidate beats the current config: the best, {who}, measured "
-                       f"{span(outs)} req/s against the baseline's {span(baseline)}: its "
-                       f"lowest, {low:.3g}, {lost_by}")
-    return True, (f"{who} serves {span(outs)} req/s at the SLO against the current config's "
-                  f"{span(baseline)} (each of its {n} measurements beats each of the "
-                  "baseline's)")
-
-
-def to_beat(leader: list[Outcome], space: Space) -> float | None:
-    """Racing: the rate a candidate must meet to take the lead from ``leader`` (its
-    measurements), run first; a candidate that misses it costs one run (``below``). The
-    lowest rate the leader missed above its goodput (a candidate below it is within the
-    search's precision of the leader at best), else its goodput a precision up, at most the
-    range's top (a leader at the top: a candidate can only tie there). None: no race (no
-    valid goodput to beat, or the rate to beat is the range's bottom)."""
-    rated = [o for o in leader if o.status in RATED]
-    if not rated:
-        return None
-    if any(o.status == Result.LOWER_BOUND for o in rated):
-        return space.rate_high
-    rate = max(o.above if o.above is not None else (o.rate or 0.0) * (1 + space.precision)
-               for o in rated)
-    rate = min(rate, space.rate_high)
-    return rate if rate > space.rate_low else None
-
-
-def goodput(o: Outcome) -> str:
-    """The goodput as said: "≥ 64" where the SLO held at the range's top, "< 24" where it
-    lost the race at 24."""
-    if o.status == Result.BELOW:
-        return f"< {o.above or 0:.3g}"
-    return f"{'≥ ' if o.status == Result.LOWER_BOUND else ''}{o.rate or 0:.3g}"
-
-
-def extremes(valid: list[Outcome]) -> tuple[Outcome, Outcome]:
-    """The lowest and the highest goodput of (non-empty) valid measurements."""
-    def key(o: Outcome) -> float:
-        return o.rate or 0.0
-    return min(valid, key=key), max(valid, key=key)
-
-
-def span(outcomes: list[Outcome]) -> str:
-    """The goodputs of the valid measurements: "7.3..8.1", "≥ 64" (each met the range's top),
-    "none"."""
-    valid = [o for o in outcomes if o.counted]
-    if not valid:
-        return "none"
-    low, high = extremes(valid)
-    if low.rate == high.rate:
-        return goodput(low)
-    return f"{goodput(low)}..{goodput(high)}"

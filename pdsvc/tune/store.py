@@ -5,8 +5,10 @@ The results of one question live in a directory of their own, ``RESULTS/KEY/``: 
 the search space's text, the baseline config's text and the host (its name and GPUs), so a
 different space, config or host never reuses a measurement. Inside:
 
-* ``results.json`` (``pdsvc-tune-results/1``): one entry per measurement, written whole
-  after each (a temporary file, then rename(2): never half-written);
+* ``results.json`` (``pdsvc-tune-results/2``): one entry per measurement, written whole
+  after each (a temporary file, then rename(2): never half-written). /2 names the results as
+  Result does; /1 files (``failed`` for ``failed-start``) are read too, and written as /2
+  from their next measurement on;
 * ``configs/NAME.yaml``: each candidate's config as applied;
 * ``bench/NAME-rI/``: bench_serving's files of each measurement;
 * ``best.yaml``, ``tune.png``: the answer, once there is one.
@@ -27,7 +29,9 @@ from pdsvc.errors import OutputError
 
 from .space import Value
 
-RESULTS_SCHEMA = "pdsvc-tune-results/1"
+RESULTS_SCHEMA = "pdsvc-tune-results/2"
+#: the formats read: each with the old result names it may hold, read as today's
+READS = {"pdsvc-tune-results/1": {"failed": "failed-start"}, RESULTS_SCHEMA: {}}
 RESULTS_FILE = "results.json"
 
 class Result(str, enum.Enum):
@@ -50,8 +54,6 @@ RATED = (Result.MEASURED, Result.LOWER_BOUND)
 #: the valid measurements (no-rate as 0; below: less than the rate it lost at):
 #: "only valid repeats count"
 COUNTED = (*RATED, Result.NO_RATE, Result.BELOW)
-#: results written by pdsvc before the enum, read as today's
-_OLD_NAMES = {"failed": Result.FAILED_START}
 
 
 @dataclass
@@ -97,11 +99,12 @@ class Outcome:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Outcome:
+    def from_dict(cls, doc: dict[str, Any], renamed: dict[str, str] | None = None) -> Outcome:
+        """An outcome as written; ``renamed``: the old result names of its format (READS)."""
         doc = dict(doc)
         doc["changes"] = [(str(p), v) for p, v in doc.get("changes", [])]
         doc["points"] = [Point(**p) for p in doc.get("points", [])]
-        doc["status"] = _OLD_NAMES.get(doc["status"]) or Result(doc["status"])
+        doc["status"] = Result((renamed or {}).get(doc["status"], doc["status"]))
         return cls(**doc)
 
 
@@ -150,9 +153,10 @@ class Store:
         if path.is_file():
             try:
                 doc = json.loads(path.read_text(encoding="utf-8"))
-                if doc.get("format") != RESULTS_SCHEMA:
+                renamed = READS.get(doc.get("format"))
+                if renamed is None:
                     raise ValueError(f"format {doc.get('format')!r}")
-                self.outcomes = [Outcome.from_dict(o) for o in doc["outcomes"]]
+                self.outcomes = [Outcome.from_dict(o, renamed) for o in doc["outcomes"]]
             except (ValueError, KeyError, TypeError) as e:
                 raise OutputError(f"{path}: not results this pdsvc reads ({e})",
                                   hint="move it away to measure again") from None
