@@ -1,5 +1,6 @@
-"""Size limits of pdsvc's code (issue 32): no function over 60 lines anywhere in pdsvc/, and
-no runtime module (pdsvc/ship/runtime/) over 450 lines, so that each can be read whole.
+"""Size limits of pdsvc's code (issues 32 and 51): no function over 60 lines anywhere in
+pdsvc/, no module over 500 lines, and no runtime module (pdsvc/ship/runtime/, read on the
+GPU host) over 450, so that each can be read whole.
 
 A function's length runs from its ``def`` line to its last line (its decorators not counted).
 The allow-lists name what is over its limit today, with why; they only shrink: an entry that
@@ -17,6 +18,7 @@ RUNTIME = PKG / "ship" / "runtime"
 
 MAX_FUNCTION_LINES = 60
 MAX_RUNTIME_MODULE_LINES = 450
+MAX_MODULE_LINES = 500
 
 #: Runtime modules over MAX_RUNTIME_MODULE_LINES while they are split, path -> why; empty
 #: since the runtime's rework (issue 32) brought lifecycle.py and canary.py under the limit.
@@ -59,11 +61,14 @@ def long_functions() -> dict[str, int]:
             for name, n in function_lengths(path).items() if n > MAX_FUNCTION_LINES}
 
 
+def long_modules(under: Path, limit: int) -> dict[str, int]:
+    """path -> lines of every module under ``under`` over ``limit``."""
+    return {_rel(path): n for path in sorted(under.rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > limit}
+
+
 def long_runtime_modules() -> dict[str, int]:
-    """path -> lines of every runtime module over the limit."""
-    return {_rel(path): n for path in sorted(RUNTIME.rglob("*.py"))
-            if (n := len(path.read_text(encoding="utf-8").splitlines()))
-            > MAX_RUNTIME_MODULE_LINES}
+    return long_modules(RUNTIME, MAX_RUNTIME_MODULE_LINES)
 
 
 def _unlisted(over: dict[str, int], allowed: dict[str, str]) -> str:
@@ -81,6 +86,12 @@ def test_no_runtime_module_over_the_limit() -> None:
     unlisted = _unlisted(long_runtime_modules(), MODULES_OVER)
     assert not unlisted, (f"runtime modules over {MAX_RUNTIME_MODULE_LINES} lines: "
                           f"{unlisted}; split the module by idea")
+
+
+def test_no_module_over_the_limit() -> None:
+    unlisted = _unlisted(long_modules(PKG, MAX_MODULE_LINES), {})
+    assert not unlisted, (f"modules over {MAX_MODULE_LINES} lines: {unlisted}; split the "
+                          "module by idea, not by line count")
 
 
 def test_the_allow_lists_only_shrink() -> None:

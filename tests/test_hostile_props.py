@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 from pdsvc.config.load import parse_config
 from pdsvc.config.reference import reference_markdown
+from pdsvc.config.router import FrontConfig
 from pdsvc.config.schema import LifecycleConfig
-from pdsvc.config.sections import FrontConfig, MetricsConfig
+from pdsvc.config.sections import MetricsConfig
 from pdsvc.encode import printable
 from pdsvc.errors import ConfigError, OutputError, TopologyError
 from pdsvc.plan.build import Plan, build_plan

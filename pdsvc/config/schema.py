@@ -3,8 +3,9 @@
 The config says *what* the user wants; pdsvc/plan/build.py turns it into every concrete value.
 This module holds the top-level model; loading a config (YAML, the model, the checks across
 sections, file:line errors) is load.py's parse_config. The sections are in roles.py
-(prefill, decode) and sections.py (the others), built from fields.py. Checks across sections
-are checks.py, error messages errors.py; checks that need the host are the plan's
+(prefill, decode), router.py (the router, its front and VIP) and sections.py (the others),
+built from fields.py. Checks across sections are checks.py, error messages errors.py; checks
+that need the host are the plan's
 (pdsvc/plan/pinning.py). Every name other modules use is importable from here.
 """
 
@@ -36,15 +37,14 @@ from pdsvc.config.roles import (  # noqa: F401  (re-exported)
     model_forms,
     role_instances,
 )
+from pdsvc.config.router import HealthCheckConfig, RouterConfig  # noqa: F401  (re-exported)
 from pdsvc.config.sections import (  # noqa: F401  (re-exported)
     RUN_REF,
-    HealthCheckConfig,
     HostConfig,
     K8sConfig,
     LifecycleConfig,
     MetricsConfig,
     ModelConfig,
-    RouterConfig,
     RuntimeConfig,
     SupervisordConfig,
     TransferConfig,
