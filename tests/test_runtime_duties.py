@@ -144,7 +144,7 @@ def test_a_heal_question_that_raises_is_answered_not_now_and_asked_again(
                 None, None, duties=duties)
     s.decide_heal = lambda why, waited: boom("the router answered nonsense")  # type: ignore
     said = s.heal_question("pair stale", 9.0)
-    assert said.wait and said.again == HEAL_STAGGER_S  # the loop's `asking` is reset by it
+    assert said.wait and said.ask_after == HEAL_STAGGER_S  # the loop's `asking` is reset by it
     assert any("duty heal-question failed" in x for x in lines)
 
 

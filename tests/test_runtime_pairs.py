@@ -536,10 +536,10 @@ def test_a_stale_side_dead_lock_is_cured_once_it_has_held(tmp_path) -> None:
     s, clock, marker = deadlock_lab(tmp_path, {}, [(P1, "prefill"), (D1, "decode")])
     said = s.decide_heal("pair stale", 9.0)
     assert said.wait and "no other healthy engine" in said.wait
-    assert said.again == timings.DEADLOCK_S and not Path(marker).exists()
+    assert said.ask_after == timings.DEADLOCK_S and not Path(marker).exists()
     clock.now += timings.DEADLOCK_S / 2
     half = s.decide_heal("pair stale", 19.0)
-    assert half.wait and half.again == timings.DEADLOCK_S / 2  # not yet: asked when it will be
+    assert half.wait and half.ask_after == timings.DEADLOCK_S / 2  # not yet: asked when it will be
     clock.now += timings.DEADLOCK_S / 2
     cured = s.decide_heal("pair stale", 29.0)
     assert cured.wait is None
@@ -557,7 +557,7 @@ def test_no_dead_lock_while_a_load_can_end_it(tmp_path, up, listed) -> None:
     for _ in range(4):
         said = s.decide_heal("pair stale", 9.0)
         assert said.wait and "no other healthy engine" in said.wait
-        assert said.again == timings.HEAL_STAGGER_S  # looks again soon: one may form
+        assert said.ask_after == timings.HEAL_STAGGER_S  # looks again soon: one may form
         clock.now += timings.DEADLOCK_S
     assert not Path(marker).exists()
 

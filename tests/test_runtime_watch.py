@@ -33,10 +33,10 @@ from pdsvc.ship.runtime.probe import HttpReply, NoAnswerKind, ProbeResult
 from pdsvc.ship.runtime.serving import Serving
 from pdsvc.ship.runtime.watch import (
     AskTurn,
+    Decision,
     Notify,
     PairGood,
     Say,
-    Step,
     Wait,
     Watch,
     step,
@@ -46,11 +46,11 @@ OK = ProbeResult(True, "HTTP 200")
 TIMED_OUT = ProbeResult(False, "timed out after 20 s", NoAnswerKind.TIMEOUT)
 
 
-def feed(events: list, state: Watch | None = None, **kw) -> tuple[Watch, list, Step]:
-    """Step through ``events`` until an outcome: the last state, every effect, the last step."""
+def feed(events: list, state: Watch | None = None, **kw) -> tuple[Watch, list, Decision]:
+    """Decision through ``events`` until an outcome: the last state, every effect, the last step."""
     state = state or Watch(last_ok=0.0)
     effects: list = []
-    done = Step(state)
+    done = Decision(state)
     for event in events:
         done = step(state, event, **kw)
         state = done.state
@@ -284,7 +284,7 @@ def test_an_inbox_wakes_with_the_time_when_nothing_came() -> None:
 
 def test_a_question_that_says_ask_again_is_asked_again_without_a_round() -> None:
     state, _, _ = feed([PairsJudged("stale", False, 10.0),
-                        HealSaid("stale", wait="alone", status="s", again=20.0, at=10.5)])
+                        HealSaid("stale", wait="alone", status="s", ask_after=20.0, at=10.5)])
     assert state.ask_at == 30.5 and not state.asking
     _, effects, _ = feed([Wake(30.0)], state)
     assert effects == []  # not yet
@@ -292,7 +292,7 @@ def test_a_question_that_says_ask_again_is_asked_again_without_a_round() -> None
     assert effects == [AskTurn("stale", 20.5)] and state.asking and state.ask_at is None
     # the pairs got well meanwhile: nothing is asked again
     state, _, _ = feed([PairsJudged("stale", False, 10.0),
-                        HealSaid("stale", wait="alone", status="s", again=20.0, at=10.5),
+                        HealSaid("stale", wait="alone", status="s", ask_after=20.0, at=10.5),
                         PairsJudged(None, True, 15.0), Wake(31.0)])
     assert not state.asking and state.ask_at is None
 

@@ -63,7 +63,7 @@ def _router(host: str, port: int = 8000) -> RouterPlan:
     return RouterPlan(name="r", python="/usr/bin/python3", host=host, port=port,
                       prometheus_host="127.0.0.1",
                       prometheus_port=29000, env=(), argv=(), url="", readiness_url="",
-                      generate_url="", liveness_url="", after=())
+                      generate_url="", liveness_url="")
 
 
 @pytest.mark.parametrize(("host", "url"), [

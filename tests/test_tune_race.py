@@ -18,7 +18,7 @@ from pdsvc.bench.target import Load, Target
 from pdsvc.tune.live import outcome_of
 from pdsvc.tune.search import goodput, to_beat
 from pdsvc.tune.space import parse_space
-from pdsvc.tune.store import Outcome, Result
+from pdsvc.tune.store import Measurement, Result
 
 SLO = Slo(1000, 100, 0.99)
 SPACE = parse_space("slo: {ttft_ms: 1000, itl_ms: 100}\nrates: {low: 1, high: 64, "
@@ -103,17 +103,17 @@ def test_bisection_from_a_rate_known_to_meet_does_not_run_it() -> None:
 
 @pytest.mark.parametrize(("leader", "expected"), [
     ([], None),  # nothing valid to beat: a whole search
-    ([Outcome("", "", [], 0, Result.NO_RATE)], None),
-    ([Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.0)], 9.0),
+    ([Measurement("", "", [], 0, Result.NO_RATE)], None),
+    ([Measurement("", "", [], 0, Result.MEASURED, rate=8.0, above=9.0)], 9.0),
     # repeats: the highest of the rates each missed
-    ([Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.0),
-      Outcome("", "", [], 1, Result.MEASURED, rate=9.5, above=10.4)], 10.4),
-    ([Outcome("", "", [], 0, Result.MEASURED, rate=10.0)], 11.0),  # none missed: a precision up
-    ([Outcome("", "", [], 0, Result.MEASURED, rate=62.0)], 64.0),  # at most the range's top
-    ([Outcome("", "", [], 0, Result.LOWER_BOUND, rate=64.0)], 64.0),  # only a tie is left
-    ([Outcome("", "", [], 0, Result.MEASURED, rate=0.5, above=0.9)], None),  # at the bottom
+    ([Measurement("", "", [], 0, Result.MEASURED, rate=8.0, above=9.0),
+      Measurement("", "", [], 1, Result.MEASURED, rate=9.5, above=10.4)], 10.4),
+    ([Measurement("", "", [], 0, Result.MEASURED, rate=10.0)], 11.0),  # none missed: a precision up
+    ([Measurement("", "", [], 0, Result.MEASURED, rate=62.0)], 64.0),  # at most the range's top
+    ([Measurement("", "", [], 0, Result.LOWER_BOUND, rate=64.0)], 64.0),  # only a tie is left
+    ([Measurement("", "", [], 0, Result.MEASURED, rate=0.5, above=0.9)], None),  # at the bottom
 ])
-def test_the_rate_to_beat(leader: list[Outcome], expected: float | None) -> None:
+def test_the_rate_to_beat(leader: list[Measurement], expected: float | None) -> None:
     got = to_beat(leader, SPACE)
     assert got == pytest.approx(expected) if expected is not None else got is None
 

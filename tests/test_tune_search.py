@@ -20,7 +20,7 @@ from pdsvc.tune.check import Checker
 from pdsvc.tune.search import Interrupted, Limits, StuckError, Switched, Tuner
 from pdsvc.tune.space import DEFAULT_REPEATS as REPEATS
 from pdsvc.tune.space import candidates, parse_space
-from pdsvc.tune.store import Outcome, Result, Store
+from pdsvc.tune.store import Measurement, Result, Store
 
 TOPO = REPO / "etc/seed-host.topology.json"
 CONFIG = (REPO / "tests/cases/seed-2p2d-explicit.yaml").read_text()
@@ -102,7 +102,7 @@ class Fake:
         return slots * 0.5 * factor
 
     def measure(self, name: str, config: Path, bench_dir: Path, say, *,
-                race: float | None = None, near: tuple | None = None) -> Outcome:
+                race: float | None = None, near: tuple | None = None) -> Measurement:
         assert self.running == config.name, (self.running, config.name)  # measures what runs
         self.measures.append(name)
         self.races.append((name, race))
@@ -110,20 +110,20 @@ class Fake:
         if self.interrupt_at == len(self.measures):
             raise KeyboardInterrupt
         if len(self.measures) in self.invalid_at:
-            return Outcome("", "", [], 0, Result.INVALID,
+            return Measurement("", "", [], 0, Result.INVALID,
                            why="run at 32 req/s: gate canary: decode-0 re-proven during the run")
         r = self.repeat.get(name, 0)
         self.repeat[name] = r + 1
         designed = self.goodput(config)
         rate = None if designed is None else designed * (1 + self.noise * (1 - r))
         if race is not None and (rate is None or rate < race):  # one run, at the rate to beat
-            return Outcome("", "", [], 0, Result.BELOW, why=f"missed the SLO at {race:g} "
+            return Measurement("", "", [], 0, Result.BELOW, why=f"missed the SLO at {race:g} "
                            "req/s, the rate to beat", above=race)
         if rate is None:
-            return Outcome("", "", [], 0, "no-rate", why="no rate in 1..64 req/s meets the SLO")
+            return Measurement("", "", [], 0, "no-rate", why="no rate in 1..64 req/s meets the SLO")
         if rate >= self.capped:
-            return Outcome("", "", [], 0, Result.LOWER_BOUND, rate=self.capped)
-        return Outcome("", "", [], 0, "measured", rate=rate)
+            return Measurement("", "", [], 0, Result.LOWER_BOUND, rate=self.capped)
+        return Measurement("", "", [], 0, "measured", rate=rate)
 
 
 def tuner(tmp_path: Path, fake: Fake, search: str = "grid", limits: Limits | None = None,
@@ -244,7 +244,7 @@ def test_the_bounds_stop_the_search(tmp_path: Path) -> None:
 
 def test_a_baseline_that_cannot_be_measured_stops_everything(tmp_path: Path) -> None:
     fake = Fake()
-    fake.measure = lambda *a, **k: Outcome(  # type: ignore[method-assign]
+    fake.measure = lambda *a, **k: Measurement(  # type: ignore[method-assign]
         "", "", [], 0, "invalid", why="run at 8 req/s: gate kv-transfer: 3 transfers failed")
     t, first = tuner(tmp_path, fake)
     with pytest.raises(StuckError, match="the baseline cannot be measured"):
@@ -260,7 +260,7 @@ def test_the_answer_as_a_table_json_and_the_best_config(tmp_path: Path) -> None:
              f"\n  {BACKEND}: [flashinfer_trtllm]\n")
     t, first = tuner(tmp_path, fake, space_text=space)
     answer = t.run(first)
-    measured: dict[str, list[Outcome]] = {}
+    measured: dict[str, list[Measurement]] = {}
     for o in t.store.outcomes:
         measured.setdefault(o.name, []).append(o)
     lines = report.table(answer, measured)
@@ -313,7 +313,7 @@ def test_an_invalid_measurement_is_measured_once_more_and_then_counts(tmp_path: 
     assert answer.wins and dict(answer.best.changes) == {BS: 32}
     c1 = t.store.of(t.store.outcomes[-1].key)
     assert [o.status for o in c1] == ["measured"] * REPEATS
-    assert "decode-0 re-proven during the run" in c1[0].again
+    assert "decode-0 re-proven during the run" in c1[0].first_invalid
     assert fake.measures.count("c1") == REPEATS + 1  # the transient cost one measurement
     # never went back for a transient: only to measure the baseline again after the search
     assert fake.switches == ["c1", "baseline", "c1"]
@@ -345,7 +345,7 @@ def test_the_range_top_is_a_lower_bound_said_with_a_sign(tmp_path: Path) -> None
     assert answer.wins and answer.best_outcomes[0].status == Result.LOWER_BOUND
     assert "meets the SLO at ≥ 12 req/s, confirmed by 1 repeat" in answer.verdict, \
         answer.verdict
-    measured: dict[str, list[Outcome]] = {}
+    measured: dict[str, list[Measurement]] = {}
     for o in t.store.outcomes:
         measured.setdefault(o.name, []).append(o)
     assert any(x.startswith(f"{answer.best.name} *") and "≥ 12" in x
@@ -362,8 +362,8 @@ def test_a_gain_within_the_precision_is_not_a_win(tmp_path: Path) -> None:
     def measure(name, config, bench_dir, say, race=None, near=None):  # noqa: ANN001, ANN202
         o = real(name, config, bench_dir, say, race=race, near=near)
         if name == "baseline":
-            return Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5)
-        return Outcome("", "", [], 0, Result.MEASURED, rate=9.0, above=10.0) if o.rate else o
+            return Measurement("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5)
+        return Measurement("", "", [], 0, Result.MEASURED, rate=9.0, above=10.0) if o.rate else o
 
     fake.measure = measure  # type: ignore[method-assign]
     t, first = tuner(tmp_path, fake, space_text=space)
@@ -374,23 +374,23 @@ def test_a_gain_within_the_precision_is_not_a_win(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("again", "said"), [
-    (Outcome("", "", [], 0, Result.MEASURED, rate=12.0, above=13.0),
+    (Measurement("", "", [], 0, Result.MEASURED, rate=12.0, above=13.0),
      "met the SLO at 12 req/s, above where each measurement at the start missed it (at 9.5, "
      "9.5, 9.5): the host got faster"),
-    (Outcome("", "", [], 0, Result.MEASURED, rate=4.0, above=5.0),
+    (Measurement("", "", [], 0, Result.MEASURED, rate=4.0, above=5.0),
      "missed the SLO at 5 req/s, below where each measurement at the start met it (up to 8, "
      "8, 8): the host got slower"),
-    (Outcome("", "", [], 0, Result.INVALID, why="run at 8 req/s: gate canary: failing"),
+    (Measurement("", "", [], 0, Result.INVALID, why="run at 8 req/s: gate canary: failing"),
      "was invalid (invalid twice: run at 8 req/s: gate canary: failing; then run at 8 "
      "req/s: gate canary: failing), so a drift cannot be ruled out"),
-    (Outcome("", "", [], 0, Result.MEASURED, rate=9.0, above=10.0), None),  # within: a win
+    (Measurement("", "", [], 0, Result.MEASURED, rate=9.0, above=10.0), None),  # within: a win
     # touching: met where the start missed once (9.5), missed where it met (8): resolution
-    (Outcome("", "", [], 0, Result.MEASURED, rate=9.5, above=11.0), None),
-    (Outcome("", "", [], 0, Result.MEASURED, rate=7.0, above=8.0), None),
-    (Outcome("", "", [], 0, Result.NO_RATE, above=1.0), "missed the SLO at 1 req/s, below"),
+    (Measurement("", "", [], 0, Result.MEASURED, rate=9.5, above=11.0), None),
+    (Measurement("", "", [], 0, Result.MEASURED, rate=7.0, above=8.0), None),
+    (Measurement("", "", [], 0, Result.NO_RATE, above=1.0), "missed the SLO at 1 req/s, below"),
 ])
 def test_the_baseline_measured_again_after_the_search_must_not_have_moved(
-        tmp_path: Path, again: Outcome, said: str | None) -> None:
+        tmp_path: Path, again: Measurement, said: str | None) -> None:
     """The baseline is measured once more after the search, before the best's repeats: an
     interval apart from all of the start's (beyond the search's precision) or no valid
     measurement blocks the win, the verdict says which, and the best's repeats are not run."""
@@ -402,7 +402,7 @@ def test_the_baseline_measured_again_after_the_search_must_not_have_moved(
         o = real(name, config, bench_dir, say, race=race, near=near)
         if name == "baseline":  # 8..9.5 at the start, then ``again``
             n = fake.measures.count("baseline")
-            return Outcome("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5) \
+            return Measurement("", "", [], 0, Result.MEASURED, rate=8.0, above=9.5) \
                 if n <= REPEATS else again
         return o
 
@@ -430,11 +430,11 @@ def test_a_baseline_below_the_range_at_the_start_and_at_the_end_has_not_drifted(
 
     s = parse_space("slo: {ttft_ms: 1, itl_ms: 1}\nrates: {low: 4, high: 144}\n"
                     "levers: {decode.args.x: [1]}\n", "t.yaml")
-    start = [Outcome("", "", [], 0, Result.NO_RATE, above=4.0)]
-    for again in (Outcome("", "", [], 1, Result.NO_RATE, above=4.0),
-                  Outcome("", "", [], 1, Result.MEASURED, rate=4.0, above=24.0)):
+    start = [Measurement("", "", [], 0, Result.NO_RATE, above=4.0)]
+    for again in (Measurement("", "", [], 1, Result.NO_RATE, above=4.0),
+                  Measurement("", "", [], 1, Result.MEASURED, rate=4.0, above=24.0)):
         assert drifted(start, again, s) == "", again
-    far = Outcome("", "", [], 1, Result.MEASURED, rate=24.0, above=144.0)
+    far = Measurement("", "", [], 1, Result.MEASURED, rate=24.0, above=144.0)
     assert drifted(start, far, s).endswith("the host got faster")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from pdsvc.tune import report
 from pdsvc.tune.search import Answer
 from pdsvc.tune.space import Candidate, parse_space
-from pdsvc.tune.store import Outcome, Result, Store
+from pdsvc.tune.store import Measurement, Result, Store
 from pdsvc.tune.verdict import goodputs, judge, span
 
 BEST = Candidate("c1", (("decode.args.cuda-graph-max-bs-decode", 32),))
@@ -21,8 +21,8 @@ SPACE = parse_space("slo: {ttft_ms: 100, itl_ms: 10}\nrepeats: 3\nlevers:\n"
 
 
 def m(repeat: int, rate: float | None, above: float | None = None,
-      status: Result = Result.MEASURED, name: str = "c1") -> Outcome:
-    return Outcome("k", name, [], repeat, status, rate=rate, above=above)
+      status: Result = Result.MEASURED, name: str = "c1") -> Measurement:
+    return Measurement("k", name, [], repeat, status, rate=rate, above=above)
 
 
 def test_repeats_that_found_the_first_interval_again_confirm_it() -> None:
@@ -91,20 +91,23 @@ def test_a_race_lost_is_an_upper_bound_for_machines_too() -> None:
 
 def test_results_of_the_first_format_are_read_and_written_as_the_second(
         tmp_path: Path) -> None:
-    """pdsvc-tune-results/1 named a failed start ``failed``: read as today's failed-start;
-    the next measurement writes the whole file in the current format."""
+    """pdsvc-tune-results/1 named a failed start ``failed`` and the first of two tries'
+    reason ``again``: read as today's; the next measurement writes the whole file in the
+    current format."""
     old = {"format": "pdsvc-tune-results/1", "host": "gpu-1", "outcomes": [
         {"key": "[]", "name": "baseline", "changes": [], "repeat": 0, "status": "measured",
-         "rate": 8.0, "above": 9.0},
+         "rate": 8.0, "above": 9.0, "again": "run at 8 req/s: gate kv-transfer failed"},
         {"key": "k", "name": "c2", "changes": [["decode.args.x", 1]], "repeat": 0,
          "status": "failed", "why": "decode exited with status 1"}]}
     (tmp_path / "results.json").write_text(json.dumps(old))
     store = Store(tmp_path, {"host": "gpu-1"})
     assert [o.status for o in store.outcomes] == [Result.MEASURED, Result.FAILED_START]
     assert store.outcomes[1].changes == [("decode.args.x", 1)]
+    assert store.outcomes[0].first_invalid == "run at 8 req/s: gate kv-transfer failed"
     store.add(m(1, 8.0, 9.0, name="baseline"))
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["format"] == "pdsvc-tune-results/2"
     assert [o["status"] for o in doc["outcomes"]] == ["measured", "failed-start", "measured"]
+    assert "again" not in doc["outcomes"][0] and doc["outcomes"][0]["first_invalid"]
     assert [o.status for o in Store(tmp_path, {}).outcomes] == \
         [Result.MEASURED, Result.FAILED_START, Result.MEASURED]

@@ -2,6 +2,7 @@
 order that keeps serving.
 
 units.py reads rendered unit files; changes.py compares the running bundle with the new one
-and rollout.py plans the steps from what changed (pure); execute.py runs them against systemd and the router; bundles.py
-keeps the previous bundle and config and calls the installer through its command line.
+and rollout.py plans the steps from what changed (pure); execute.py runs them against systemd
+and the router; bundles.py keeps the previous bundle and config and calls the installer
+through its command line.
 """

@@ -45,7 +45,7 @@ from pdsvc.tune.check import (
 from pdsvc.tune.live import Live
 from pdsvc.tune.search import Answer, Limits, Tuner
 from pdsvc.tune.space import Space, candidates, parse_space
-from pdsvc.tune.store import Outcome, Store, results_key, write_atomic
+from pdsvc.tune.store import Measurement, Store, results_key, write_atomic
 
 TUNE_PLAN_SCHEMA = "pdsvc-tune-plan/1"
 #: how long tune waits for an engine that does not answer /health yet (one restarting)
@@ -235,7 +235,7 @@ def _wait(signum: int, frame: object) -> None:
 def _answer(space: Space, answer: Answer, store: Store, checker: Checker, as_json: bool,
             space_path: Path, config_path: Path) -> None:
     """The table or JSON on stdout, the plot and the best config written."""
-    measured: dict[str, list[Outcome]] = {}
+    measured: dict[str, list[Measurement]] = {}
     for o in store.outcomes:
         measured.setdefault(o.name, []).append(o)
     for outs in measured.values():

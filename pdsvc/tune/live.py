@@ -30,9 +30,9 @@ from pdsvc.ship.runtime.canary import PairHealth
 from pdsvc.status.runstate import unit_runs
 
 from .check import bisect_runs
-from .search import Say, Switched
+from .search import Progress, Switched
 from .space import Space
-from .store import Outcome, Point, Result
+from .store import Measurement, Point, Result
 
 #: the phases of a run that ended badly (runtime/endings.py's Phase values)
 BAD_PHASES = ("failed-start", "gave-up", "crashed")
@@ -45,7 +45,7 @@ class _Frontend:
     (tune decides about outages before it switches), the first failure kept as apply's
     typed event (apply/events.py), never read back from a printed line."""
 
-    def __init__(self, say: Say, installer: Path | None) -> None:
+    def __init__(self, say: Progress, installer: Path | None) -> None:
         self._say, self._installer = say, installer
         self.failure: ApplyEvent | None = None
 
@@ -98,7 +98,7 @@ class Live:
         new = as_bundle(self.files_of(self.plan_of(config)))
         return plan_apply(read_bundle(self.output), new).nothing_to_do
 
-    def switch(self, name: str, config: Path, say: Say, *, allow_outage: bool) -> Switched:
+    def switch(self, name: str, config: Path, say: Progress, *, allow_outage: bool) -> Switched:
         plan = self.plan_of(config)
         files = self.files_of(plan)
         rollout = plan_apply(read_bundle(self.output), as_bundle(files))
@@ -127,15 +127,15 @@ class Live:
                if r.phase in BAD_PHASES and r.reason]
         return "; ".join(bad)
 
-    def measure(self, name: str, config: Path, bench_dir: Path, say: Say, *,
-                race: float | None = None, near: Near | None = None) -> Outcome:
+    def measure(self, name: str, config: Path, bench_dir: Path, say: Progress, *,
+                race: float | None = None, near: Near | None = None) -> Measurement:
         space = self.space
         plan = self.plan_of(config)
         target = target_from_plan(plan)
         directory = state_dir_of(plan, target, self.state_dir)
         unproven = self._pairs_proven(plan, directory, say)
         if unproven:
-            return Outcome("", name, [], 0, Result.INVALID, why=unproven)
+            return Measurement("", name, [], 0, Result.INVALID, why=unproven)
         slo = Slo(space.ttft_ms, space.itl_ms, space.share)
         most = bisect_runs(space)
 
@@ -149,7 +149,7 @@ class Live:
                                    space.num_prompts), race=race, near=near)
         return outcome_of(session.runs, best, slo, space, race)
 
-    def _pairs_proven(self, plan: Plan, directory: Path | None, say: Say) -> str:
+    def _pairs_proven(self, plan: Plan, directory: Path | None, say: Progress) -> str:
         """Wait until every pair's canary says ok (bounded by the step bound); what is
         still unproven ("" once proven, or when no canary state is kept at all)."""
         deadline = time.monotonic() + self.step_secs
@@ -170,7 +170,7 @@ class Live:
 
 
 def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space,
-               race: float | None = None) -> Outcome:
+               race: float | None = None) -> Measurement:
     """One measurement from the SLO search's runs: the goodput and the latencies of the run
     at that rate, and the lowest rate above it that missed the SLO (the goodput lies
     between); invalid when a run's gate failed; below when it missed the SLO at ``race``,
@@ -183,21 +183,21 @@ def outcome_of(runs: list[RunResult], best: float | None, slo: Slo, space: Space
         r = bad[0]
         why = r.error or "; ".join(f"gate {g.name}: {g.detail}" for g in r.failed_gates()
                                    if g.name != "errors")
-        return Outcome("", "", [], 0, Result.INVALID,
+        return Measurement("", "", [], 0, Result.INVALID,
                        why=f"run at {r.load.rate:g} req/s: {why}", points=points)
     missed = [r.load.rate for r in runs if meets_slo(r, slo) is False]
     if best is None and race is not None and race in missed:  # nothing met, the race missed
-        return Outcome("", "", [], 0, Result.BELOW, why=f"missed the SLO at {race:g} req/s, "
+        return Measurement("", "", [], 0, Result.BELOW, why=f"missed the SLO at {race:g} req/s, "
                        "the rate to beat", above=race, points=points)
     if best is None:
-        return Outcome("", "", [], 0, Result.NO_RATE, why=f"no rate in {space.rate_low:g}.."
+        return Measurement("", "", [], 0, Result.NO_RATE, why=f"no rate in {space.rate_low:g}.."
                        f"{space.rate_high:g} req/s meets the SLO", above=min(missed, default=None),
                        points=points)
     run = [r for r in runs if r.load.rate == best][-1]
     m = run.metrics
     above = min((r for r in missed if r > best), default=None)
     status = Result.LOWER_BOUND if best >= space.rate_high else Result.MEASURED
-    return Outcome("", "", [], 0, status, rate=best, above=above,
+    return Measurement("", "", [], 0, status, rate=best, above=above,
                    tokens_per_s=m.get("output_throughput"),
                    ttft_p50_ms=m.get("median_ttft_ms"), ttft_p99_ms=m.get("p99_ttft_ms"),
                    itl_p50_ms=m.get("median_itl_ms"), itl_p99_ms=m.get("p99_itl_ms"),

@@ -11,7 +11,7 @@ from typing import Any
 
 from .search import Answer
 from .space import Candidate, Space
-from .store import Outcome, Result
+from .store import Measurement, Result
 from .verdict import confirmed, goodputs, rates, span
 
 #: /2: ``best`` and ``baseline`` give ``goodput`` (each measurement's rate with its bound and
@@ -25,7 +25,7 @@ def _num(v: float | None, unit: str = "") -> str:
     return (f"{v:.0f}" if v >= 100 else f"{v:.3g}") + unit
 
 
-def _goodput(outcomes: list[Outcome], unit: str = "") -> str:
+def _goodput(outcomes: list[Measurement], unit: str = "") -> str:
     """The valid measurements' goodput: as ``span`` says it where the repeats confirmed the
     first ("69.8, confirmed by 2 repeats"), else their mean with their range beside it."""
     valid = [o for o in outcomes if o.counted]
@@ -36,17 +36,17 @@ def _goodput(outcomes: list[Outcome], unit: str = "") -> str:
     return f"{statistics.fmean(rates(valid)):.3g}{unit} ({span(valid, '')})"
 
 
-def _result(o: Outcome) -> str:
+def _result(o: Measurement) -> str:
     """The table's result column: what the measurement came to, a lower bound said as one."""
-    again = f" (the first of two invalid: {o.again})" if o.again else ""
+    twice = f" (the first of two invalid: {o.first_invalid})" if o.first_invalid else ""
     if o.status == Result.MEASURED:
-        return f"measured{again}"
+        return f"measured{twice}"
     if o.status == Result.LOWER_BOUND:
-        return f"lower bound: the SLO held at the range's top (raise rates.high){again}"
+        return f"lower bound: the SLO held at the range's top (raise rates.high){twice}"
     return f"{o.status}: {o.why}"
 
 
-def table(answer: Answer, measured: dict[str, list[Outcome]]) -> list[str]:
+def table(answer: Answer, measured: dict[str, list[Measurement]]) -> list[str]:
     """One row per candidate: what differs from the baseline, goodput (req/s, with the
     range of its measurements, or the repeats that confirmed the first), output tokens/s, p99
     TTFT and ITL, what the measurement came to (a lower bound said as one), seconds."""
@@ -68,7 +68,7 @@ def table(answer: Answer, measured: dict[str, list[Outcome]]) -> list[str]:
                        r[-1].rjust(5), r[-2]]).rstrip() for r in rows]
 
 
-def document(space: Space, answer: Answer, measured: dict[str, list[Outcome]], *,
+def document(space: Space, answer: Answer, measured: dict[str, list[Measurement]], *,
              results: Path, best_config: Path | None, plot_path: str | None) -> dict[str, Any]:
     return {
         "format": TUNE_SCHEMA,
@@ -116,7 +116,7 @@ def best_config_text(config_text: str, answer: Answer, space: Space, *, space_pa
     return "\n".join(lines) + "\n" + body
 
 
-def plot(space: Space, answer: Answer, measured: dict[str, list[Outcome]],
+def plot(space: Space, answer: Answer, measured: dict[str, list[Measurement]],
          path: Path) -> str | None:
     """Goodput per candidate with the range of its measurements, a lower bound hatched and
     marked "≥"; latency against rate for the baseline and the
@@ -134,7 +134,7 @@ def plot(space: Space, answer: Answer, measured: dict[str, list[Outcome]],
     return str(path)
 
 
-def figure(plt: Any, space: Space, answer: Answer, measured: dict[str, list[Outcome]]) -> Any:
+def figure(plt: Any, space: Space, answer: Answer, measured: dict[str, list[Measurement]]) -> Any:
     fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(16, 4.5))
     shown = [(c, measured.get(c.name, [o] if o else [])) for c, o, _ in answer.rows
              if o is not None]

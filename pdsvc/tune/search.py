@@ -51,10 +51,10 @@ from pdsvc.errors import PdsvcError
 
 from .check import Checked, Checker
 from .space import Candidate, Space, Value, current, is_baseline
-from .store import BASELINE_KEY, RATED, Outcome, Result, Store, changes_key, write_atomic
+from .store import BASELINE_KEY, RATED, Measurement, Result, Store, changes_key, write_atomic
 from .verdict import drifted, goodput, judge, mean_rate, rates, span, to_beat
 
-Say = Callable[[str], None]
+Progress = Callable[[str], None]
 #: what runs when the deployment does not run the config's own bundle (tune knows it, but it
 #: is none of the space's candidates)
 UNLISTED = "(a config that is not the space's)"
@@ -69,7 +69,7 @@ class Switched:
 
 
 class Deployment(Protocol):
-    def switch(self, name: str, config: Path, say: Say, *, allow_outage: bool) -> Switched:
+    def switch(self, name: str, config: Path, say: Progress, *, allow_outage: bool) -> Switched:
         """Make the running deployment run ``config`` (`pdsvc apply`)."""
         ...
 
@@ -77,8 +77,8 @@ class Deployment(Protocol):
         """Whether the deployment runs ``config`` now (nothing to apply)."""
         ...
 
-    def measure(self, name: str, config: Path, bench_dir: Path, say: Say, *,
-                race: float | None = None, near: Near | None = None) -> Outcome:
+    def measure(self, name: str, config: Path, bench_dir: Path, say: Progress, *,
+                race: float | None = None, near: Near | None = None) -> Measurement:
         """Once its pairs are proven, the SLO search (first at ``race``, the rate to beat,
         when given: missed there, the outcome is ``below``; started at ``near``, where the
         config's first measurement ended, when given: a repeat); key, name, changes, repeat
@@ -106,24 +106,25 @@ class Limits:
 
 @dataclass
 class Answer:
-    baseline: list[Outcome]
+    baseline: list[Measurement]
     best: Candidate  # the baseline when nothing beats it
-    best_outcomes: list[Outcome]
+    best_outcomes: list[Measurement]
     wins: bool
     verdict: str  # the answer in one sentence
     how: str  # which search ran and why it stopped
-    rows: list[tuple[Candidate, Outcome | None, str]] = field(default_factory=list)
+    rows: list[tuple[Candidate, Measurement | None, str]] = field(default_factory=list)
     running: Candidate | None = None  # what the deployment runs at the end
 
 
 class Tuner:
     def __init__(self, space: Space, checker: Checker, deployment: Deployment, store: Store,
-                 say: Say, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+                 say: Progress, limits: Limits,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.space, self.checker, self.deployment, self.store = space, checker, deployment, store
         self.say, self.limits, self.clock = say, limits, clock
         self.good = Candidate("baseline")  # the last config that served well
         self.running: str | None = None  # the key the deployment runs; None: not known
-        self.rows: dict[str, tuple[Candidate, Outcome | None, str]] = {}
+        self.rows: dict[str, tuple[Candidate, Measurement | None, str]] = {}
         self.started = clock()
         self.tried = 0  # candidates besides the baseline, measured or taken from the store
         self.planned = 0  # of this round (or the grid): for "candidate i of n" and the ETA
@@ -217,7 +218,7 @@ class Tuner:
             current, current_rate = best, best_rate
         return "one at a time: stopped after as many rounds as levers"
 
-    def _baseline(self) -> list[Outcome]:
+    def _baseline(self) -> list[Measurement]:
         """The baseline's measurements at the start (not the one after the search: _again)."""
         return [o for o in self.store.of(BASELINE_KEY) if o.repeat < self.space.repeats]
 
@@ -289,7 +290,7 @@ class Tuner:
 
     # ------------------------------------------------------------------ one measurement
     def _measure(self, c: Checked, repeat: int, i: int | None = None, *,
-                 race: float | None = None) -> Outcome:
+                 race: float | None = None) -> Measurement:
         cand = c.candidate
         key = changes_key(cand.changes)
         known = self.store.get(key, repeat)
@@ -314,7 +315,7 @@ class Tuner:
             sw = self._switch(cand, path, allow_outage=self.limits.allow_outage)
             applied = sw.seconds
             if not sw.ok:
-                o = Outcome(key, cand.name, list(cand.changes), repeat,
+                o = Measurement(key, cand.name, list(cand.changes), repeat,
                             Result.OUTAGE if sw.outage else Result.FAILED_START, why=sw.why,
                             apply_seconds=applied, seconds=self.clock() - t0)
                 self.store.add(o)
@@ -345,7 +346,7 @@ class Tuner:
         return first.rate, first.above
 
     def _measured(self, cand: Candidate, path: Path, repeat: int,
-                  race: float | None, near: Near | None = None) -> Outcome:
+                  race: float | None, near: Near | None = None) -> Measurement:
         """One measurement on the running ``cand`` (raced at ``race``: to_beat); an invalid
         one is measured once more (the deployment's measure waits for every pair to be
         proven first): a transient is not a verdict. Invalid twice: written off, both
@@ -361,12 +362,13 @@ class Tuner:
             return first
         self.say(f"tune: {cand.name}: invalid ({first.why}); measuring it once more: one "
                  "transient is not a verdict")
-        again = self.deployment.measure(cand.name, path,
-                                        self.store.bench_dir(cand.name, repeat, again=True),
-                                        self._progress(cand.name), race=race, near=near)
-        if again.status == Result.INVALID:
-            return dataclasses.replace(again, why=f"invalid twice: {first.why}; then {again.why}")
-        return dataclasses.replace(again, again=first.why)
+        second = self.deployment.measure(cand.name, path,
+                                         self.store.bench_dir(cand.name, repeat, second=True),
+                                         self._progress(cand.name), race=race, near=near)
+        if second.status == Result.INVALID:
+            return dataclasses.replace(second,
+                                       why=f"invalid twice: {first.why}; then {second.why}")
+        return dataclasses.replace(second, first_invalid=first.why)
 
     def _switch(self, cand: Candidate, path: Path, *, allow_outage: bool) -> Switched:
         """Switch the deployment to ``cand``. What runs after: ``cand`` when it went through;
@@ -400,22 +402,23 @@ class Tuner:
                              hint="see `pdsvc status`; `pdsvc apply --rollback` goes back one "
                              "more step")
 
-    def _progress(self, name: str) -> Say:
+    def _progress(self, name: str) -> Progress:
         return lambda line: self.say(f"tune: {name}: {line.strip()}")
 
     @staticmethod
-    def _said(o: Outcome) -> str:
+    def _said(o: Measurement) -> str:
         if o.status in RATED:
-            again = f"; measured twice, the first invalid: {o.again}" if o.again else ""
+            twice = (f"; measured twice, the first invalid: {o.first_invalid}"
+                     if o.first_invalid else "")
             return (f"{goodput(o)} req/s at the SLO (p99 TTFT {o.ttft_p99_ms or 0:.0f} ms, "
-                    f"p99 ITL {o.itl_p99_ms or 0:.1f} ms), {o.seconds:.0f} s{again}")
+                    f"p99 ITL {o.itl_p99_ms or 0:.1f} ms), {o.seconds:.0f} s{twice}")
         return f"{o.status}: {o.why}"
 
-    def _row(self, cand: Candidate, o: Outcome | None, why: str) -> None:
+    def _row(self, cand: Candidate, o: Measurement | None, why: str) -> None:
         self.rows.setdefault(changes_key(cand.changes), (cand, o, why))
 
     # ------------------------------------------------------------------ the answer
-    def _again(self, base: Candidate) -> Outcome:
+    def _once_more(self, base: Candidate) -> Measurement:
         """The baseline measured once more, after the search and before the best's repeats
         (its repeat ``space.repeats``): has the host drifted since the start (drifted)?"""
         self.say("tune: the baseline once more, after the search: a gain is only an answer "
@@ -423,8 +426,8 @@ class Tuner:
         self.planned = 1
         return self._measure(Checked(base, "baseline", "", (), 0.0), self.space.repeats)
 
-    def _repeats(self, cand: Candidate, baseline: list[Outcome]
-                 ) -> tuple[bool, str, list[Outcome]]:
+    def _repeats(self, cand: Candidate, baseline: list[Measurement]
+                 ) -> tuple[bool, str, list[Measurement]]:
         """The best's ``space.repeats`` measurements, judged against the baseline's."""
         self.planned = self.space.repeats
         checked = Checked(cand, "measure", "", (), 0.0)
@@ -435,14 +438,14 @@ class Tuner:
         wins, verdict = judge(cand, outs, baseline)
         return wins, verdict, outs
 
-    def _finish(self, base: Candidate, baseline: list[Outcome], how: str) -> Answer:
+    def _finish(self, base: Candidate, baseline: list[Measurement], how: str) -> Answer:
         firsts = [(cand, o) for cand, o, _ in self.rows.values()
                   if o is not None and o.counted and o.rate and cand.changes]
         top = max(firsts, key=lambda x: x[1].rate or 0.0, default=None)
         wins, best, best_outcomes = False, base, baseline
         if top is not None and (top[1].rate or 0) > max(rates(baseline)):
             cand = top[0]
-            moved = drifted(baseline, self._again(base), self.space)
+            moved = drifted(baseline, self._once_more(base), self.space)
             if moved:
                 wins, verdict = False, (
                     f"no claimed win: the baseline, measured again after the search, "

@@ -7,8 +7,8 @@ different space, config or host never reuses a measurement. Inside:
 
 * ``results.json`` (``pdsvc-tune-results/2``): one entry per measurement, written whole
   after each (a temporary file, then rename(2): never half-written). /2 names the results as
-  Result does; /1 files (``failed`` for ``failed-start``) are read too, and written as /2
-  from their next measurement on;
+  Result does; /1 files (``failed`` for ``failed-start``, ``again`` for ``first_invalid``)
+  are read too, and written as /2 from their next measurement on;
 * ``configs/NAME.yaml``: each candidate's config as applied;
 * ``bench/NAME-rI/``: bench_serving's files of each measurement;
 * ``best.yaml``, ``tune.png``: the answer, once there is one.
@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,7 @@ from pdsvc.errors import OutputError
 from .space import Value
 
 RESULTS_SCHEMA = "pdsvc-tune-results/2"
-#: the formats read: each with the old result names it may hold, read as today's
-READS = {"pdsvc-tune-results/1": {"failed": "failed-start"}, RESULTS_SCHEMA: {}}
+
 RESULTS_FILE = "results.json"
 
 class Result(str, enum.Enum):
@@ -56,6 +56,22 @@ RATED = (Result.MEASURED, Result.LOWER_BOUND)
 COUNTED = (*RATED, Result.NO_RATE, Result.BELOW)
 
 
+def _from_first_format(doc: dict[str, Any]) -> dict[str, Any]:
+    """A measurement as pdsvc-tune-results/1 wrote it, as /2 writes it: a failed start was
+    ``failed``, the first of two tries' reason ``again``."""
+    doc = dict(doc)
+    if doc.get("status") == "failed":
+        doc["status"] = Result.FAILED_START.value
+    if "again" in doc:
+        doc["first_invalid"] = doc.pop("again")
+    return doc
+
+
+#: the formats read, each with how one of its measurements reads as today's
+READS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "pdsvc-tune-results/1": _from_first_format, RESULTS_SCHEMA: dict}
+
+
 @dataclass
 class Point:
     """One bench run of a measurement: the rate, whether it met the SLO, its latencies."""
@@ -67,7 +83,7 @@ class Point:
 
 
 @dataclass
-class Outcome:
+class Measurement:
     """One measurement of one candidate (the baseline and the best are measured
     ``space.repeats`` times: ``repeat`` 0, 1, 2 …)."""
 
@@ -88,7 +104,7 @@ class Outcome:
     apply_seconds: float = 0.0  # switching the deployment to it (apply, pairs proven)
     seconds: float = 0.0  # all it cost, apply and the SLO search
     points: list[Point] = field(default_factory=list)
-    again: str = ""  # measured twice: why the first was invalid (a transient is not a verdict)
+    first_invalid: str = ""  # measured twice: why the first was (a transient is no verdict)
 
     @property
     def counted(self) -> bool:
@@ -99,12 +115,12 @@ class Outcome:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], renamed: dict[str, str] | None = None) -> Outcome:
-        """An outcome as written; ``renamed``: the old result names of its format (READS)."""
+    def from_dict(cls, doc: dict[str, Any]) -> Measurement:
+        """A measurement as the current format writes it (READS reads the older ones)."""
         doc = dict(doc)
         doc["changes"] = [(str(p), v) for p, v in doc.get("changes", [])]
         doc["points"] = [Point(**p) for p in doc.get("points", [])]
-        doc["status"] = Result((renamed or {}).get(doc["status"], doc["status"]))
+        doc["status"] = Result(doc["status"])
         return cls(**doc)
 
 
@@ -148,30 +164,30 @@ class Store:
     def __init__(self, directory: Path, about: dict[str, Any]) -> None:
         self.directory = directory
         self.about = about  # what the key hashes, in words (space file, config file, host)
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[Measurement] = []
         path = directory / RESULTS_FILE
         if path.is_file():
             try:
                 doc = json.loads(path.read_text(encoding="utf-8"))
-                renamed = READS.get(doc.get("format"))
-                if renamed is None:
+                upgrade = READS.get(doc.get("format"))
+                if upgrade is None:
                     raise ValueError(f"format {doc.get('format')!r}")
-                self.outcomes = [Outcome.from_dict(o, renamed) for o in doc["outcomes"]]
+                self.outcomes = [Measurement.from_dict(upgrade(o)) for o in doc["outcomes"]]
             except (ValueError, KeyError, TypeError) as e:
                 raise OutputError(f"{path}: not results this pdsvc reads ({e})",
                                   hint="move it away to measure again") from None
 
-    def get(self, key: str, repeat: int = 0) -> Outcome | None:
+    def get(self, key: str, repeat: int = 0) -> Measurement | None:
         for o in self.outcomes:
             if o.key == key and o.repeat == repeat:
                 return o
         return None
 
-    def of(self, key: str) -> list[Outcome]:
+    def of(self, key: str) -> list[Measurement]:
         """Every measurement of the candidate, in repeat order."""
         return sorted((o for o in self.outcomes if o.key == key), key=lambda o: o.repeat)
 
-    def add(self, outcome: Outcome) -> None:
+    def add(self, outcome: Measurement) -> None:
         self.outcomes = [o for o in self.outcomes
                          if (o.key, o.repeat) != (outcome.key, outcome.repeat)] + [outcome]
         doc = {"format": RESULTS_SCHEMA, **self.about,
@@ -181,5 +197,7 @@ class Store:
     def config_path(self, name: str) -> Path:
         return self.directory / "configs" / f"{name}.yaml"
 
-    def bench_dir(self, name: str, repeat: int, again: bool = False) -> Path:
-        return self.directory / "bench" / f"{name}-r{repeat}{'-again' if again else ''}"
+    def bench_dir(self, name: str, repeat: int, second: bool = False) -> Path:
+        """bench_serving's files of one measurement (``second``: of its second try, the first
+        one invalid)."""
+        return self.directory / "bench" / f"{name}-r{repeat}{'-again' if second else ''}"

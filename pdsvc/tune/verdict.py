@@ -17,32 +17,32 @@ import statistics
 from typing import Any
 
 from .space import Candidate, Space
-from .store import RATED, Outcome, Result
+from .store import RATED, Measurement, Result
 
 
-def rates(outcomes: list[Outcome]) -> list[float]:
+def rates(outcomes: list[Measurement]) -> list[float]:
     """The goodputs of a candidate's valid measurements (0 where no rate met the SLO; a
     race lost has none: only less than the rate to beat)."""
     return [o.rate or 0.0 for o in outcomes if o.counted and o.status != Result.BELOW]
 
 
-def mean_rate(outcomes: list[Outcome]) -> float:
+def mean_rate(outcomes: list[Measurement]) -> float:
     rs = rates(outcomes)
     return statistics.fmean(rs) if rs else 0.0
 
 
-def drifted(before: list[Outcome], again: Outcome, space: Space) -> str:
+def drifted(before: list[Measurement], once_more: Measurement, space: Space) -> str:
     """Why the baseline measured again is not the baseline measured at the start: its
     interval (from the highest rate that met the SLO to the lowest that missed it) apart from
     every earlier one by at least a step of the search, a move beyond what the search can tell
     apart; or it could not be measured again. "" when it is within them. Intervals that only
     touch (the same rate met once and missed once) are the search's resolution, not a drift."""
-    if again.status not in RATED and again.status != Result.NO_RATE:
-        return f"was {again.status} ({again.why}), so a drift cannot be ruled out"
+    if once_more.status not in RATED and once_more.status != Result.NO_RATE:
+        return f"was {once_more.status} ({once_more.why}), so a drift cannot be ruled out"
     valid = [o for o in before if o.counted and o.status != Result.BELOW]
-    met, missed = again.rate or 0.0, again.above
+    met, missed = once_more.rate or 0.0, once_more.above
     tops = [o.above if o.above is not None else space.rate_high for o in valid]
-    if valid and again.status != Result.NO_RATE and met > max(tops) and \
+    if valid and once_more.status != Result.NO_RATE and met > max(tops) and \
             all(o.status != Result.LOWER_BOUND for o in valid):
         return (f"met the SLO at {met:.3g} req/s, above where each measurement at the start "
                 f"missed it (at {', '.join(f'{t:.3g}' for t in tops)}): the host got faster")
@@ -54,11 +54,12 @@ def drifted(before: list[Outcome], again: Outcome, space: Space) -> str:
     return ""
 
 
-def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tuple[bool, str]:
+def judge(cand: Candidate, outs: list[Measurement],
+          baseline: list[Measurement]) -> tuple[bool, str]:
     """Whether ``cand``'s repeats beat the baseline's, and the verdict naming the fact that
     decided it: a repeat that is not a valid measurement (the first such); or the intervals
     not apart. A measurement's goodput lies between the highest rate that met the SLO and the
-    lowest rate above it that missed it (Outcome.above): the candidate wins only when its
+    lowest rate above it that missed it (Measurement.above): the candidate wins only when its
     lowest goodput is above every baseline goodput and at or above every rate the baseline
     missed, so a gain within the search's precision is never called a win."""
     n, who = len(outs), f"{cand.name} ({cand.describe()})"
@@ -90,7 +91,7 @@ def judge(cand: Candidate, outs: list[Outcome], baseline: list[Outcome]) -> tupl
                   "highest and at or above every rate the baseline missed")
 
 
-def to_beat(leader: list[Outcome], space: Space) -> float | None:
+def to_beat(leader: list[Measurement], space: Space) -> float | None:
     """Racing: the rate a candidate must meet to take the lead from ``leader`` (its
     measurements), run first; a candidate that misses it costs one run (``below``). The
     lowest rate the leader missed above its goodput (a candidate below it is within the
@@ -108,7 +109,7 @@ def to_beat(leader: list[Outcome], space: Space) -> float | None:
     return rate if rate > space.rate_low else None
 
 
-def goodput(o: Outcome) -> str:
+def goodput(o: Measurement) -> str:
     """The goodput as said: "≥ 64" where the SLO held at the range's top, "< 24" where it
     lost the race at 24."""
     if o.status == Result.BELOW:
@@ -116,24 +117,24 @@ def goodput(o: Outcome) -> str:
     return f"{'≥ ' if o.status == Result.LOWER_BOUND else ''}{o.rate or 0:.3g}"
 
 
-def extremes(valid: list[Outcome]) -> tuple[Outcome, Outcome]:
+def extremes(valid: list[Measurement]) -> tuple[Measurement, Measurement]:
     """The lowest and the highest goodput of (non-empty) valid measurements."""
-    def key(o: Outcome) -> float:
+    def key(o: Measurement) -> float:
         return o.rate or 0.0
     return min(valid, key=key), max(valid, key=key)
 
 
-def _interval(o: Outcome) -> tuple[Result, float | None, float | None]:
+def _interval(o: Measurement) -> tuple[Result, float | None, float | None]:
     return o.status, o.rate, o.above
 
 
-def confirmed(valid: list[Outcome]) -> bool:
+def confirmed(valid: list[Measurement]) -> bool:
     """Whether every later measurement of the (non-empty) valid ones found the first's
     interval again: the same result, rate met and rate missed."""
     return all(_interval(o) == _interval(valid[0]) for o in valid[1:])
 
 
-def span(outcomes: list[Outcome], unit: str = " req/s") -> str:
+def span(outcomes: list[Measurement], unit: str = " req/s") -> str:
     """A config's goodput in words that say what its measurements are: "69.8 req/s, confirmed
     by 2 repeats" where each repeat found the first's interval again (a repeat starts where
     the first ended, so it confirms it; it is no new sample), "7.3..8.1 req/s" where one
@@ -158,7 +159,7 @@ BOUNDS = {Result.MEASURED: "exact", Result.LOWER_BOUND: "at-least", Result.BELOW
           Result.NO_RATE: "none"}
 
 
-def goodputs(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+def goodputs(outcomes: list[Measurement]) -> list[dict[str, Any]]:
     """The valid measurements' goodputs as a machine reads them: the rate (req/s; None for a
     race lost), its bound (BOUNDS), the lowest rate above it that missed the SLO, and whether
     the measurement confirmed the first's interval (a repeat) or searched."""

@@ -10,7 +10,8 @@ One idea a module:
   lifecycle  one unit's life, start to exit   states     the states and their transitions
   serving    SERVING's duties                 stopping   STOPPING and the exit status
   endings    how a run ends, exit statuses    timings    every fixed timing
-  phases     start / liveness / peer loops    policy     the restart policy, heal budget
+  phases     the waits before SERVING, peers  policy     the restart policy, heal budget
+  events     SERVING's events and pollers     watch      SERVING's decisions: a pure step
   canary     the pair canary's judgment       rounds     the canary's rounds and thread
   cascade    heal cascades and their cure     membership the router's worker list
   hold       pdsvc apply's and profile's hold statefile  the state files' contract

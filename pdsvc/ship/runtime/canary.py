@@ -101,7 +101,7 @@ class PairHealth(str, enum.Enum):
     OK = "ok"  # the last round's transfer worked
     FAILING = "failing"  # rounds failed while both engines were healthy
     PEER_DOWN = "peer-down"  # not judged: the peer is not healthy
-    BUSY = "busy"  # not judged: the round waited behind queued requests (rounds.busy_pair)
+    BUSY = "busy"  # not judged: the round waited behind queued requests (rounds.CanaryThread.busy)
     UNKNOWN = "unknown"  # no round yet
 
     def __str__(self) -> str:

@@ -87,7 +87,7 @@ class HealSaid:
     detail: str = ""
     wait: str | None = None
     status: str = ""
-    again: float | None = None  # ask again this many seconds after ``at``, rounds or not
+    ask_after: float | None = None  # ask again this many seconds after ``at``, rounds or not
     at: float = 0.0  # the loop's clock when it was found
 
 

@@ -62,10 +62,13 @@ class Worker(NamedTuple):
 def call_timeout(watchdog_s: float | None, interval: float, probe_timeout: float,
                  routers: int) -> float:
     """A router call's timeout: ROUTER_CALL_TIMEOUT_S, or less where the unit's watchdog
-    (``watchdog_s``; None: none) leaves less. The main loop runs the liveness probe (every
-    ``interval``, at most ``probe_timeout``) and the membership duties in turn; when every
-    router stops answering at once (their host lost), one call to each times out before they
-    are dark (ROUTER_DARK_S), and that must not starve the probe that feeds the watchdog."""
+    (``watchdog_s``; None: none) leaves less than a liveness period (every ``interval``, at
+    most ``probe_timeout``) for one call to each router. SERVING's duties run on threads of
+    their own (events.Poller), so a router call never holds the probe that feeds the watchdog;
+    the cut bounds one membership round instead: when every router stops answering at once
+    (their host lost), one call to each times out before they are dark (ROUTER_DARK_S), under
+    Routers.lock, which the join before READY=1, the stop's leave and the heal's question also
+    wait on."""
     if watchdog_s is None:
         return ROUTER_CALL_TIMEOUT_S
     spare = (watchdog_s - interval - probe_timeout) / max(1, routers)

@@ -197,9 +197,9 @@ def wait_for_urls(
             if outcome.kind is End.STOP:
                 return False
         # none of them went down meanwhile: asked aside, a stop is seen while they answer
-        again = aside(lambda: all(probe(url).ok for url in urls), should_stop)
-        if again is None:
+        still = aside(lambda: all(probe(url).ok for url in urls), should_stop)
+        if still is None:
             return False
-        if again:
+        if still:
             log(f"{', '.join(urls)}: all healthy after {clock() - started:.1f} s")
             return True

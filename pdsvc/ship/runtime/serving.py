@@ -16,8 +16,9 @@ do SERVING's I/O on threads of their own and post what they found (events.py):
   signals      a stop signal (child.Child's handler)                 StopAsked
 
 The loop blocks on the inbox only, so a stop, a restart or a kill of the unit is acted on the
-moment its signal arrives, whatever a probe or a router call is waiting for; and a hung engine
-is killed after the stop timeout the unit states (stopping.py), not after a probe's timeout.
+moment its signal arrives, whatever a probe or a router call is waiting for; and the stop of a
+hung engine SIGKILLs it once its /health gave no answer within STOP_JUDGE_S of the forwarded
+signal (stopping.py), not after the unit's stop timeout nor a probe's.
 The first Outcome ends SERVING (SERVING -> STOPPING, lifecycle.Unit.serve).
 """
 
@@ -247,7 +248,7 @@ class Serving:
             return said
         return HealSaid(why, wait="the heal's question failed (see the line before); asked "
                         "again", status="pair failing, heal question failed",
-                        again=HEAL_STAGGER_S, at=self.clock())
+                        ask_after=HEAL_STAGGER_S, at=self.clock())
 
     def decide_heal(self, why: str, waited: float) -> HealSaid:
         """Off the loop: whether the heal goes now (its turn among the role's engines, then
@@ -273,7 +274,8 @@ class Serving:
             if cure:
                 return HealSaid(why, detail=cure, at=now)
             return HealSaid(why, wait=self.turn_words(turn), status="pair failing, heal waits",
-                            again=self.look_again(now) if turn is Turn.ALONE else None, at=now)
+                            ask_after=self.look_again(now) if turn is Turn.ALONE else None,
+                            at=now)
         self.no_deadlock()
         with self.policy_lock:
             heal, wait = self.policy.may_heal(self.args.canary_heals)

@@ -51,8 +51,9 @@ ROUTER_CALL_TIMEOUT_S = 3.0
 ROUTER_CALL_MIN_S = 0.5
 #: a router that did not answer a call (its host lost, a partition) is called again only this
 #: much later: until then every look at it is "did not answer", and costs nothing. One timeout
-#: per router and per this long is all a dark router takes from the runtime's main loop (the
-#: liveness probes, which feed the watchdog, run in it too)
+#: per router and per this long is all a dark router takes from the membership poller (and
+#: from the join and the heal's question, which wait on its lock); the main loop never waits
+#: on a router call
 ROUTER_DARK_S = 5.0
 #: how soon to look again while this engine is not (yet) in the router: it restarted, or smg
 #: still lists our previous entry as draining (seconds after a DELETE), and every second after

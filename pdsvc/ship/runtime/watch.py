@@ -99,7 +99,10 @@ if TYPE_CHECKING:  # for annotations only: "A | B" cannot be evaluated on 3.9
 
 
 @dataclass(frozen=True)
-class Step:
+class Decision:
+    """What one event decided: the state after it, the effects to carry out, and how SERVING
+    ends (None: it goes on)."""
+
     state: Watch
     effects: tuple[Effect, ...] = ()
     outcome: Outcome | None = None
@@ -117,90 +120,91 @@ def wake_at(state: Watch, hang_after: float | None) -> float | None:
 
 
 def step(state: Watch, event: Event, *, hang_after: float | None = None,
-         serving_status: str = "serving") -> Step:
+         serving_status: str = "serving") -> Decision:
     """What SERVING makes of ``event``. ``hang_after``: the watchdog for managers without one
     (--watchdog-secs: no good probe for that long -> HUNG); ``serving_status``: the STATUS=
     that a good probe after failed ones restores."""
     if isinstance(event, ChildExited):
-        return Step(state, outcome=Outcome(End.EXITED, event.returncode))  # SERVING -> STOPPING
+        return Decision(state, outcome=Outcome(End.EXITED, event.returncode))  # SERVING -> STOPPING
     if isinstance(event, StopAsked):
-        return Step(state, outcome=Outcome(End.STOP))  # SERVING -> STOPPING
+        return Decision(state, outcome=Outcome(End.STOP))  # SERVING -> STOPPING
     if isinstance(event, (Wake, Probed)):
         bound = deadline(state, hang_after)
         if bound is not None and event.at >= bound:  # SERVING -> STOPPING: hung
-            return Step(state, outcome=Outcome(Ending.HUNG, elapsed=event.at - state.last_ok))
+            return Decision(state, outcome=Outcome(Ending.HUNG, elapsed=event.at - state.last_ok))
         return probed(state, event, serving_status) if isinstance(event, Probed) else \
             ask_again(state, event.at)
     if isinstance(event, PeerRestarted):  # SERVING -> STOPPING: restart with the peer
-        return Step(state, outcome=Outcome(Ending.PEER, detail=event.detail))
+        return Decision(state, outcome=Outcome(Ending.PEER, detail=event.detail))
     if isinstance(event, CureDue):  # SERVING -> STOPPING: the cascade's cure
-        return Step(state, outcome=Outcome(Ending.HEAL, detail=event.detail))
+        return Decision(state, outcome=Outcome(Ending.HEAL, detail=event.detail))
     if isinstance(event, DutyFailed):  # SERVING -> STOPPING: the runtime cannot go on
-        return Step(state, outcome=Outcome(Ending.DUTY, detail=f"duty {event.duty} failed: "
+        return Decision(state, outcome=Outcome(Ending.DUTY, detail=f"duty {event.duty} failed: "
                                                                f"{event.detail}"))
     if isinstance(event, PairsJudged):
         return judged(state, event)
     if isinstance(event, HealSaid):
         state = replace(state, asking=False)
         if event.wait:
-            again = None if event.again is None else event.at + event.again
-            return Step(replace(state, ask_at=again),
+            ask_at = None if event.ask_after is None else event.at + event.ask_after
+            return Decision(replace(state, ask_at=ask_at),
                         (Wait(event.why, event.wait, event.status),))
         # SERVING -> STOPPING: heal the pair (recorded: it happens even if the pairs got well
         # in the second it took to ask)
-        return Step(state, outcome=Outcome(Ending.HEAL, detail=event.detail or event.why))
+        return Decision(state, outcome=Outcome(Ending.HEAL, detail=event.detail or event.why))
     raise TypeError(f"not an event: {event!r}")
 
 
-def probed(state: Watch, event: Probed, serving_status: str) -> Step:
+def probed(state: Watch, event: Probed, serving_status: str) -> Decision:
     """A liveness probe's result: WATCHDOG=1 after a 200, a line and a status after a
     failure (no ping: once WatchdogSec= passes without one, systemd kills the unit). A
     failure a profile hold excuses is a ping, with the reason in a line (the first in a row)
     and the status: the engine may freeze while it writes a trace (profiled.py)."""
     result = event.result
     if result.ok:
-        again = state.failures > 0 or state.excused > 0
+        recovered = state.failures > 0 or state.excused > 0
         effects: tuple[Effect, ...] = (
             (Say(f"liveness probe OK again after {state.failures + state.excused} "
                  f"failure(s){f', {state.excused} of them excused' if state.excused else ''}"),
-             Notify(("WATCHDOG=1", f"STATUS={serving_status}"))) if again
+             Notify(("WATCHDOG=1", f"STATUS={serving_status}"))) if recovered
             else (Notify(("WATCHDOG=1",)),))
-        return Step(replace(state, failures=0, excused=0, last_ok=event.at, alive=True), effects)
+        return Decision(replace(state, failures=0, excused=0, last_ok=event.at, alive=True),
+                        effects)
     if event.excused:
         said = () if state.excused else (
             Say(f"liveness probe failed: {result.detail}; not judged: {event.excused}"),)
-        return Step(replace(state, failures=0, excused=state.excused + 1, last_ok=event.at,
+        return Decision(replace(state, failures=0, excused=state.excused + 1, last_ok=event.at,
                             alive=True),
                     (*said, Notify(("WATCHDOG=1", f"STATUS=profiling: liveness probe failing "
                                                   f"({state.excused + 1}x), not judged: "
                                                   f"{event.excused}"))))
     failures = state.failures + 1
-    return Step(replace(state, failures=failures, excused=0, alive=False), (
+    return Decision(replace(state, failures=failures, excused=0, alive=False), (
         Say(f"liveness probe failed: {result.detail}"),
         Notify((f"STATUS=liveness probe failing ({failures}x, no watchdog ping): "
                 f"{result.detail}",))))
 
 
-def judged(state: Watch, event: PairsJudged) -> Step:
+def judged(state: Watch, event: PairsJudged) -> Decision:
     """The canary's rounds: the budget hears of a good pair; a verdict while this engine is
     alive (a dead engine's pairs fail because of it: its own restart comes first) starts the
     heal's clock and asks for a turn, one question at a time."""
     good: tuple[Effect, ...] = (PairGood(),) if event.good else ()
     if not event.why or not state.alive:
-        return Step(replace(state, failing_since=None, why="", ask_at=None), good)
+        return Decision(replace(state, failing_since=None, why="", ask_at=None), good)
     since = state.failing_since if state.failing_since is not None else event.at
     state = replace(state, failing_since=since, why=event.why)
     if state.asking:
-        return Step(state, good)
-    return Step(replace(state, asking=True, ask_at=None),
+        return Decision(state, good)
+    return Decision(replace(state, asking=True, ask_at=None),
                 good + (AskTurn(event.why, event.at - since),))
 
 
-def ask_again(state: Watch, now: float) -> Step:
-    """A question due again (HealSaid.again: a dead-lock is judged over time, and the rounds
+def ask_again(state: Watch, now: float) -> Decision:
+    """A question due again (HealSaid.ask_after: a dead-lock is judged over time, and the rounds
     of a failing pair slow down to the steady interval): asked with the last verdict."""
     if state.ask_at is None or now < state.ask_at or state.asking or \
             state.failing_since is None:
-        return Step(state)
-    return Step(replace(state, asking=True, ask_at=None),
+        return Decision(state)
+    return Decision(replace(state, asking=True, ask_at=None),
                 (AskTurn(state.why, now - state.failing_since),))
