@@ -208,6 +208,20 @@ def _cases() -> list[dict]:
                     {"deployment": "dsv4", "severity": "warn"}]),
             ],
         },
+        {  # a duty of the decode's runtime raised (a series of this run at all); the
+            # prefill's runtime has none
+            "interval": "15s",
+            "input_series": [
+                {"series": f'pdsvc_unit_duty_failures_total{{{D},duty="membership"}}',
+                 "values": "_x3 1 1 2x4"},
+            ],
+            "alert_rule_test": [
+                _alert("PdsvcDutyFailed", "30s", None),
+                _alert("PdsvcDutyFailed", "1m", [
+                    {"deployment": "dsv4", "role": "decode", "unit": "dsv4-decode.service",
+                     "duty": "membership", "severity": "warn"}]),
+            ],
+        },
         {  # an engine nobody can scrape
             "interval": "30s",
             "input_series": [

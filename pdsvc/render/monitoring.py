@@ -131,7 +131,7 @@ def _status_command(plan: Plan) -> str:
 
 def _unit_alerts(plan: Plan) -> list[dict]:
     """What the runtimes' own metrics say of a unit: a pair past its heal budget, a unit that
-    gave up, restarts above the hourly bound."""
+    gave up, restarts above the hourly bound, a duty of its runtime that raised."""
     m, sel, status = plan.metrics, _selector(plan), _status_command(plan)
     return [
         {
@@ -176,6 +176,23 @@ def _unit_alerts(plan: Plan) -> list[dict]:
                 "restarts after a crash, a failed start or a kill. More: `" + status + "`, "
                 "`journalctl -u {{ $labels.unit }} --since -1h | grep -E 'crash|exited|"
                 "killed'`. Do: find the crash in the journal (OOM, NCCL, a hung probe)."),
+        },
+        {
+            # the counter is of this run (emptied at its start, runtime/duties.py), so a
+            # series at all is a failure: increase() would miss the first, a series born at 1
+            "alert": "PdsvcDutyFailed",
+            "expr": f"pdsvc_unit_duty_failures_total{{{sel}}} > 0",
+            "for": "0m",
+            "severity": "warn",
+            "summary": "{{ $labels.unit }}: its runtime's {{ $labels.duty }} duty raised",
+            "description": (
+                "An exception the runtime did not expect, in one of its threads: said in the "
+                "journal with its traceback, then the duty went on or the runtime ended "
+                "(exit 71) and was restarted, by the policy of runtime/duties.py. More: `"
+                + status + "` (the duty and its last words), `journalctl -u "
+                "{{ $labels.unit }} | grep 'duty {{ $labels.duty }} failed'`. Do: report "
+                "the traceback (a bug of pdsvc's runtime); `systemctl restart "
+                "{{ $labels.unit }}` starts the duty afresh."),
         },
     ]
 
