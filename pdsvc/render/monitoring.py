@@ -115,7 +115,7 @@ def _alternation(urls: list[str]) -> str:
 
 def alert_rules(plan: Plan) -> list[dict]:
     """The alerts: each with a summary, what shows more, and what to do."""
-    return [*_unit_alerts(plan), _ttft_alert(plan), *_role_failure_alerts(plan),
+    return [*_unit_alerts(plan), _duty_alert(plan), _ttft_alert(plan), *_role_failure_alerts(plan),
             *_no_worker_alerts(plan), _unreachable_alert(plan), *_front_alerts(plan)]
 
 
@@ -131,7 +131,7 @@ def _status_command(plan: Plan) -> str:
 
 def _unit_alerts(plan: Plan) -> list[dict]:
     """What the runtimes' own metrics say of a unit: a pair past its heal budget, a unit that
-    gave up, restarts above the hourly bound, a duty of its runtime that raised."""
+    gave up, restarts above the hourly bound."""
     m, sel, status = plan.metrics, _selector(plan), _status_command(plan)
     return [
         {
@@ -177,24 +177,29 @@ def _unit_alerts(plan: Plan) -> list[dict]:
                 "`journalctl -u {{ $labels.unit }} --since -1h | grep -E 'crash|exited|"
                 "killed'`. Do: find the crash in the journal (OOM, NCCL, a hung probe)."),
         },
-        {
-            # the counter is of this run (emptied at its start, runtime/duties.py), so a
-            # series at all is a failure: increase() would miss the first, a series born at 1
-            "alert": "PdsvcDutyFailed",
-            "expr": f"pdsvc_unit_duty_failures_total{{{sel}}} > 0",
-            "for": "0m",
-            "severity": "warn",
-            "summary": "{{ $labels.unit }}: its runtime's {{ $labels.duty }} duty raised",
-            "description": (
-                "An exception the runtime did not expect, in one of its threads: said in the "
-                "journal with its traceback, then the duty went on or the runtime ended "
-                "(exit 71) and was restarted, by the policy of runtime/duties.py. More: `"
-                + status + "` (the duty and its last words), `journalctl -u "
-                "{{ $labels.unit }} | grep 'duty {{ $labels.duty }} failed'`. Do: report "
-                "the traceback (a bug of pdsvc's runtime); `systemctl restart "
-                "{{ $labels.unit }}` starts the duty afresh."),
-        },
     ]
+
+
+def _duty_alert(plan: Plan) -> dict:
+    """A duty of a unit's runtime that raised in this run."""
+    sel, status = _selector(plan), _status_command(plan)
+    return {
+        # the counter is of this run (emptied at its start, runtime/duties.py), so a
+        # series at all is a failure: increase() would miss the first, a series born at 1
+        "alert": "PdsvcDutyFailed",
+        "expr": f"pdsvc_unit_duty_failures_total{{{sel}}} > 0",
+        "for": "0m",
+        "severity": "warn",
+        "summary": "{{ $labels.unit }}: its runtime's {{ $labels.duty }} duty raised",
+        "description": (
+            "An exception the runtime did not expect, in one of its threads: said in the "
+            "journal with its traceback, then the duty went on or the runtime ended "
+            "(exit 71) and was restarted, by the policy of runtime/duties.py. More: `"
+            + status + "` (the duty and its last words), `journalctl -u "
+            "{{ $labels.unit }} | grep 'duty {{ $labels.duty }} failed'`. Do: report "
+            "the traceback (a bug of pdsvc's runtime); `systemctl restart "
+            "{{ $labels.unit }}` starts the duty afresh."),
+    }
 
 
 def _ttft_alert(plan: Plan) -> dict:
