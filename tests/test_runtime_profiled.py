@@ -90,12 +90,11 @@ def test_a_profile_hold_lasts_its_lease_and_never_past_its_bound(tmp_path: Path)
     assert hold.profile() is None and hold.active()
 
 
-def profiled(tmp_path: Path, router: FakeRouter, clock: FakeClock, *, shared: bool = False,
+def profiled(tmp_path: Path, router: FakeRouter, clock: FakeClock, *,
              routers: int = 1) -> tuple[Profiled, Routers, list[str]]:
     lines: list[str] = []
     urls = [f"http://r{i}" for i in range(routers)]
-    members = Routers(urls, WORKER, "k", lines.append, call=router, clock=clock, shared=shared,
-                      up=lambda: True)
+    members = Routers(urls, WORKER, "k", lines.append, call=router, clock=clock)
     assert members.join()
     hold = Hold(str(tmp_path / "p.hold.json"), lines.append, wall=clock)
     return Profiled(hold, str(tmp_path / "p.profile.json"), lines.append, members,
@@ -163,23 +162,31 @@ def test_a_router_that_refuses_the_pause_is_asked_again_and_the_answer_says_why(
     assert any("health checks of this engine paused" in x for x in lines)
 
 
-def test_sglang_router_registers_a_shared_engine_afresh_after_its_put(tmp_path: Path) -> None:
-    """0.3.2's PUT lists the worker twice: once the hold is over and the engine healthy, an
-    engine whose role has others is deleted and posted again (one entry); the sole engine
-    of its role keeps its entry (twice listed, it still gets every request)."""
-    for shared in (True, False):
-        router, clock = FakeRouter(False), FakeClock(1000.0)
-        p, members, lines = profiled(tmp_path / str(shared), router, clock, shared=shared)
-        write_hold(p.hold.path, out=False, peers=[], by="pdsvc profile", since=1000.0,
-                   until=1030.0, profile="r1")
-        p.look()
-        clear_hold(p.hold.path)
-        p.look()
-        assert router.listed_twice == {WORKER.url: 2}  # the pause's PUT and the resume's
-        members.check(True)
-        assert router.listed_twice == ({} if shared else {WORKER.url: 2}), shared
-        assert [w["url"] for w in router.workers] == [WORKER.url]
-        assert any("registering http://10.0.0.2:30000 afresh" in x for x in lines) == shared
+def test_sglang_router_is_paused_by_a_registration_that_keeps_its_breaker(
+        tmp_path: Path) -> None:
+    """0.3.2 has no PATCH; its PUT takes the flag but rebuilds the worker with the default
+    circuit breaker (and lists it twice): the pause and the resume are each a DELETE and a
+    POST with the flat field instead, and leave one entry, governed by the router's own
+    settings."""
+    router, clock = FakeRouter(False), FakeClock(1000.0)
+    p, members, lines = profiled(tmp_path, router, clock)
+    write_hold(p.hold.path, out=False, peers=[], by="pdsvc profile", since=1000.0,
+               until=1030.0, profile="r1")
+    p.look()
+    assert [(w["url"], w["disable_health_check"]) for w in router.workers] == [
+        (WORKER.url, True)]
+    assert router.checks_off == {router.workers[0]["id"]}
+    clear_hold(p.hold.path)
+    p.look()
+    assert [(w["url"], w["disable_health_check"]) for w in router.workers] == [
+        (WORKER.url, False)]
+    assert router.checks_off == set()
+    assert not any(method == "PUT" for method, _ in router.calls)
+    assert router.breaker_reset == set() and router.listed_twice == {}
+    assert [d.get("disable_health_check") for d in router.posted] == [None, True, False]
+    assert any("health checks resumed" in x for x in lines)
+    members.check(True)  # and membership, back, finds its entry as it left it
+    assert [w["url"] for w in router.workers] == [WORKER.url] and members.joined
 
 
 def test_every_router_of_the_deployment_is_paused(tmp_path: Path) -> None:
@@ -250,7 +257,7 @@ def test_a_router_that_restarts_during_the_hold_gets_the_engine_back_paused(
     assert router.checks_off == {router.workers[0]["id"]}
 
 
-def test_sglang_router_is_put_once_per_change_however_often_it_is_asked(
+def test_sglang_router_is_registered_once_per_change_however_often_it_is_asked(
         tmp_path: Path) -> None:
     router, clock = FakeRouter(False), FakeClock(1000.0)
     p, _, _ = profiled(tmp_path, router, clock)
@@ -260,7 +267,9 @@ def test_sglang_router_is_put_once_per_change_however_often_it_is_asked(
     for _ in range(5):
         p.look()
         clock.now += PROFILE_VERIFY_S
-    assert router.listed_twice == {WORKER.url: 1}  # 0.3.2 shows the flag: no second PUT
+    # 0.3.2 shows the flag: one DELETE and one POST with it, however often it is asked
+    assert sum(method == "DELETE" for method, _ in router.calls) == 1
+    assert [d.get("disable_health_check") for d in router.posted] == [None, True]
 
 
 def test_a_resume_a_router_refused_is_asked_again_until_it_takes(tmp_path: Path) -> None:

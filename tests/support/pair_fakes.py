@@ -13,9 +13,11 @@ from pdsvc.ship.runtime.probe import HttpReply, NoAnswer, NoAnswerKind
 
 class FakeRouter:
     """The /workers API of sglang-router 0.3.2 or smg (status, 409 on a re-post); a worker's
-    health checks paused by smg's PATCH (nested ``health``) or 0.3.2's PUT (flat field; no
-    PATCH route: 405), ``checks_off`` says whose; ``listed_twice``: the URLs a 0.3.2 PUT
-    registered once more (its worker_registry appends on every PUT)."""
+    health checks paused by smg's PATCH (nested ``health``) or, on 0.3.2 (no PATCH route:
+    405), by a POST with the flat ``disable_health_check`` or its PUT; ``checks_off`` says
+    whose. What 0.3.2's PUT also does: ``listed_twice``, the URLs it registered once more
+    (its worker_registry appends on every PUT), and ``breaker_reset``, the URLs whose
+    circuit breaker it rebuilt with the default, whatever the router was started with."""
 
     def __init__(self, smg: bool = False, key: str = "k") -> None:
         self.smg, self.key = smg, key
@@ -27,6 +29,8 @@ class FakeRouter:
         self.posted: list[dict] = []  # each POST /workers body
         self.checks_off: set[str] = set()  # worker ids whose health checks are paused
         self.listed_twice: Counter[str] = Counter()  # URL -> the extra registrations
+        self.breaker_reset: set[str] = set()
+        self.added = 0  # workers ever registered: each gets an id of its own
 
     def __call__(self, url: str, timeout: float, body: bytes | None = None,
                  headers: dict | None = None, method: str | None = None) -> HttpReply:
@@ -60,9 +64,13 @@ class FakeRouter:
         self.posted.append(doc)
         if any(w["url"] == doc["url"] for w in self.workers):
             return HttpReply(409, b"{}", "HTTP 409") if self.smg else HttpReply(202, b"", "")
-        self.workers.append({"id": f"id{len(self.workers)}", "url": doc["url"],
-                             "worker_type": doc["worker_type"], "is_healthy": True,
-                             **({"status": "ready"} if self.smg else {})})
+        wid, self.added = f"id{self.added}", self.added + 1
+        off = bool(doc.get("disable_health_check")) and not self.smg
+        self.workers.append({"id": wid, "url": doc["url"], "worker_type": doc["worker_type"],
+                             "is_healthy": True, **({"status": "ready"} if self.smg else
+                                                    {"disable_health_check": off})})
+        if off:
+            self.checks_off.add(wid)
         return HttpReply(202, b"{}", "HTTP 202")
 
 
@@ -80,6 +88,7 @@ class FakeRouter:
         if not self.smg:
             worker["disable_health_check"] = off
             self.listed_twice[worker["url"]] += 1
+            self.breaker_reset.add(worker["url"])
         return HttpReply(202, b"{}", "HTTP 202")
 
 

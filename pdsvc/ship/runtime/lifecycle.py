@@ -261,8 +261,7 @@ class Unit:
         watchdog = a.watchdog_secs or watchdog_secs()  # supervisord's bound, or systemd's
         membership = Routers(a.router, worker, key, self.log, held=self.hold.out,
                              timeout=call_timeout(watchdog, a.liveness_interval,
-                                                  a.liveness_timeout, len(a.router)),
-                             shared=bool(a.sibling))
+                                                  a.liveness_timeout, len(a.router)))
         if self.cascade is not None:  # heals and cures of the other hosts (fleet.py)
             share(a, key, self.cascade, self.log, self.duties)
         self.membership = membership

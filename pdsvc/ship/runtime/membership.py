@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 
 from .probe import HttpReply, NoAnswerKind, http_call
 from .timings import (
+    MEMBERSHIP_RETRY_S,
+    REPOST_WAIT_S,
     ROUTER_CALL_MIN_S,
     ROUTER_CALL_TIMEOUT_S,
     ROUTER_DARK_S,
@@ -44,18 +46,21 @@ class Worker(NamedTuple):
     role: str  # prefill | decode
     bootstrap_port: int | None  # prefill only: the KV bootstrap server's port
 
-    def payload(self) -> bytes:
+    def payload(self, disable_health_check: bool | None = None) -> bytes:
         """The POST /workers body. ``health.drain_settle_secs: 0``: smg keeps a deleted worker
         `Draining` for a fixed 5 s by default before it removes it (``--drain-settle-secs``,
         per worker ``health.drain_settle_secs``; it does not count in-flight requests), and
         answers a re-post of the URL with 409 meanwhile: an engine back from a restart in
         under 5 s waited that out before it could serve. The drain that matters is the engine's own
         (the runtime's and apply's, on ``sglang:num_running_reqs``); requests in flight keep
-        their worker when its entry goes. sglang-router 0.3.2 ignores the field."""
+        their worker when its entry goes. sglang-router 0.3.2 ignores the field.
+        ``disable_health_check``: for 0.3.2 only, its flat field (``Membership.pause``)."""
         doc: dict[str, object] = {"url": self.url, "worker_type": self.role,
                                   "health": {"drain_settle_secs": 0}}
         if self.role == "prefill":
             doc["bootstrap_port"] = self.bootstrap_port
+        if disable_health_check is not None:
+            doc["disable_health_check"] = disable_health_check
         return json.dumps(doc).encode("utf-8")
 
 
@@ -84,14 +89,8 @@ class Membership:
                  call: Callable[..., HttpReply] = http_call,
                  clock: Callable[[], float] = time.monotonic,
                  held: Callable[[], str | None] = lambda: None,
-                 timeout: float = ROUTER_CALL_TIMEOUT_S, shared: bool = False,
-                 up: Callable[[], bool] | None = None) -> None:
+                 timeout: float = ROUTER_CALL_TIMEOUT_S) -> None:
         self.router = router.rstrip("/")
-        #: whether the engine answers /health 200 now (a real probe: the loop's ``alive``
-        #: stays true through a profile hold's excused failures)
-        self.up: Callable[[], bool] = up or self._health
-        #: other engines of this role serve: taking this one out for a moment costs nothing
-        self.shared = shared
         self.timeout = timeout
         #: monotonic: until then the router is not called (it did not answer the last call)
         self.dark_until = 0.0
@@ -111,12 +110,7 @@ class Membership:
         self.entries: list[dict[str, Any]] = []
         self.joined = False
         self.unhealthy_since: float | None = None
-        #: sglang-router 0.3.2 took a PUT (pause): register afresh once healthy (``pause``)
-        self.refresh = False
         self._said = ""  # the last problem logged, so a long outage is one line, not hundreds
-
-    def _health(self) -> bool:
-        return http_call(f"{self.worker.url}/health", self.timeout).status == 200
 
     def _say(self, text: str) -> None:
         if text != self._said:
@@ -164,8 +158,8 @@ class Membership:
         _, error = self._entry()
         return None if error is not None else any(u.rstrip("/") in self.listed for u in urls)
 
-    def _post(self) -> bool:
-        reply = self._call(f"{self.router}/workers", self.worker.payload())
+    def _post(self, disable_health_check: bool | None = None) -> bool:
+        reply = self._call(f"{self.router}/workers", self.worker.payload(disable_health_check))
         if reply.status in (200, 201, 202, 409):
             return True
         self._say(f"router {self.router}: cannot register {self.worker.url}: {reply.detail}")
@@ -224,16 +218,6 @@ class Membership:
             self.join()
             return
         healthy = entry.get("is_healthy") is not False and status != "failed"
-        if self.refresh and healthy and engine_healthy and self.up():
-            self.log(f"registering {self.worker.url} afresh with the router {self.router}: "
-                     "the PUT that paused its health checks listed it twice there "
-                     "(sglang-router 0.3.2, src/core/worker_registry.rs register), which "
-                     "would send it twice its share of requests")
-            self.refresh = False
-            self._delete(entry)
-            self.joined = False
-            self.join()
-            return
         now = self.clock()
         if healthy or not engine_healthy:
             self.unhealthy_since = None
@@ -274,11 +258,9 @@ class Membership:
         smg: ``PATCH /workers/{id}`` with ``{"health": {"disable_health_check": B}}``; a
         disabled check makes the worker Ready and takes it off the probe schedule (smg
         model_gateway/src/workflow/steps/local/update_worker_properties.rs, worker/
-        manager.rs). sglang-router 0.3.2 has no PATCH route (405) and takes the flat field by
-        ``PUT /workers/{id}`` (its src/protocols/worker_spec.rs WorkerUpdateRequest), which
-        rebuilds the worker healthy and skips it in the health checker (src/core/
-        worker_registry.rs ``start_health_checker``). smg's PUT is a full replace that probes
-        /health again: it is never sent to a router that answered PATCH."""
+        manager.rs). sglang-router 0.3.2 has no PATCH route (405): the entry is registered
+        afresh with the flat field (``_repost``). smg's PUT is a full replace that probes
+        /health again: it is never sent."""
         entry, error = self._entry()
         if error is not None:
             return f"router {self.router} did not answer: {error}"
@@ -287,20 +269,49 @@ class Membership:
         if entry is None:
             return f"router {self.router} does not list {self.worker.url}"
         if entry.get("disable_health_check") is paused:
-            return None  # 0.3.2 shows the flag: already so, and another PUT would list it again
+            return None  # 0.3.2 shows the flag: already so
         url = f"{self.router}/workers/{urllib.parse.quote(str(entry.get('id', '')), safe='')}"
         reply = self._call(url, json.dumps({"health": {"disable_health_check": paused}}).encode(),
                            method="PATCH")
         if reply.status == 405:
-            reply = self._call(url, json.dumps({"disable_health_check": paused}).encode(),
-                               method="PUT")
-            # a PUT registers the worker once more in 0.3.2's lists of a kind (its
-            # worker_registry.rs ``register`` appends): after the hold, a worker that shares
-            # its role is registered afresh, or it would take twice its share of requests
-            self.refresh = self.refresh or (not paused and self.shared)
+            return self._repost(entry, paused)
         if reply.status in (200, 202):
             return None
         return f"router {self.router}: {reply.detail}"
+
+    def _repost(self, entry: dict[str, Any], paused: bool) -> str | None:
+        """sglang-router 0.3.2: DELETE the entry and POST it again with the flat
+        ``disable_health_check`` of its WorkerConfigRequest (src/protocols/worker_spec.rs).
+        Not its PUT, which takes the same field but rebuilds the worker with the default
+        circuit breaker, on whatever ``--disable-circuit-breaker`` said, and lists it once
+        more (src/core/worker_registry.rs ``register``): failures at the engine's thaw then
+        opened the breaker and every request of the role got 503 for its timeout. A POST
+        takes the router's own settings. The entry is gone for the moment between the two
+        calls (0.1 s measured); the router's retries carry a request of that moment."""
+        self._delete(entry)
+        # its DELETE and POST are jobs the router runs in the background: a POST of a URL
+        # still listed is answered 202 and then dropped
+        if not self._until(lambda found: found is None):
+            return f"router {self.router} still lists the entry of {self.worker.url} it deleted"
+        if not self._post(disable_health_check=paused) or not self._until(
+                lambda found: found is not None and found.get("disable_health_check") is paused):
+            self.joined = False
+            return f"router {self.router}: cannot register {self.worker.url} again"
+        return None
+
+    def _until(self, done: Callable[[dict[str, Any] | None], bool]) -> bool:
+        """Whether this worker's entry (None: not listed) came to be ``done`` within
+        REPOST_WAIT_S; False too when the router stops answering."""
+        pause = MEMBERSHIP_RETRY_S / 5
+        for look in range(int(REPOST_WAIT_S / pause) + 1):
+            if look:
+                time.sleep(pause)
+            entry, error = self._entry()
+            if error is not None:
+                return False
+            if done(entry):
+                return True
+        return False
 
     def drop(self) -> bool | None:
         """Delete this worker's entry if the router lists it: True when it did, False when

@@ -61,6 +61,9 @@ ROUTER_DARK_S = 5.0
 MEMBERSHIP_RETRY_S = 0.25
 #: an entry the router lists as unhealthy this long while our engine is healthy is re-posted
 STUCK_UNHEALTHY_S = 30.0
+#: sglang-router 0.3.2 pauses health checks by a re-registration (membership._repost): how
+#: long it waits for the router to drop the old entry, then to list the new one
+REPOST_WAIT_S = 2.0
 #: how long a stop waits for the routers to take the engine out before it stops the engine
 #: anyway (a router that does not answer must not hold a stop; the leave goes on aside, and
 #: the unit's ExecStopPost= leaves once more, its calls bounded by this too)
