@@ -30,7 +30,8 @@ from pdsvc.profile import capture, report
 from pdsvc.profile.engines import select
 from pdsvc.profile.load import Background, load_of
 from pdsvc.profile.options import MAX_WRITE_TIMEOUT_S, CannotProfile, ProfileOptions
-from pdsvc.profile.run import Run, only_run, serving
+from pdsvc.profile.result import ProfileRun
+from pdsvc.profile.run import Run, profile_running
 from pdsvc.ship.runtime.hold import hold_path
 from pdsvc.ship.runtime.timings import PROFILE_HOLD_MAX_S
 from pdsvc.status.managers import make_backend
@@ -173,34 +174,21 @@ def profile(config_path: Path, sysfs_root: Path | None, topology_file: Path | No
         raise CannotProfile(f"pdsvc profile writes holds into {states} and reads the traces "
                             f"under {run.root.parent}: run it as root",
                             hint=f"sudo {shlex.join(['pdsvc', *sys.argv[1:]])}")
-    for line in run.prepare():
-        say(f"pdsvc profile: {line}")
-    load = None
-    if opts.load:
-        serving(run.target())
-        load = Background(run.target(), load_of(opts, run.concurrency()),
-                          run.root / "bench_serving.log")
-    run.make_dirs()
-    with only_run(run.root.parent), stops_as_interrupts():
-        try:
-            result = run.execute(load)
-        finally:
-            if load is not None:
-                load.stop()
-    _report(result, opts, plot_path, as_json, run.root)
+    with stops_as_interrupts():
+        result = profile_running(run)
+    _report(result, opts.top, plot_path, as_json, run.root)
 
 
-def _report(result: Any, opts: ProfileOptions, plot_path: Path | None, as_json: bool,
+def _report(result: ProfileRun, top: int, plot_path: Path | None, as_json: bool,
             root: Path) -> None:
     doc = report.document(result)
-    (root / "profile.json").write_text(json.dumps(doc, indent=1))
     drawn = report.plot(result, plot_path) if plot_path is not None else None
     if plot_path is not None and drawn is None:
         say("pdsvc profile: --plot: not drawn (pip install 'pdsvc[plot]' for matplotlib)")
     if as_json:
         click.echo(json.dumps({**doc, "plot": drawn}, indent=1))
         return
-    for line in report.table(result, opts.top):
+    for line in report.table(result, top):
         click.echo(line)
     click.echo(f"the breakdown as JSON: {root / 'profile.json'}" +
                (f"; the plot: {drawn}" if drawn else ""))

@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import functools
 import grp
+import json
 import os
 import pwd
 import threading
@@ -28,7 +29,7 @@ from pdsvc.apply.lease import Lease
 from pdsvc.bench.target import Target, foreign, target_from_plan
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
-from pdsvc.profile import capture
+from pdsvc.profile import capture, report
 from pdsvc.profile.breakdown import breakdown
 from pdsvc.profile.engines import Engine, engine_of, select, trace_root
 from pdsvc.profile.load import Background, load_of, words
@@ -364,3 +365,26 @@ def serving(target: Target) -> None:
     if other is not None:
         raise CannotProfile(f"the router does not serve this deployment: {other.why}",
                             hint="see `pdsvc status`, or --no-load to capture live traffic")
+
+
+def profile_running(run: Run) -> ProfileRun:
+    """A whole run on the running deployment (`pdsvc profile`, `pdsvc tune --profile`): the
+    engines selected and asked for their server info, the load started through the router,
+    each role captured, the load stopped, the breakdown kept as RUN/profile.json. The caller
+    turns signals into KeyboardInterrupt: the run winds down cleanly on one."""
+    for line in run.prepare():
+        run.say(f"pdsvc profile: {line}")
+    load = None
+    if run.opts.load:
+        serving(run.target())
+        load = Background(run.target(), load_of(run.opts, run.concurrency()),
+                          run.root / "bench_serving.log")
+    run.make_dirs()
+    with only_run(run.root.parent):
+        try:
+            result = run.execute(load)
+        finally:
+            if load is not None:
+                load.stop()
+    (run.root / "profile.json").write_text(json.dumps(report.document(result), indent=1))
+    return result
