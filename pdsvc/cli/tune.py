@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shlex
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,9 +34,10 @@ from pdsvc.cli.kit import (
 from pdsvc.cli.render import install_script
 from pdsvc.errors import ConfigError
 from pdsvc.plan.build import Plan
+from pdsvc.profile.options import CannotProfile
 from pdsvc.render.hosts_bundle import render_for
 from pdsvc.status import runstate
-from pdsvc.tune import report
+from pdsvc.tune import profiled, report
 from pdsvc.tune.check import (
     SETTLE_S,
     Checked,
@@ -48,6 +52,10 @@ from pdsvc.tune.space import Space, candidates, parse_space
 from pdsvc.tune.store import Measurement, Store, results_key, write_atomic
 
 TUNE_PLAN_SCHEMA = "pdsvc-tune-plan/1"
+PROFILE_PLAN = ("--profile: the baseline's decode captured once it is measured, the best's "
+                "once the deployment ends on it, each as `sudo pdsvc profile` captures it (its "
+                "own load at the workload's lengths until the batches are full, then the "
+                "steps and the engines' trace writes): minutes more, not in the estimate")
 #: how long tune waits for an engine that does not answer /health yet (one restarting)
 OWNS_WAIT_S = 60.0
 TUNE_EPILOG = """\b
@@ -57,6 +65,8 @@ Examples:
   pdsvc tune --dry-run --max-time 7200          the candidates that fit in two hours
   sudo pdsvc tune                               measure them on the running deployment
   sudo pdsvc tune --keep-current                measure, and end on the current config
+  sudo pdsvc tune --profile                     and the decode's breakdown of the
+                                                baseline and of the answer side by side
 
 \b
 A candidate is refused (skipped, with the reason, nothing restarts) when the schema or the
@@ -75,8 +85,10 @@ missing (KEY: the space, the config and the host).
 \b
 Exit codes: 0 an answer (also "no candidate beats the current config") · 1 the baseline
             cannot be measured, or going back failed · 2 bad space, config or usage ·
-            3 the plan does not fit the host, or the router does not serve this config's
-            deployment · 130 interrupted (back on the last good config)
+            3 the plan does not fit the host, the router does not serve this config's
+            deployment, or --profile not as root · 130 interrupted (back on the last good
+            config). A --profile capture that fails is said in the answer; the exit code
+            is the measurement's.
 """
 
 
@@ -120,13 +132,16 @@ def _duration(seconds: float) -> str:
               "engine may take to serve; past it the candidate has failed.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the units' runtimes keep their state (default: the plan's).")
+@click.option("--profile", is_flag=True, help="Also capture the decode of the baseline and "
+              "of the answer as `pdsvc profile` does, and put the breakdowns side by side: "
+              "did the winning config move the bottleneck, or only the lever?")
 @json_option
 @handle_errors
 def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
          space_path: Path | None, output: Path, results: Path, dry_run: bool,
          allow_outage: bool, keep_current: bool, max_candidates: int | None,
          max_time: float | None, drain_timeout: float, step_timeout: float,
-         state_dir: Path | None, as_json: bool) -> None:
+         state_dir: Path | None, profile: bool, as_json: bool) -> None:
     """Find the config that serves the most at your SLO on this host, measured on the
     running deployment while it serves: the candidates of a search space (levers of the
     config and the values to try), each checked against the schema and the pairing check
@@ -156,7 +171,13 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
             click.echo(json.dumps(_document(space, checked, kept), indent=1))
             return
         _print(space, checked, kept, allow_outage, loaded)
+        if profile:
+            click.echo(PROFILE_PLAN)
         return
+    if profile and os.geteuid() != 0:
+        raise CannotProfile("--profile writes profile holds and reads the engines' traces: "
+                            "run pdsvc tune as root",
+                            hint=f"sudo {shlex.join(['pdsvc', *sys.argv[1:]])}")
     base_plan = load_plan(config_path, sysfs_root, topology_file)
     _refuse(base_plan, config_path)
     host = f"{socket.gethostname()} {topology.to_json()}"
@@ -170,7 +191,8 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
     click.echo(f"pdsvc tune: results in {store.directory} ({len(store.outcomes)} measured "
                "before)", err=True)
     with _signals_interrupt():
-        answer = Tuner(space, checker, live, store, _say, limits).run(checked)
+        answer = Tuner(space, checker, live, store, _say, limits,
+                       profiler=live.profile if profile else None).run(checked)
     _answer(space, answer, store, checker, as_json, path, config_path)
 
 
@@ -246,15 +268,19 @@ def _answer(space: Space, answer: Answer, store: Store, checker: Checker, as_jso
         host=socket.gethostname(), best_text=checker.text_of(answer.best)))
     plot_path = report.plot(space, answer, measured, store.directory / "tune.png")
     if as_json:
-        click.echo(json.dumps(report.document(space, answer, measured, results=store.directory,
-                                              best_config=best_path, plot_path=plot_path),
-                              indent=1))
+        doc = report.document(space, answer, measured, results=store.directory,
+                              best_config=best_path, plot_path=plot_path)
+        if answer.profiles:
+            doc["profiles"] = profiled.document(answer.profiles, answer.unprofiled)
+        click.echo(json.dumps(doc, indent=1))
         return
     for line in report.table(answer, measured):
         click.echo(line)
     click.echo(f"search: {answer.how}")
     click.echo(f"answer: {answer.verdict}")
     running = answer.running.name if answer.running else "?"
+    for line in profiled.table(answer.profiles, answer.unprofiled):
+        click.echo(line)
     click.echo(f"running now: {running}; best config: {best_path}")
     click.echo(f"plot: {plot_path}" if plot_path else
                "plot: not drawn (pip install 'pdsvc[plot]' for matplotlib)")

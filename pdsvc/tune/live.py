@@ -18,6 +18,7 @@ from pathlib import Path
 from pdsvc.apply.bundles import as_bundle, read_bundle
 from pdsvc.apply.events import FAILURES, ApplyEvent, words
 from pdsvc.apply.flow import FAILED, Options, Source, apply_rollout
+from pdsvc.apply.host import LocalHost
 from pdsvc.apply.order import plan as plan_apply
 from pdsvc.bench.gates import read_pairs
 from pdsvc.bench.runner import RunResult, Slo
@@ -25,8 +26,13 @@ from pdsvc.bench.search import Near
 from pdsvc.bench.session import Session, meets_slo, state_dir_of
 from pdsvc.bench.target import Load, target_from_plan
 from pdsvc.plan.build import Plan
+from pdsvc.profile.options import ProfileOptions
+from pdsvc.profile.result import ProfileRun
+from pdsvc.profile.run import Run, profile_running
 from pdsvc.render.kit import File
 from pdsvc.ship.runtime.canary import PairHealth
+from pdsvc.status.managers import make_backend
+from pdsvc.status.runstate import state_dir as runtime_state_dir
 from pdsvc.status.runstate import unit_runs
 
 from .check import bisect_runs
@@ -116,6 +122,16 @@ class Live:
             return Switched(True, seconds)
         why = self.why_failed(plan) or fe.failed or f"pdsvc apply exited {code}"
         return Switched(False, seconds, why if code == FAILED else f"{why} (exit {code})")
+
+    def profile(self, name: str, config: Path, say: Progress) -> ProfileRun:
+        """--profile: the decode of ``config``, which runs now, as `pdsvc profile` captures it
+        (its own load through the router, at the space's input and output lengths)."""
+        plan = self.plan_of(config)
+        manager = make_backend(plan)
+        states = str(self.state_dir or runtime_state_dir(plan, manager.name))
+        opts = ProfileOptions(input_len=self.space.input_len,
+                              output_len=self.space.output_len)
+        return profile_running(Run(plan, plan, opts, LocalHost(), say, states, manager.tail))
 
     def why_failed(self, plan: Plan) -> str:
         """The engines' own words for a run that ended badly (their restart files)."""

@@ -27,6 +27,8 @@ measured, the best measured again, and the deployment left on the answer.
   only valid measurements count (store.COUNTED); the best wins only when it has every one of
   its repeats and its lowest beats the baseline's highest. Else the answer is the current
   config, and the verdict names the fact that decided it.
+* **--profile** (profiled.py): the baseline's decode captured once it is measured, the
+  best's once the deployment ends on it.
 * **Interrupted** (KeyboardInterrupt: Ctrl-C, and the command turns SIGTERM and SIGHUP into
   one): the running measurement is dropped, the deployment goes back to the last good config,
   and Interrupted is raised. Every finished measurement is in the store: a re-run measures
@@ -50,6 +52,7 @@ from pdsvc.bench.search import Near
 from pdsvc.errors import PdsvcError
 
 from .check import Checked, Checker
+from .profiled import Profiled, Profiler, take
 from .space import Candidate, Space, Value, current, is_baseline
 from .store import BASELINE_KEY, RATED, Measurement, Result, Store, changes_key, write_atomic
 from .verdict import drifted, goodput, judge, mean_rate, rates, span, to_beat
@@ -114,14 +117,18 @@ class Answer:
     how: str  # which search ran and why it stopped
     rows: list[tuple[Candidate, Measurement | None, str]] = field(default_factory=list)
     running: Candidate | None = None  # what the deployment runs at the end
+    profiles: list[Profiled] = field(default_factory=list)  # --profile: the baseline, the best
+    unprofiled: str = ""  # --profile: why the best was not captured
 
 
 class Tuner:
     def __init__(self, space: Space, checker: Checker, deployment: Deployment, store: Store,
                  say: Progress, limits: Limits,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 profiler: Profiler | None = None) -> None:
         self.space, self.checker, self.deployment, self.store = space, checker, deployment, store
-        self.say, self.limits, self.clock = say, limits, clock
+        self.say, self.limits, self.clock, self.profiler = say, limits, clock, profiler
+        self.profiles: list[Profiled] = []  # tune/profiled.py
         self.good = Candidate("baseline")  # the last config that served well
         self.running: str | None = None  # the key the deployment runs; None: not known
         self.rows: dict[str, tuple[Candidate, Measurement | None, str]] = {}
@@ -159,6 +166,7 @@ class Tuner:
             raise StuckError(f"the baseline cannot be measured: {baseline[-1].why}",
                              hint="pdsvc bench --slo shows each run and its gates")
         self._row(base, baseline[0], "")
+        self._profile(base)
         how = self._grid(first[1:]) if self.space.strategy == "grid" else self._rounds(first)
         return self._finish(base, baseline, how)
 
@@ -472,5 +480,17 @@ class Tuner:
             self.say(f"tune: the deployment ends on {end.name} ({end.describe()})")
             self.good = end
             self._go_back()
+        unprofiled = ""
+        if wins and end != best:
+            unprofiled = f"{best.name} not captured: --keep-current ends on the baseline"
+        elif wins:
+            self._profile(best)
         return Answer(baseline, best, best_outcomes, wins, verdict, how,
-                      list(self.rows.values()), end)
+                      list(self.rows.values()), end, self.profiles,
+                      unprofiled if self.profiler else "")
+
+    def _profile(self, cand: Candidate) -> None:
+        """--profile: ``cand``'s decode, captured now that the deployment runs it."""
+        if self.profiler is not None and self.running == changes_key(cand.changes):
+            self.profiles.append(take(self.profiler, cand.name,
+                                      self.store.config_path(cand.name), self.say))
