@@ -16,7 +16,11 @@ Checked, in one tune interrupted and run again:
   back to the last good config first;
 * the designed best wins (each of its measurements beats each of the baseline's), the
   deployment ends on it, the best config is written with its header;
-* no request of the side load failed through any switch.
+* with --profile (the re-run): the baseline's decode is captured as `pdsvc profile` does
+  (its hold answered by the real runtimes, its traces under the units' state directory), and
+  the best's once the deployment ends on it, side by side: the same top kernel (the
+  stand-in's traces are the same real capture), each with its tok/s;
+* no request of the side load failed through any switch or capture.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def test_tune_interrupted_then_resumed_finds_the_designed_best_while_serving(
 
         # 2. the same command again: measures only what is missing
         t0 = time.monotonic()
-        second = c.run(tune_argv(stack, "--json"), check=False, timeout=1200)
+        second = c.run(tune_argv(stack, "--json", "--profile"), check=False, timeout=1200)
         print(f"the re-run took {time.monotonic() - t0:.0f} s")
     finally:
         stop.set()
@@ -146,6 +150,24 @@ def test_tune_interrupted_then_resumed_finds_the_designed_best_while_serving(
     assert best_yaml.startswith("# Written by pdsvc tune on ")
     assert yaml.safe_load(best_yaml)["decode"][0]["args"]["cuda-graph-max-bs-decode"] == \
         BEST_SLOTS
+    check_profiles(stack, doc, err)
     bad = [x for x in load if not x[0]]
     print(f"side load: {len(load)} requests, {len(bad)} failed")
     assert len(load) > 20 and not bad, bad[:5]
+
+
+def check_profiles(stack: Stack, doc: dict, err: str) -> None:
+    """--profile: the baseline's capture and the best's, each whole, side by side."""
+    got = doc["profiles"]
+    caps = got["captures"]
+    assert [x["name"] for x in caps] == ["baseline", doc["best"]["name"]], got
+    for x in caps:
+        assert x["top_kernel"]["name"] == "_tiled_sparse_decode_kernel", x
+        saved = json.loads(stack.c.read_file(x["profile_json"]))
+        assert saved["format"] == "pdsvc-profile/1" and saved["run"] == x["run"]
+        assert [r["role"] for r in saved["roles"]] == ["decode"]
+    assert got["verdict"].startswith("the bottleneck did not move"), got["verdict"]
+    assert all(x["tok_s"] for x in caps), caps  # measured before each capture
+    assert "tune: baseline: pdsvc profile: held " in err, err[-3000:]
+    print(f"--profile: decode tok/s {caps[0]['tok_s']:.0f} (baseline), "
+          f"{caps[1]['tok_s']:.0f} (best); {got['verdict']}")
