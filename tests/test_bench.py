@@ -167,13 +167,16 @@ def test_slo_search_brackets_the_capacity_in_few_valid_runs(stack: BenchStack) -
     """The stand-in serves KNEE requests/s (a FIFO scheduler, 1/KNEE s a request): below it
     TTFT's queueing stays short, past it the queue grows with every request. The search is a
     bisection: few runs, each valid, the answer the highest rate that met the SLO, and a rate
-    just above it (within the precision) that missed it. 160 requests a run resolve the knee
-    to about 0.9..1.2 of it on an idle machine; a busy one bends both the client's send rate
-    and the stand-in's queueing, so the answer is only checked to be of the knee's order
-    (0.5..1.5): the precision (within 10 % at 480 requests a run) is
+    just above it (within the precision) that missed it. 160 requests a run find about 1.27
+    of the knee on an idle machine (a 900 ms TTFT bound lets a queue build past the knee for
+    the run's 4 s); a busy one bends both the client's send rate and the stand-in's queueing,
+    so the answer is only checked to be of the knee's order (0.5..2): the precision (within
+    10 % at 480 requests a run, with a 40 ms ITL bound) is
     benchmarks/bench_slo.py's figure, not a verdict here. The search range is not centred on
-    the knee (no midpoint lands on it by construction)."""
-    run = stack.bench("--slo", "ttft=900,itl=40", "--rate-range", "15:60", "--precision", "0.05",
+    the knee (no midpoint lands on it by construction). The ITL bound is 5× the stand-in's
+    20 ms, so that TTFT's queue decides: at 2× (40 ms), a busy machine's scheduling alone
+    broke it for 5 % of requests at 15.66 req/s, half the knee (p99 TTFT 225 ms)."""
+    run = stack.bench("--slo", "ttft=900,itl=100", "--rate-range", "15:60", "--precision", "0.05",
                       "--num-prompts", "160", *LOAD, "--json")
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout)
@@ -181,7 +184,7 @@ def test_slo_search_brackets_the_capacity_in_few_valid_runs(stack: BenchStack) -
     runs = [(round(r["rate"], 2), r["slo_share"], r["metrics"]["p99_ttft_ms"]) for r in doc["runs"]]
     print(f"\npdsvc bench --slo on the stand-in: {found:.2f} req/s found, knee {KNEE:g} "
           f"(found/knee {found / KNEE:.3f}); runs (rate, SLO share, p99 TTFT ms): {runs}")
-    assert 0.5 <= found / KNEE <= 1.5, runs
+    assert 0.5 <= found / KNEE <= 2.0, runs
     assert len(doc["runs"]) <= 5  # log2(ln 4 / ln 1.05): a bisection, not a sweep
     assert all(r["valid"] for r in doc["runs"])
     met = [r for r in doc["runs"] if r["slo_share"] >= 0.99]
