@@ -118,3 +118,48 @@ def test_a_start_that_served_reports_the_seconds_of_each_phase(tmp_path) -> None
     got = {dict(s.labels)["phase"]: s.value for s in samples
            if s.family == "pdsvc_unit_start_phase_seconds"}
     assert got == {"wait_gpus": 2.5, "jit_lock": 7.5, "starting": 75.25}
+
+
+def test_a_profile_hold_in_force_is_1_until_it_ends_or_passes_its_bound(tmp_path) -> None:
+    """pdsvc_unit_profile_held reads the runtime's answer to a hold (NAME.profile.json, written
+    by profiled.py): 1 once taken, 0 once ended or past its ``until``; routers have none."""
+    state, mdir = str(tmp_path), str(tmp_path / "metrics")
+    now = [1000.0]
+    held = f'pdsvc_unit_profile_held{{{U}}} '
+    path = f"{state}/dsv4-prefill.profile.json"
+    t = Textfile("dsv4-prefill", state, mdir, dict(LABELS), clock=lambda: now[0])
+    t.refresh(up=True)
+    assert held + "0" in _text(tmp_path)  # never held
+    write_state(path, {"run": "r1", "since": 990.0, "until": 1300.0, "routers": {}})
+    t.refresh(up=True)
+    assert held + "1" in _text(tmp_path)
+    now[0] = 1301.0  # past its bound: the runtime no longer honours it
+    t.refresh(up=True)
+    assert held + "0" in _text(tmp_path)
+    now[0] = 1010.0
+    write_state(path, {"run": "r1", "since": 990.0, "until": 1300.0, "routers": {},
+                       "ended_at": 1005.0, "ended": "removed by pdsvc profile"})
+    t.refresh(up=True)
+    assert held + "0" in _text(tmp_path)
+    router = {**LABELS, "role": "router", "unit": "dsv4-router.service"}
+    Textfile("dsv4-router", state, mdir, router).refresh(up=True)
+    assert "pdsvc_unit_profile_held" not in (tmp_path / "metrics" / "dsv4-router.prom").read_text()
+
+
+def test_status_metrics_show_a_failed_duty_and_a_profile_hold_as_the_textfile_does(
+        tmp_path) -> None:
+    from pathlib import Path
+
+    from pdsvc.cli.kit import load_plan
+    from pdsvc.status.runstate import metrics_text
+
+    repo = Path(__file__).resolve().parent.parent
+    plan = load_plan(repo / "etc/pdsvc.yaml", None, repo / "etc/seed-host.topology.json")
+    write_state(f"{tmp_path}/dsv4-decode.duties.json",
+                {"duties": {"liveness": {"count": 2, "last": "ValueError: x"}}})
+    write_state(f"{tmp_path}/dsv4-decode.profile.json", {"run": "r1", "until": 200.0})
+    text = metrics_text(plan, tmp_path, {"dsv4-decode.service": True}, 99.0)
+    d = 'deployment="dsv4",role="decode",unit="dsv4-decode.service"'
+    assert f'pdsvc_unit_duty_failures_total{{{d},duty="liveness"}} 2' in text
+    assert f'pdsvc_unit_profile_held{{{d}}} 1' in text
+    assert f'pdsvc_unit_profile_held{{{U}}} 0' in text

@@ -206,5 +206,7 @@ def metrics_text(plan: Plan, directory: Path, up: dict[str, bool], now: float) -
             labels, _state(directory, name, Kind.RESTART),
             _state(directory, name, Kind.CANARY), _state(directory, name, Kind.METRICS),
             up=up.get(f"{name}.service"),
-            heal_budget=plan.lifecycle.canary_heal_attempts if paired else None, now=now)
+            heal_budget=plan.lifecycle.canary_heal_attempts if paired else None, now=now,
+            duties=_state(directory, name, Kind.DUTIES),
+            profile=_state(directory, name, Kind.PROFILE))
     return exposition(samples)

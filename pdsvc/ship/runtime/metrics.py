@@ -72,6 +72,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "pdsvc_unit_duty_failures_total": ("counter", "Unexpected exceptions of each of the "
                                        "runtime's duties in this run (duties.py: each is said "
                                        "in the journal; the duty goes on, or the run ends)."),
+    "pdsvc_unit_profile_held": ("gauge", "1 while a `pdsvc profile` hold is in force on the "
+                                "engine (profiled.py): its liveness not judged, the routers' "
+                                "health checks paused, no heals, while it writes a trace; "
+                                "never longer than the hold's bound."),
     "pdsvc_pair_state": ("gauge", "1 for this side's canary state of the pair: "
                          + ", ".join(h.value for h in PairHealth) + "."),
     "pdsvc_pair_failures_in_a_row": ("gauge", "Canary rounds in a row that failed while "
@@ -131,7 +135,8 @@ def _number(value: object) -> float | None:
 def unit_samples(labels: Mapping[str, str], run: dict[str, Any] | None,
                  canary: dict[str, Any] | None, counters: dict[str, Any] | None, *,
                  up: bool | None, heal_budget: int | None,
-                 now: float, duties: dict[str, Any] | None = None) -> list[Sample]:
+                 now: float, duties: dict[str, Any] | None = None,
+                 profile: dict[str, Any] | None = None) -> list[Sample]:
     """One unit's series from its state files (any may be None: missing or unreadable).
     ``up``: whether the unit runs (None: not known, left out)."""
     base = tuple(labels.items())
@@ -171,21 +176,44 @@ def unit_samples(labels: Mapping[str, str], run: dict[str, Any] | None,
     for duty, f in sorted(failed.items()) if isinstance(failed, dict) else ():
         if isinstance(f, dict) and _number(f.get("count")) is not None:
             add("pdsvc_unit_duty_failures_total", float(f["count"]), ("duty", str(duty)))
-    for p in (canary or {}).get("pairs", []) if isinstance((canary or {}).get("pairs"),
-                                                             list) else []:
-        if not isinstance(p, dict) or not isinstance(p.get("pair"), str):
-            continue
-        pair = ("pair", p["pair"])
-        state = p.get("state") if p.get("state") in PAIR_STATES else PairHealth.UNKNOWN.value
-        for s in PAIR_STATES:
-            add("pdsvc_pair_state", 1.0 if s == state else 0.0, pair, ("state", s))
-        add("pdsvc_pair_failures_in_a_row", _number(p.get("failures")) or 0.0, pair)
-        if _number(p.get("last_ok")) is not None and state == PairHealth.OK:
-            add("pdsvc_pair_last_good_timestamp_seconds", float(p["last_ok"]), pair)
-        if _number(p.get("failing_since")) is not None and state == PairHealth.FAILING:
-            add("pdsvc_pair_failing_since_timestamp_seconds", float(p["failing_since"]), pair)
+    if labels.get("role") != "router":
+        add("pdsvc_unit_profile_held", 1.0 if profile_held(profile, now) else 0.0)
+    out += pair_samples(base, canary)
     add("pdsvc_textfile_timestamp_seconds", round(now, 3))
     return out
+
+
+def pair_samples(base: tuple[tuple[str, str], ...], canary: dict[str, Any] | None
+                 ) -> list[Sample]:
+    """Each pair's series from this side's canary file."""
+    out: list[Sample] = []
+    pairs = (canary or {}).get("pairs")
+    for p in pairs if isinstance(pairs, list) else []:
+        if not isinstance(p, dict) or not isinstance(p.get("pair"), str):
+            continue
+        pair = base + (("pair", p["pair"]),)
+        state = p.get("state") if p.get("state") in PAIR_STATES else PairHealth.UNKNOWN.value
+        for s in PAIR_STATES:
+            out.append(Sample("pdsvc_pair_state", pair + (("state", s),),
+                              1.0 if s == state else 0.0))
+        out.append(Sample("pdsvc_pair_failures_in_a_row", pair,
+                          _number(p.get("failures")) or 0.0))
+        if _number(p.get("last_ok")) is not None and state == PairHealth.OK:
+            out.append(Sample("pdsvc_pair_last_good_timestamp_seconds", pair,
+                              float(p["last_ok"])))
+        if _number(p.get("failing_since")) is not None and state == PairHealth.FAILING:
+            out.append(Sample("pdsvc_pair_failing_since_timestamp_seconds", pair,
+                              float(p["failing_since"])))
+    return out
+
+
+def profile_held(doc: dict[str, Any] | None, now: float) -> bool:
+    """Whether the runtime's answer to a profile hold (NAME.profile.json) says it is in force:
+    taken, not ended, not past its end."""
+    doc = doc or {}
+    until = _number(doc.get("until"))
+    return bool(doc.get("run")) and doc.get("ended_at") is None and until is not None \
+        and until > now
 
 
 def count(counters: dict[str, Any], run: dict[str, Any] | None, *, starting: bool) -> bool:
@@ -252,7 +280,8 @@ class Textfile:
         now = self.clock()
         samples = unit_samples(self.labels, run, canary, self._counters, up=up,
                                heal_budget=self.heal_budget, now=now,
-                               duties=read_known(self._path(Kind.DUTIES)))
+                               duties=read_known(self._path(Kind.DUTIES)),
+                               profile=read_known(self._path(Kind.PROFILE)))
         said = tuple(s for s in samples if s.family != "pdsvc_textfile_timestamp_seconds")
         if said == self._said and now - self._written < TEXTFILE_REFRESH_S:
             return
