@@ -12,6 +12,7 @@ import subprocess
 
 from pdsvc.ship.runtime.metrics import Textfile, write_textfile
 from pdsvc.ship.runtime.statefile import write_state
+from pdsvc.ship.runtime.timings import PROFILE_HOLD_MAX_S
 
 U = 'deployment="dsv4",role="prefill",unit="dsv4-prefill.service"'
 LABELS = {"deployment": "dsv4", "role": "prefill", "unit": "dsv4-prefill.service"}
@@ -122,7 +123,7 @@ def test_a_start_that_served_reports_the_seconds_of_each_phase(tmp_path) -> None
 
 def test_a_profile_hold_in_force_is_1_until_it_ends_or_passes_its_bound(tmp_path) -> None:
     """pdsvc_unit_profile_held reads the runtime's answer to a hold (NAME.profile.json, written
-    by profiled.py): 1 once taken, 0 once ended or past its ``until``; routers have none."""
+    by profiled.py): 1 once taken, 0 once ended or past the hold's bound; routers have none."""
     state, mdir = str(tmp_path), str(tmp_path / "metrics")
     now = [1000.0]
     held = f'pdsvc_unit_profile_held{{{U}}} '
@@ -130,10 +131,15 @@ def test_a_profile_hold_in_force_is_1_until_it_ends_or_passes_its_bound(tmp_path
     t = Textfile("dsv4-prefill", state, mdir, dict(LABELS), clock=lambda: now[0])
     t.refresh(up=True)
     assert held + "0" in _text(tmp_path)  # never held
-    write_state(path, {"run": "r1", "since": 990.0, "until": 1300.0, "routers": {}})
+    # as the runtime writes it when it takes the hold: until is the lease's end, 30 s on;
+    # the lease is renewed without a write (profiled.py), so until is no bound
+    write_state(path, {"run": "r1", "since": 990.0, "until": 1020.0, "routers": {}})
     t.refresh(up=True)
     assert held + "1" in _text(tmp_path)
-    now[0] = 1301.0  # past its bound: the runtime no longer honours it
+    now[0] = 990.0 + PROFILE_HOLD_MAX_S - 1  # long past until, the write still running
+    t.refresh(up=True)
+    assert held + "1" in _text(tmp_path)
+    now[0] = 990.0 + PROFILE_HOLD_MAX_S  # past its bound: the runtime no longer honours it
     t.refresh(up=True)
     assert held + "0" in _text(tmp_path)
     now[0] = 1010.0
@@ -157,7 +163,8 @@ def test_status_metrics_show_a_failed_duty_and_a_profile_hold_as_the_textfile_do
     plan = load_plan(repo / "etc/pdsvc.yaml", None, repo / "etc/seed-host.topology.json")
     write_state(f"{tmp_path}/dsv4-decode.duties.json",
                 {"duties": {"liveness": {"count": 2, "last": "ValueError: x"}}})
-    write_state(f"{tmp_path}/dsv4-decode.profile.json", {"run": "r1", "until": 200.0})
+    write_state(f"{tmp_path}/dsv4-decode.profile.json", {"run": "r1", "since": 90.0,
+                                                          "until": 120.0})
     text = metrics_text(plan, tmp_path, {"dsv4-decode.service": True}, 99.0)
     d = 'deployment="dsv4",role="decode",unit="dsv4-decode.service"'
     assert f'pdsvc_unit_duty_failures_total{{{d},duty="liveness"}} 2' in text

@@ -35,7 +35,7 @@ from .endings import Phase
 from .options import Options
 from .policy import recent_heals
 from .statefile import Kind, read_known, state_path, write_atomic, write_state
-from .timings import SLOW_HEAL_S, TEXTFILE_POLL_S, TEXTFILE_REFRESH_S
+from .timings import PROFILE_HOLD_MAX_S, SLOW_HEAL_S, TEXTFILE_POLL_S, TEXTFILE_REFRESH_S
 
 #: family -> (type, help). The order is the order of the text.
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -209,11 +209,13 @@ def pair_samples(base: tuple[tuple[str, str], ...], canary: dict[str, Any] | Non
 
 def profile_held(doc: dict[str, Any] | None, now: float) -> bool:
     """Whether the runtime's answer to a profile hold (NAME.profile.json) says it is in force:
-    taken, not ended, not past its end."""
+    taken, not ended, not past PROFILE_HOLD_MAX_S after it began. Not its ``until``: that is
+    the lease's end when it was written, and the lease is renewed (profiled.py) without a
+    write; a runtime writes ``ended_at`` when the hold ends, the lease's lapse included."""
     doc = doc or {}
-    until = _number(doc.get("until"))
-    return bool(doc.get("run")) and doc.get("ended_at") is None and until is not None \
-        and until > now
+    since = _number(doc.get("since"))
+    return bool(doc.get("run")) and doc.get("ended_at") is None and since is not None \
+        and now < since + PROFILE_HOLD_MAX_S
 
 
 def count(counters: dict[str, Any], run: dict[str, Any] | None, *, starting: bool) -> bool:

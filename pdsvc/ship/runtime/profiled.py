@@ -18,8 +18,9 @@ or PROFILE_HOLD_MAX_S after it began, whichever comes first: the journal says wh
 liveness, health checks and the canary are back as before.
 
 The runtime answers in its own state file, NAME.profile.json (statefile.Kind.PROFILE):
-``run``, ``since``, ``until`` (the latest the hold lasts), ``routers`` (each router's
-answer to the pause: "" when paused, else why not), then ``ended_at`` and ``ended``.
+``run``, ``since``, ``until`` (the latest the hold lasts, as known when the file was written:
+its lease is renewed without a write), ``routers`` (each router's answer to the pause: ""
+when paused, else why not), then ``ended_at`` and ``ended``.
 `pdsvc profile` asks an engine for a capture only once this answer names its run with every
 router paused: an older runtime, which would let the watchdog kill a frozen engine, never
 writes it.
