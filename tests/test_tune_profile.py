@@ -38,9 +38,9 @@ def run_of(kind: str, tok_s: float, run_id: str = "r1") -> ProfileRun:
 class Recorder:
     """A profiler that records which config ran at each capture (the fake's ``running``)."""
 
-    def __init__(self, fake: Fake, fail: str | None = None,
-                 interrupt: str | None = None) -> None:
-        self.fake, self.fail, self.interrupt = fake, fail, interrupt
+    def __init__(self, fake: Fake, fail: str | None = None, interrupt: str | None = None,
+                 full: str | None = None) -> None:
+        self.fake, self.fail, self.interrupt, self.full = fake, fail, interrupt, full
         self.calls: list[tuple[str, str]] = []
 
     def __call__(self, name: str, config: Path, say: profiled.Progress) -> ProfileRun:
@@ -49,6 +49,8 @@ class Recorder:
             raise KeyboardInterrupt
         if name == self.fail:
             raise ProfileError("dsv4-decode-0: a trace not whole within 300 s")
+        if name == self.full:
+            raise OSError(28, "No space left on device")
         say("held dsv4-decode-0")
         return run_of("decode", 100.0 if name == "baseline" else 200.0, name)
 
@@ -83,7 +85,10 @@ def test_keep_current_says_why_the_best_has_no_capture(tmp_path: Path) -> None:
     answer = t.run(first)
     assert answer.wins and rec.calls == [("baseline", "baseline.yaml")]
     assert "--keep-current" in answer.unprofiled
-    assert "--keep-current" in "\n".join(profiled.table(answer.profiles, answer.unprofiled))
+    lines = profiled.table(answer.profiles, answer.unprofiled)
+    assert lines[-1] == f"profile: no comparison: {answer.unprofiled}"  # not "the baseline"
+    assert profiled.document(answer.profiles, answer.unprofiled)["verdict"] == \
+        f"no comparison: {answer.unprofiled}"
 
 
 def test_no_win_captures_the_baseline_only_and_says_it_is_the_answers(tmp_path: Path) -> None:
@@ -104,7 +109,16 @@ def test_a_failed_capture_is_said_and_the_search_goes_on(tmp_path: Path) -> None
     assert doc["verdict"].startswith("no comparison: baseline ")
 
 
-def test_an_interrupt_in_a_capture_goes_back_as_any(tmp_path: Path) -> None:
+def test_a_full_disk_at_the_bests_capture_is_said_and_the_answer_still_comes(
+        tmp_path: Path) -> None:
+    _, rec, first, t = profiled_run(tmp_path, WINS, full="c1")
+    answer = t.run(first)
+    assert answer.wins and [p.name for p in answer.profiles] == ["baseline", "c1"]
+    assert answer.profiles[1].run is None and "No space left" in answer.profiles[1].why
+
+
+def test_an_interrupt_in_a_capture_ends_tune_as_any_on_the_last_good_config(
+        tmp_path: Path) -> None:
     fake, _, first, t = profiled_run(tmp_path, WINS, interrupt="c1")
     best = first[1].candidate.name
     assert best == "c1"
@@ -145,3 +159,18 @@ def test_profile_not_as_root_is_refused_before_anything_runs(monkeypatch, tmp_pa
         "pdsvc: error: --profile writes profile holds and reads the engines' traces: run "
         "pdsvc tune as root; sudo pdsvc tune --profile")
     assert not (tmp_path / "r").exists()  # nothing measured, nothing written
+
+
+def test_a_lost_terminal_does_not_end_tunes_wind_down(monkeypatch) -> None:
+    """tune's progress lines go to stderr; once it is gone (SIGHUP: EIO), a line must not raise
+    in the middle of a capture's wind-down (the hold would be released mid-write) or of the
+    way back."""
+    import click
+
+    from pdsvc.cli import tune as cli
+
+    def gone(*a: object, **k: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(click, "echo", gone)
+    cli._say("pdsvc profile: ending the capture on dsv4-decode-0")  # no OSError

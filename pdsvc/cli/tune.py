@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -197,7 +198,10 @@ def tune(config_path: Path, sysfs_root: Path | None, topology_file: Path | None,
 
 
 def _say(line: str) -> None:
-    click.echo(line, err=True)
+    """A progress line on stderr; none once stderr is gone (a lost session: EIO), so that the
+    run still winds down: the capture waits for its trace, tune goes back."""
+    with contextlib.suppress(OSError):
+        click.echo(line, err=True)
 
 
 def _refuse(plan: Plan, config_path: Path) -> None:

@@ -51,7 +51,7 @@ def take(profiler: Profiler, name: str, config: Path, say: Progress) -> Profiled
     say(f"tune: {name}: capturing its decode as pdsvc profile does (--profile)")
     try:
         run = profiler(name, config, lambda line: say(f"tune: {name}: {line}"))
-    except PdsvcError as e:
+    except (PdsvcError, OSError) as e:  # OSError: e.g. no room left for profile.json
         say(f"tune: {name}: not profiled: {e}")
         return Profiled(name, None, str(e))
     return Profiled(name, run)
@@ -81,9 +81,12 @@ def _cells(p: Profiled) -> list[str]:
 ROWS = ("tok/s", "GPU busy", "top kernel", "top group", "top kernel took no time")
 
 
-def verdict(profiles: list[Profiled]) -> str:
-    """Whether the bottleneck moved from the baseline's decode to the answer's, in one line."""
+def verdict(profiles: list[Profiled], missing: str = "") -> str:
+    """Whether the bottleneck moved from the baseline's decode to the answer's, in one line
+    (``missing``: why the best has no capture, e.g. --keep-current)."""
     got = [(p.name, p.decode) for p in profiles if p.decode is not None]
+    if missing:
+        return f"no comparison: {missing}"
     if len(got) < 2:
         if len(profiles) == 1 and got:
             return ("the answer is the baseline: its decode breakdown is the answer's; past the "
@@ -116,7 +119,7 @@ def table(profiles: list[Profiled], missing: str = "") -> list[str]:
     lines += [f"  {p.name}'s traces: {p.run.trace_root}" for p in profiles if p.run is not None]
     if missing:
         lines.append(f"  ({missing})")
-    lines.append(f"profile: {verdict(profiles)}")
+    lines.append(f"profile: {verdict(profiles, missing)}")
     return lines
 
 
@@ -140,4 +143,4 @@ def document(profiles: list[Profiled], missing: str = "") -> dict[str, Any]:
             "top_group": {"name": b.top_group.name, "share": b.top_group.share,
                           "window_share": b.top_group.window_share},
         })
-    return {"captures": out, "missing": missing or None, "verdict": verdict(profiles)}
+    return {"captures": out, "missing": missing or None, "verdict": verdict(profiles, missing)}
