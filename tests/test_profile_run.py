@@ -272,7 +272,22 @@ def test_an_interrupt_mid_write_stops_the_capture_and_keeps_the_hold_until_writt
     assert engines.asked("/stop_profile") == [{}]  # told to stop (it had: 500, harmless)
     assert len(seen_hold[0]) == 4  # the hold was released only once the ranks were written
     assert holds(tmp_path) == []
-    assert any("ending the capture on dsv4-decode" in x for x in lines)
+    [said] = [x for x in lines if "ending the capture on dsv4-decode" in x]
+    assert said.endswith("(Ctrl-C: release it now; the engine may then be judged hung)")
+
+
+def test_under_tune_the_wind_down_offers_no_second_interrupt(tmp_path: Path) -> None:
+    """pdsvc tune turns a second signal into "wait" (cli/tune.py): the line must not offer
+    Ctrl-C as a way to release the hold."""
+    engines, lines = Engines(tmp_path / "run", write_secs=30), []
+    engines.interrupt_at = engines.t + 12
+    run = run_of(tmp_path, engines, lines)
+    run.second_interrupt = ""
+    run.prepare()
+    with pytest.raises(KeyboardInterrupt):
+        run.execute(None)
+    [said] = [x for x in lines if "ending the capture on dsv4-decode" in x]
+    assert said.endswith("before the hold is released") and "Ctrl-C" not in said
 
 
 def test_a_second_interrupt_releases_the_hold_at_once(tmp_path: Path) -> None:

@@ -83,6 +83,9 @@ class Run:
     tail: Callable[[str], list[str]]  # a unit's last log lines
     run: str = ""
     profiles: Path | None = None  # where runs go (default: StateDirectory=/profiles)
+    #: what a second interrupt does while a stopped capture writes ("" when the caller, as
+    #: pdsvc tune, does not pass it on)
+    second_interrupt: str = "Ctrl-C: release it now; the engine may then be judged hung"
     roles: dict[str, list[Engine]] = field(default_factory=dict)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -319,8 +322,8 @@ class Capturing:
                   "hold (an engine still writing is judged by its runtime again)")
             return
         r.say(f"pdsvc profile: ending the capture on {names} and waiting up to "
-              f"{self.left():.0f} s for its traces before the hold is released (Ctrl-C: "
-              "release it now; the engine may then be judged hung)")
+              f"{self.left():.0f} s for its traces before the hold is released"
+              + (f" ({r.second_interrupt})" if r.second_interrupt else ""))
         try:
             for e in left:
                 with contextlib.suppress(ProfileError):

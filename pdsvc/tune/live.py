@@ -131,7 +131,8 @@ class Live:
         states = str(self.state_dir or runtime_state_dir(plan, manager.name))
         opts = ProfileOptions(input_len=self.space.input_len,
                               output_len=self.space.output_len)
-        return profile_running(Run(plan, plan, opts, LocalHost(), say, states, manager.tail))
+        return profile_running(Run(plan, plan, opts, LocalHost(), say, states, manager.tail,
+                                   second_interrupt=""))  # tune's second signal: "wait"
 
     def why_failed(self, plan: Plan) -> str:
         """The engines' own words for a run that ended badly (their restart files)."""
