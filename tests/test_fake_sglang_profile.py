@@ -76,9 +76,11 @@ def test_by_stage_names_the_stage_and_a_prefix_goes_first(engines, tmp_path: Pat
     body = {**BODY, "output_dir": str(out), "profile_by_stage": True, "profile_prefix": "pdsvc"}
     assert request(eng.port, "POST", "/start_profile", body)[0] == 200
     stop, codes = threading.Event(), []
-    load(eng.port, stop, codes)
+    worker = load(eng.port, stop, codes)
     f = wait_until(lambda: [f for f in out.glob("*.gz") if incomplete(f) is None], 10, "a trace")
     stop.set()
+    worker.join(30)  # its request ends before the engine does (teardown): none cut off
+    assert not worker.is_alive() and codes
     assert [x.name for x in f] == ["pdsvc-run1-TP-0-EXTEND.trace.json.gz"]
     assert read_trace(f[0]).stage == "EXTEND"
 
