@@ -139,9 +139,9 @@ class RouterConfig(Strict):
     )
     python: Text | None = Field(
         None,
-        description="Interpreter with sglang-router (default: runtime.python). A venv without "
-        "sglang starts the router ~3 s faster: launch_router imports mini_lb, which imports "
-        "all of sglang when it is installed.",
+        description="Interpreter with sglang-router (default: runtime.python). sglang in the "
+        "same venv costs the router nothing: pdsvc's launcher keeps launch_router's mini_lb "
+        "from importing it (unless --mini-lb).",
     )
     host: Text = Field("0.0.0.0", description="Where clients reach the router.")
     port: Port = Field(8000, description="Client port (the router's own default, 30000, clashes).")

@@ -8,6 +8,16 @@ sglang-router 0.3.2 and smg take the key only as ``--control-plane-api-keys ID:N
 the launcher module as ``__main__`` with runpy (PEP 338): /proc/PID/cmdline, readable by every
 local user, keeps the arguments this process was started with, which hold no key. The key comes
 from a file: a systemd credential (LoadCredential=, systemd.exec(5)) or a 0640 file.
+
+It also keeps SGLang out of sglang-router 0.3.2's process. ``launch_router.py`` imports
+``mini_lb`` (its Python load balancer, run only with ``--mini-lb``), which tries
+``from sglang.srt.tracing.trace import ...`` for OTLP tracing and sets
+``trace_package_imported = False`` on ImportError. With sglang in the same venv, as
+runtime.python's is, that import loads all of SGLang and torch into the router (seconds of
+every router start, hundreds of MB it never uses; where triton is missing, torch loads before
+the import fails). ``None`` in ``sys.modules`` makes an import fail at once, before any parent
+package loads (importlib's ``_find_and_load``: "import of NAME halted; None in sys.modules"),
+which mini_lb takes as tracing absent. Not with ``--mini-lb``: that balancer may trace.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from .membership import read_key
 
 #: The entry pdsvc's key takes in ``--control-plane-api-keys`` (id:name:role:key).
 KEY_ENTRY = "pdsvc:pdsvc-membership:admin:{key}"
+#: launcher module -> optional imports it tries and does without (the module docstring)
+UNUSED_IMPORTS = {"sglang_router.launch_router": ("sglang.srt.tracing.trace",)}
 
 
 def launch(key_spec: str, module: str, args: Sequence[str]) -> int:
@@ -32,5 +44,8 @@ def launch(key_spec: str, module: str, args: Sequence[str]) -> int:
         return Exit.USAGE
     sys.argv = [module, *args, "--control-plane-api-keys", KEY_ENTRY.format(key=key)]
     del key
+    if "--mini-lb" not in args:
+        for name in UNUSED_IMPORTS.get(module, ()):
+            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
