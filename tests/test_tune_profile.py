@@ -19,7 +19,7 @@ from pdsvc.profile.options import ProfileError
 from pdsvc.profile.result import EngineCapture, ProfileRun, RoleResult
 from pdsvc.tune import profiled
 from pdsvc.tune.profiled import Profiled
-from pdsvc.tune.search import Interrupted, Limits, Tuner
+from pdsvc.tune.search import Interrupted, Limits, Progress, Tuner
 
 WINS = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {BS}: [32]\n"  # 32 slots: twice the base
 LOSES = f"slo: {{ttft_ms: 1, itl_ms: 1}}\nlevers:\n  {BS}: [8]\n"
@@ -43,7 +43,7 @@ class Recorder:
         self.fake, self.fail, self.interrupt, self.full = fake, fail, interrupt, full
         self.calls: list[tuple[str, str]] = []
 
-    def __call__(self, name: str, config: Path, say: profiled.Progress) -> ProfileRun:
+    def __call__(self, name: str, config: Path, say: Progress) -> ProfileRun:
         self.calls.append((name, self.fake.running))
         if name == self.interrupt:
             raise KeyboardInterrupt

@@ -40,7 +40,7 @@ def short(name: str, width: int = NAME_WIDTH) -> str:
     return name if len(name) <= width else name[:width - 1] + "…"
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
@@ -58,18 +58,18 @@ def role_lines(r: RoleResult, top: int = TOP) -> list[str]:
     names = ", ".join(e.name for e in r.engines)
     lines = [f"{r.role}: {names}; {len(b.ranks)} rank(s), {r.steps} steps each",
              f"  tok/s {_tok(r.tok_s)} ({r.tok_s_how})",
-             f"  GPU busy {_pct(b.busy_share)} of the window ({_ms(b.window_us)} over its "
+             f"  GPU busy {pct(b.busy_share)} of the window ({_ms(b.window_us)} over its "
              f"ranks); GPU time {_ms(b.gpu_us)}", "",
              f"  {'share':>6}  {'of window':>9}  {'calls':>6}  {'group':<13}  kernel"]
     for k in b.kernels[:top]:
-        lines.append(f"  {_pct(k.share):>6}  {_pct(k.window_share):>9}  {k.count:>6}  "
+        lines.append(f"  {pct(k.share):>6}  {pct(k.window_share):>9}  {k.count:>6}  "
                      f"{k.group:<13}  {short(k.name)}")
     rest = b.kernels[top:]
     if rest:
-        lines.append(f"  {_pct(sum(k.share for k in rest)):>6}  {'':>9}  "
+        lines.append(f"  {pct(sum(k.share for k in rest)):>6}  {'':>9}  "
                      f"{sum(k.count for k in rest):>6}  {'':<13}  ({len(rest)} more kernels: "
                      "--top N, or --json)")
-    lines += ["", "  groups: " + "  ".join(f"{g.name} {_pct(g.share)}" for g in b.groups)]
+    lines += ["", "  groups: " + "  ".join(f"{g.name} {pct(g.share)}" for g in b.groups)]
     lines += rank_lines(b)
     lines += ceiling_lines(r)
     return lines
@@ -83,7 +83,7 @@ def rank_lines(b: Breakdown) -> list[str]:
         busy = rank.busy_us / rank.window_us if rank.window_us else 0.0
         note = (f"  <- compute {odd[rank.label]:+.0%} against the median rank: stands out"
                 if rank.label in odd else "")
-        lines.append(f"    {rank.label:<24} GPU {_ms(rank.gpu_us):>9}  busy {_pct(busy):>6}"
+        lines.append(f"    {rank.label:<24} GPU {_ms(rank.gpu_us):>9}  busy {pct(busy):>6}"
                      f"{note}")
     if not b.outliers and len(b.ranks) > 1:
         lines.append("    no rank's compute is more than 10 % from the median rank's")
@@ -106,7 +106,7 @@ def ceiling_lines(r: RoleResult) -> list[str]:
         cells = "".join(f"{_tok(v) + ' ' if v is not None else ''}"
                         f"(x{speedup(a.window_share, s):.2f})".rjust(15)
                         for s, v in zip(SPEEDUPS, a.ceiling(r.tok_s).values(), strict=True))
-        lines.append(f"    {what:<10}  {short(a.name, 30):<30}  {_pct(a.window_share):>9}{cells}")
+        lines.append(f"    {what:<10}  {short(a.name, 30):<30}  {pct(a.window_share):>9}{cells}")
     return lines
 
 
@@ -164,7 +164,7 @@ def plot(run: ProfileRun, path: Path, top: int = 8) -> str | None:
         ax.barh([short(k.name, 40) for k in ks], [100 * k.share for k in ks],
                 color=[colours.get(k.group, "black") for k in ks])
         ax.set_xlabel("share of GPU time (%)")
-        ax.set_title(f"{r.role}: GPU busy {_pct(r.breakdown.busy_share)} of the window; "
+        ax.set_title(f"{r.role}: GPU busy {pct(r.breakdown.busy_share)} of the window; "
                      f"tok/s {_tok(r.tok_s)}")
         for group, colour in colours.items():
             ax.barh([], [], color=colour, label=group)

@@ -20,12 +20,11 @@ from typing import Any
 
 from pdsvc.errors import PdsvcError
 from pdsvc.profile.breakdown import Activity, speedup
-from pdsvc.profile.report import short
+from pdsvc.profile.report import pct, short
 from pdsvc.profile.result import ProfileRun, RoleResult
 
-Progress = Callable[[str], None]
 #: a decode capture of what runs now: (candidate name, its config file, progress) -> the run
-Profiler = Callable[[str, Path, Progress], ProfileRun]
+Profiler = Callable[[str, Path, Callable[[str], None]], ProfileRun]
 #: the width of a column of the side-by-side table
 COLUMN = 40
 
@@ -45,7 +44,7 @@ class Profiled:
         return next((r for r in self.run.roles if r.role == "decode"), None)
 
 
-def take(profiler: Profiler, name: str, config: Path, say: Progress) -> Profiled:
+def take(profiler: Profiler, name: str, config: Path, say: Callable[[str], None]) -> Profiled:
     """``name``'s decode, captured while the deployment runs ``config``; a failed capture is
     said and kept as its reason (an interrupt is not caught: tune goes back as on any)."""
     say(f"tune: {name}: capturing its decode as pdsvc profile does (--profile)")
@@ -57,12 +56,8 @@ def take(profiler: Profiler, name: str, config: Path, say: Progress) -> Profiled
     return Profiled(name, run)
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
 def _named(a: Activity) -> str:
-    return f"{short(a.name, COLUMN - 8)} {_pct(a.share)}"
+    return f"{short(a.name, COLUMN - 8)} {pct(a.share)}"
 
 
 def _cells(p: Profiled) -> list[str]:
@@ -74,7 +69,7 @@ def _cells(p: Profiled) -> list[str]:
     tok = "-" if d.tok_s is None else f"{d.tok_s:.0f}"
     zero = speedup(top.window_share, None)
     ceiling = f"x{zero:.2f}" + ("" if d.tok_s is None else f" ({d.tok_s * zero:.0f} tok/s)")
-    return [tok, _pct(b.busy_share), _named(top), f"{b.top_group.name} {_pct(b.top_group.share)}",
+    return [tok, pct(b.busy_share), _named(top), f"{b.top_group.name} {pct(b.top_group.share)}",
             ceiling]
 
 
@@ -97,11 +92,11 @@ def verdict(profiles: list[Profiled], missing: str = "") -> str:
     ka, kb = a.breakdown.kernels[0], b.breakdown.kernels[0]
     if ka.name == kb.name:
         return (f"the bottleneck did not move: {short(ka.name)} is the top decode kernel of "
-                f"both ({_pct(ka.share)} of {a_name}'s GPU time, {_pct(kb.share)} of "
+                f"both ({pct(ka.share)} of {a_name}'s GPU time, {pct(kb.share)} of "
                 f"{b_name}'s): the win came from the levers, and only a faster kernel goes "
                 f"further (x{speedup(kb.window_share, None):.2f} if it took no time)")
     return (f"the bottleneck moved: the top decode kernel was {short(ka.name)} "
-            f"({_pct(ka.share)}) on {a_name} and is {short(kb.name)} ({_pct(kb.share)}) on "
+            f"({pct(ka.share)}) on {a_name} and is {short(kb.name)} ({pct(kb.share)}) on "
             f"{b_name}")
 
 
