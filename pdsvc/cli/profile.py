@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from pdsvc.apply.host import LocalHost
 from pdsvc.cli.kit import (
     config_option,
     handle_errors,
@@ -31,11 +30,9 @@ from pdsvc.profile.engines import select
 from pdsvc.profile.load import Background, load_of
 from pdsvc.profile.options import MAX_WRITE_TIMEOUT_S, CannotProfile, ProfileOptions
 from pdsvc.profile.result import ProfileRun
-from pdsvc.profile.run import Run, profile_running
+from pdsvc.profile.run import Run, on_this_host, profile_running
 from pdsvc.ship.runtime.hold import hold_path
 from pdsvc.ship.runtime.timings import PROFILE_HOLD_MAX_S
-from pdsvc.status.managers import make_backend
-from pdsvc.status.runstate import state_dir as plan_state_dir
 
 D = {f.name: f.default for f in fields(ProfileOptions)}
 
@@ -164,14 +161,12 @@ def profile(config_path: Path, sysfs_root: Path | None, topology_file: Path | No
                           rate, input_len, output_len, warmup_timeout, measure_secs,
                           write_timeout, top)
     whole, here = load_host_plan(config_path, sysfs_root, topology_file, host_name)
-    manager = make_backend(here)
-    states = str(state_dir or plan_state_dir(here, manager.name))
-    run = Run(whole, here, opts, LocalHost(), say, states, manager.tail)
+    run = on_this_host(whole, here, opts, say, state_dir)
     if dry_run:
         _dry_run(run)
         return
     if os.geteuid() != 0:
-        raise CannotProfile(f"pdsvc profile writes holds into {states} and reads the traces "
+        raise CannotProfile(f"pdsvc profile writes holds into {run.state_dir} and reads the traces "
                             f"under {run.root.parent}: run it as root",
                             hint=f"sudo {shlex.join(['pdsvc', *sys.argv[1:]])}")
     with stops_as_interrupts():

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pdsvc.apply.host import LocalHost
 from pdsvc.apply.lease import Lease
 from pdsvc.bench.target import Target, foreign, target_from_plan
 from pdsvc.errors import ConfigError
@@ -40,6 +41,8 @@ from pdsvc.profile.waits import HEALTHY_WAIT_S, TOKENS, Fill, Waits
 from pdsvc.ship.runtime.hold import hold_path
 from pdsvc.ship.runtime.statefile import Kind, read_known, state_path
 from pdsvc.ship.runtime.timings import PROFILE_HOLD_MAX_S
+from pdsvc.status.managers import make_backend
+from pdsvc.status.runstate import state_dir as plan_state_dir
 
 #: the decode's batch when its server info names no limit
 DEFAULT_BATCH = 32
@@ -64,6 +67,15 @@ class Host(Protocol):
     def wall(self) -> float: ...
 
     def sleep(self, secs: float) -> None: ...
+
+
+def on_this_host(whole: Plan, here: Plan, opts: ProfileOptions, say: Callable[[str], None],
+                 state_dir: Path | None = None, **more: Any) -> Run:
+    """A run on this machine: its service manager's logs, the runtimes' state directory
+    (``state_dir``, else the plan's), the local host's HTTP and holds."""
+    manager = make_backend(here)
+    states = str(state_dir or plan_state_dir(here, manager.name))
+    return Run(whole, here, opts, LocalHost(), say, states, manager.tail, **more)
 
 
 def new_run_id(wall: float) -> str:

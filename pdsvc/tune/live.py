@@ -18,7 +18,6 @@ from pathlib import Path
 from pdsvc.apply.bundles import as_bundle, read_bundle
 from pdsvc.apply.events import FAILURES, ApplyEvent, words
 from pdsvc.apply.flow import FAILED, Options, Source, apply_rollout
-from pdsvc.apply.host import LocalHost
 from pdsvc.apply.order import plan as plan_apply
 from pdsvc.bench.gates import read_pairs
 from pdsvc.bench.runner import RunResult, Slo
@@ -28,11 +27,9 @@ from pdsvc.bench.target import Load, target_from_plan
 from pdsvc.plan.build import Plan
 from pdsvc.profile.options import ProfileOptions
 from pdsvc.profile.result import ProfileRun
-from pdsvc.profile.run import Run, profile_running
+from pdsvc.profile.run import on_this_host, profile_running
 from pdsvc.render.kit import File
 from pdsvc.ship.runtime.canary import PairHealth
-from pdsvc.status.managers import make_backend
-from pdsvc.status.runstate import state_dir as runtime_state_dir
 from pdsvc.status.runstate import unit_runs
 
 from .check import bisect_runs
@@ -127,12 +124,10 @@ class Live:
         """--profile: the decode of ``config``, which runs now, as `pdsvc profile` captures it
         (its own load through the router, at the space's input and output lengths)."""
         plan = self.plan_of(config)
-        manager = make_backend(plan)
-        states = str(self.state_dir or runtime_state_dir(plan, manager.name))
         opts = ProfileOptions(input_len=self.space.input_len,
                               output_len=self.space.output_len)
-        return profile_running(Run(plan, plan, opts, LocalHost(), say, states, manager.tail,
-                                   second_interrupt=""))  # tune's second signal: "wait"
+        return profile_running(on_this_host(plan, plan, opts, say, self.state_dir,
+                                            second_interrupt=""))  # tune's 2nd signal: "wait"
 
     def why_failed(self, plan: Plan) -> str:
         """The engines' own words for a run that ended badly (their restart files)."""
