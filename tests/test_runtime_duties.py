@@ -47,6 +47,15 @@ def boom(what: str = "boom") -> None:
     raise RuntimeError(what)
 
 
+def fail(duties: Duties, duty: str, times: int) -> None:
+    """``duty`` raises ``times`` times, each recorded as its guard would."""
+    for _ in range(times):
+        try:
+            boom()
+        except RuntimeError as e:
+            duties.failed(duty, e)
+
+
 def test_the_policy_of_each_duty_is_the_one_the_module_writes_down() -> None:
     table = (duties_module.__doc__ or "").split("  duty ", 1)[1]
     rows = {line.split()[0]: line for line in table.splitlines()[1:]
@@ -84,11 +93,7 @@ def test_a_poller_that_raises_says_it_counts_it_and_goes_on(tmp_path: Path) -> N
 
 def test_the_same_failure_is_said_again_every_hundredth_time(tmp_path: Path) -> None:
     duties, lines, _ = recorded(tmp_path)
-    for _ in range(250):
-        try:
-            boom()
-        except RuntimeError as e:
-            duties.failed("peers", e)
+    fail(duties, "peers", 250)
     assert [x.split(" ", 4)[3] for x in lines] == ["(1x):", "(100x):", "(200x):"]
 
 
@@ -198,11 +203,7 @@ def test_the_textfile_and_the_fleet_go_on_after_a_write_or_read_that_raised(
 
 def test_the_metrics_carry_each_duty_that_failed(tmp_path: Path) -> None:
     duties, _, path = recorded(tmp_path)
-    for _ in range(2):
-        try:
-            boom()
-        except RuntimeError as e:
-            duties.failed("liveness", e)
+    fail(duties, "liveness", 2)
     samples = unit_samples({"unit": "u.service"}, None, None, None, up=True, heal_budget=None,
                            now=1.0, duties=read_state(path))
     text = exposition(samples)
