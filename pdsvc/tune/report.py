@@ -5,14 +5,13 @@ measured."""
 from __future__ import annotations
 
 import datetime
-import statistics
 from pathlib import Path
 from typing import Any
 
 from .search import Answer
 from .space import Candidate, Space
 from .store import Measurement, Result
-from .verdict import confirmed, goodputs, rates, span
+from .verdict import confirmed, goodputs, mean_rate, rates, span
 
 #: /2: ``best`` and ``baseline`` give ``goodput`` (each measurement's rate with its bound and
 #: whether it confirmed the first) and ``said`` (the words), where /1 gave bare ``rates``
@@ -33,7 +32,7 @@ def _goodput(outcomes: list[Measurement], unit: str = "") -> str:
         return "-"
     if confirmed(valid):
         return span(valid, unit)
-    return f"{statistics.fmean(rates(valid)):.3g}{unit} ({span(valid, '')})"
+    return f"{mean_rate(valid):.3g}{unit} ({span(valid, '')})"
 
 
 def _result(o: Measurement) -> str:
@@ -139,7 +138,7 @@ def figure(plt: Any, space: Space, answer: Answer, measured: dict[str, list[Meas
     shown = [(c, measured.get(c.name, [o] if o else [])) for c, o, _ in answer.rows
              if o is not None]
     names = [c.name for c, _ in shown]
-    means = [statistics.fmean(rates(outs)) if rates(outs) else 0.0 for _, outs in shown]
+    means = [mean_rate(outs) for _, outs in shown]
     lows = [m - min(rates(outs), default=m) for m, (_, outs) in zip(means, shown, strict=True)]
     highs = [max(rates(outs), default=m) - m for m, (_, outs) in zip(means, shown, strict=True)]
     bars = ax0.bar(names, means, yerr=[lows, highs], capsize=3,
